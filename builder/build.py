@@ -1,0 +1,332 @@
+"""Lock -> venv. Built beside its final path and swapped in only when complete.
+
+A failed or interrupted build leaves the previous env untouched: everything happens in
+``.envs/.NAME.tmp-PID``; the finished tree is exchanged with the old one in one
+``renameat2(RENAME_EXCHANGE)`` (or two renames where the kernel lacks it), then the old tree
+is removed. A per-env ``flock`` keeps two builds of one env apart; the kernel drops it when
+a builder dies, so a killed build never leaves a stale lock. Leftovers of a killed build
+(``.NAME.tmp-*``, ``.NAME.old-*``) are removed by the next build of that env.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import datetime as dt
+import errno
+import fcntl
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import __version__, interpreters, proc, toolchain
+from builder.errors import BuildError
+from builder.lock import Lock
+from builder.spec import Arch, EnvSpec
+
+log = logging.getLogger("cudaenv")
+
+MANIFEST = "cudaenv.json"
+MANIFEST_SCHEMA = 1
+ENVS_DIR = Path(".envs")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    path: Path
+    manifest: dict[str, object]
+    stages: tuple[tuple[str, float], ...]
+
+
+def default_env_dir(spec: EnvSpec) -> Path:
+    return ENVS_DIR / spec.name
+
+
+def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path) -> None:
+    if lock.fingerprint != spec.fingerprint():
+        raise BuildError(
+            f"{lock_file} was made from another version of {spec.source} (fingerprint "
+            f"{lock.fingerprint[:19]}... != {spec.fingerprint()[:19]}...); re-lock with "
+            f"`cudaenv lock {spec.source}`"
+        )
+    machine = lock.platform.split("-", 1)[0]
+    if machine != (platform.machine() or "x86_64"):
+        raise BuildError(f"{lock_file} is for {lock.platform}; this machine is {platform.machine()}")
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def visible_gpu_archs(cuda: str) -> list[str]:
+    """Compute capability of each visible GPU, normalised as FlashInfer does: ``9.0a``,
+    ``10.0a``, ``12.0f`` (``12.0a`` below CUDA 12.9). Empty without a driver."""
+    smi = proc.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        done = proc.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20, check=False)
+    except (proc.CommandFailed, OSError):
+        return []
+    out: list[str] = []
+    for line in done.stdout.split():
+        try:
+            major, minor = (int(x) for x in line.strip().split("."))
+        except ValueError:
+            continue
+        out.append(normalise_arch(major, minor, cuda))
+    return out
+
+
+def normalise_arch(major: int, minor: int, cuda: str) -> str:
+    cmaj, cmin = (int(x) for x in cuda.split("."))
+    if major >= 12 and (cmaj, cmin) >= (12, 9):
+        return f"{major}.{minor}f"
+    if major >= 9:
+        return f"{major}.{minor}a"
+    return f"{major}.{minor}"
+
+
+def env_archs(spec: EnvSpec) -> list[str]:
+    """The spec's archs plus every visible GPU's (DESIGN.md: pinning only the spec's list
+    would compile 12.0f alone on an H100 box and fail there with "no kernel image")."""
+    archs = list(spec.archs)
+    for arch in visible_gpu_archs(spec.cuda):
+        if arch not in archs:
+            archs.append(arch)
+    return [str(Arch.parse(a)) for a in archs]
+
+
+# --------------------------------------------------------------------------- atomic swap
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE). False if unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_into_place(new: Path, target: Path) -> Path | None:
+    """Put ``new`` at ``target``; return where the previous env now is (to delete), if any."""
+    if not target.exists() and not target.is_symlink():
+        os.rename(new, target)
+        return None
+    if _exchange(new, target):
+        return new  # new now holds the old tree
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    os.rename(target, old)
+    os.rename(new, target)
+    return old
+
+
+def clean_leftovers(target: Path) -> list[Path]:
+    """Remove what killed builds of this env left (call with the env lock held)."""
+    removed = []
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for path in target.parent.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def env_lock(target: Path, progress: Progress) -> Iterator[None]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = target.parent / f".{target.name}.lock"
+    with lock_file.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            progress(f"waiting for {holder} to finish building {target} (lock {lock_file})")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"cudaenv build pid {os.getpid()}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    # Hard links from uv's cache where the filesystem allows: a warm build is ~2.5 s (FACTS §6).
+    env.setdefault("UV_LINK_MODE", "hardlink")
+    return env
+
+
+def build(
+    spec: EnvSpec,
+    lock: Lock,
+    *,
+    lock_file: Path,
+    env_dir: Path | None = None,
+    progress: Progress = lambda _msg: None,
+) -> BuildResult:
+    check_lock(spec, lock, lock_file)
+    stages: list[tuple[str, float]] = []
+
+    def stage(name: str, started: float) -> None:
+        took = time.monotonic() - started
+        stages.append((name, took))
+        progress(f"{name}: {took:.1f} s")
+
+    if spec.toolchain.source == "system":
+        t = time.monotonic()
+        release = toolchain.check_system_toolkit(spec)
+        stage(f"system toolkit {spec.toolchain.path} is CUDA {release}", t)
+    t = time.monotonic()
+    interp = interpreters.find(spec.python)
+    stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
+    target = (env_dir or default_env_dir(spec)).absolute()
+    with env_lock(target, progress):
+        for path in clean_leftovers(target):
+            progress(f"removed leftover {path}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+        try:
+            result = _build_into(spec, lock, interp, tmp, target, stage, progress)
+            t = time.monotonic()
+            old = swap_into_place(tmp, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            stage(f"swapped into {target}", t)
+        except BaseException:
+            # Whatever stopped us (error, Ctrl-C, SIGTERM turned into an exception by the
+            # CLI), the previous env is untouched; only our own tree goes.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return BuildResult(path=target, manifest=result, stages=tuple(stages))
+
+
+def _build_into(
+    spec: EnvSpec,
+    lock: Lock,
+    interp: interpreters.Interpreter,
+    tmp: Path,
+    target: Path,
+    stage: Callable[[str, float], None],
+    progress: Progress,
+) -> dict[str, object]:
+    uv = proc.uv_bin()
+    t = time.monotonic()
+    # --relocatable: built here, used at `target` after the swap (entry points and activate
+    # find their env at run time instead of baking the temporary path in).
+    proc.run(
+        [uv, "venv", "--quiet", "--relocatable", "--python", str(interp.path), str(tmp / "venv")],
+        env=_uv_env(),
+    )
+    venv = tmp / "venv"
+    # The venv lives one level down only while building so the tmp dir holds nothing else;
+    # move its contents up so `target` is the venv itself.
+    for child in venv.iterdir():
+        child.rename(tmp / child.name)
+    venv.rmdir()
+    stage("venv", t)
+    t = time.monotonic()
+    req = tmp / "var" / "requirements.lock.txt"
+    req.parent.mkdir(parents=True, exist_ok=True)
+    req.write_text(lock.requirements_txt())
+    progress(f"installing {len(lock.packages)} packages from {lock_file_name(spec)} (hashes required)")
+    try:
+        proc.run(
+            [uv, "pip", "sync", "--require-hashes", "--python", str(tmp / "bin" / "python"), str(req)],
+            env=_uv_env(),
+            stream=True,
+        )
+    except proc.CommandFailed as exc:
+        raise BuildError(f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}") from exc
+    stage(f"install {len(lock.packages)} packages", t)
+    t = time.monotonic()
+    if spec.toolchain.source == "wheels":
+        overlay = toolchain.wheel_overlay(tmp, spec)
+    else:
+        overlay = toolchain.system_overlay(tmp, spec)
+    archs = env_archs(spec)
+    toolchain.write_hooks(tmp, spec, archs)
+    stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
+    t = time.monotonic()
+    _check_hook(tmp)
+    manifest: dict[str, object] = {
+        "schema_version": MANIFEST_SCHEMA,
+        "name": spec.name,
+        "spec": str(spec.source),
+        "fingerprint": spec.fingerprint(),
+        "lock_hash": lock.content_hash(),
+        "python": interp.version,
+        "cuda": spec.cuda,
+        "torch": lock.torch,
+        "torch_cuda": lock.torch_cuda,
+        "toolkit": lock.toolkit,
+        "nvcc": overlay.nvcc_release,
+        "toolchain_source": spec.toolchain.source,
+        "archs": archs,
+        "spec_archs": list(spec.archs),
+        "packages": {p.name: p.version for p in lock.packages},
+        "env": dict(spec.env),
+        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "cudaenv": __version__,
+        "path": str(target),
+    }
+    out = tmp / MANIFEST
+    out.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    stage("manifest and hook self-check", t)
+    return manifest
+
+
+def lock_file_name(spec: EnvSpec) -> str:
+    return f"pylock.{spec.name}.toml"
+
+
+def _check_hook(venv: Path) -> None:
+    """The start-up hook must win over a CUDA_HOME exported by the shell."""
+    env = {**os.environ, "CUDA_HOME": "/nonexistent/cudaenv-probe"}
+    env.pop("CUDAENV_NO_HOOK", None)
+    done = proc.run(
+        [venv / "bin" / "python", "-c", "import os; print(os.environ.get('CUDA_HOME', ''))"],
+        env=env,
+        timeout=60,
+    )
+    got = done.stdout.strip()
+    if os.path.realpath(got) != os.path.realpath(venv / "cuda-home"):
+        raise BuildError(f"{venv}: the start-up hook did not set CUDA_HOME (got {got!r})")
+
+
+def read_manifest(env_dir: Path) -> dict[str, object]:
+    try:
+        data = json.loads((env_dir / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"{env_dir}: no readable {MANIFEST}; not an env built by cudaenv") from exc
+    if not isinstance(data, dict):
+        raise BuildError(f"{env_dir}/{MANIFEST}: not a JSON object")
+    return data

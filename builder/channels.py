@@ -1,0 +1,135 @@
+"""What NVIDIA's wheel channel holds per CUDA major/minor (FACTS.md §2).
+
+The facts that cannot be read from a resolution live here: package names per component,
+the prefix layout, which names are CUDA toolkit components at all. The exact component
+versions of a CUDA minor are *queried* (``cuda-toolkit[all]==V`` through uv) and cached,
+never kept in a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+# cuda-toolkit extra -> the CUDA 13 package it pins. CUDA 13 dropped the -cu13 suffix
+# (the old -cu13 names are deprecated stubs, FACTS §2).
+CU13_COMPONENT_PACKAGES = {
+    "nvcc": "nvidia-cuda-nvcc",
+    "cudart": "nvidia-cuda-runtime",
+    "crt": "nvidia-cuda-crt",
+    "nvvm": "nvidia-nvvm",
+    "cccl": "nvidia-cuda-cccl",
+    "cublas": "nvidia-cublas",
+    "cufft": "nvidia-cufft",
+    "curand": "nvidia-curand",
+    "cusolver": "nvidia-cusolver",
+    "cusparse": "nvidia-cusparse",
+    "nvjitlink": "nvidia-nvjitlink",
+    "nvrtc": "nvidia-cuda-nvrtc",
+    "cupti": "nvidia-cuda-cupti",
+    "nvtx": "nvidia-nvtx",
+    "cuobjdump": "nvidia-cuda-cuobjdump",
+    "nvdisasm": "nvidia-cuda-nvdisasm",
+}
+
+# Packages whose version IS the CUDA version (major.minor.build): they tell the CUDA minor
+# of a set. Library packages (cufft 12.0.x ships with CUDA 13.0) do not, so rule 2 compares
+# those against the queried pins instead.
+CUDA_VERSIONED = (
+    "nvidia-cuda-runtime",
+    "nvidia-cuda-nvcc",
+    "nvidia-cuda-crt",
+    "nvidia-nvvm",
+    "nvidia-cuda-nvrtc",
+    "nvidia-cuda-cupti",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-nvcc-cu12",
+    "nvidia-cuda-nvrtc-cu12",
+    "nvidia-cuda-cupti-cu12",
+    "nvidia-cuda-runtime-cu11",
+)
+
+# NVIDIA CUDA runtime/toolkit wheels that carry their CUDA major in the name. Two majors of
+# these in one env load two libcudart/libcublas generations (DESIGN rule 3).
+_MAJOR_SUFFIXED = re.compile(
+    r"^nvidia-(cuda-[a-z0-9-]+|cublas|cufft|curand|cusolver|cusparse|cusparselt|nvjitlink|"
+    r"nvtx|nccl|cudnn|nvshmem|cufile|npp|nvjpeg|nvvm)-cu(\d+)$"
+)
+# Packages that ship one build per CUDA major side by side and pick one at run time; the
+# parent requires both (nvidia-cutlass-dsl 4.8 requires libs-cu12 unconditionally and
+# libs-cu13 via its "cu13" extra), so two majors there are by design, not a split.
+MULTI_MAJOR_BY_DESIGN = ("nvidia-cutlass-dsl-libs-",)
+
+FLASHINFER_COMPANIONS = ("flashinfer-cubin", "flashinfer-jit-cache")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Where a CUDA major's wheels put the toolkit inside site-packages."""
+
+    major: int
+    prefix: str  # relative to site-packages
+
+
+def layout(major: int) -> Layout:
+    if major >= 13:
+        # Every CUDA 13 component installs into ONE prefix (FACTS §2).
+        return Layout(major=major, prefix=f"nvidia/cu{major}")
+    return Layout(major=major, prefix="nvidia")
+
+
+def has_pip_nvcc(major: int) -> bool:
+    """CUDA 12's nvidia-cuda-nvcc-cu12 ships no nvcc driver (NVIDIA/cuda-python#2100)."""
+    return major >= 13
+
+
+def toolkit_extras(components: tuple[str, ...]) -> str:
+    return ",".join(sorted(components))
+
+
+def cuda_of_version(version: str) -> str | None:
+    """``13.0.96`` -> ``13.0``; for packages in CUDA_VERSIONED and for cuda-toolkit."""
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def major_suffix(name: str) -> int | None:
+    """The CUDA major a wheel's name declares (``nvidia-cublas-cu12`` -> 12), else None."""
+    m = _MAJOR_SUFFIXED.match(canonicalize_name(name))
+    return int(m.group(2)) if m else None
+
+
+def multi_major_by_design(name: str) -> bool:
+    return canonicalize_name(name).startswith(MULTI_MAJOR_BY_DESIGN)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cudaenv"
+
+
+def read_cached_pins(key: str) -> dict[str, str] | None:
+    path = cache_dir() / "channels" / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        return None
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def write_cached_pins(key: str, pins: dict[str, str]) -> None:
+    path = cache_dir() / "channels" / f"{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(pins, sort_keys=True, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a re-query

@@ -1,0 +1,164 @@
+"""argparse front end: the only place that prints errors and exits."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from builder import __version__, build, lock, resolve, spec
+from builder.errors import CudaenvError, SpecError
+from builder.proc import CommandFailed
+
+log = logging.getLogger("cudaenv")
+
+
+def _progress(msg: str) -> None:
+    print(f"cudaenv: {msg}", file=sys.stderr, flush=True)
+
+
+def _lock_file(s: spec.EnvSpec) -> Path:
+    return s.source.parent / "locks" / f"pylock.{s.name}.toml"
+
+
+def _command(argv: Sequence[str]) -> str:
+    return shlex.join(["cudaenv", *argv])
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    for path in args.specs:
+        s = spec.load(path)
+        _progress(f"resolving {s.name} ({path}) with uv")
+        plan = resolve.resolve(s, command=_command(["lock", str(path)]))
+        out = _lock_file(s)
+        lock.write(plan.lock, out)
+        _progress(
+            f"wrote {out}: {len(plan.lock.packages)} packages, torch {plan.lock.torch or '-'} "
+            f"(CUDA {plan.lock.torch_cuda or '-'}), cuda-toolkit {plan.lock.toolkit or '-'} "
+            f"in {plan.seconds:.1f} s"
+        )
+    return 0
+
+
+def _current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
+    path = _lock_file(s)
+    if not fresh and path.exists():
+        current = lock.read(path)
+        if current.fingerprint == s.fingerprint():
+            return current, f"{path} (up to date)"
+        if not fresh:
+            return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
+    return resolve.resolve(s).lock, "a fresh resolution"
+
+
+def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [
+        ("spec", f"{s.name} ({s.source})"),
+        ("python", lk.python),
+        ("platform", lk.platform),
+        ("cuda (spec)", s.cuda),
+        ("torch", lk.torch or "-"),
+        ("torch's CUDA", lk.torch_cuda or "-"),
+        ("cuda-toolkit", lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-")),
+        ("archs", " ".join(s.archs)),
+    ]
+    interesting = ("nvidia-", "cuda-toolkit", "flashinfer", "sglang", "sgl-kernel", "triton")
+    for p in lk.packages:
+        if p.name.startswith(interesting) and p.name != "cuda-toolkit":
+            rows.append((p.name, p.version))
+    rows.append(("packages", str(len(lk.packages))))
+    return rows
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    s = spec.load(args.spec)
+    lk, origin = _current_lock(s, fresh=args.fresh)
+    rows = plan_table(s, lk)
+    width = max(len(k) for k, _ in rows)
+    print(f"# plan for {s.name} from {origin}; nothing installed")
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    for path in args.specs:
+        s = spec.load(path)
+        lock_file = _lock_file(s)
+        if not lock_file.exists():
+            _progress(f"{lock_file} does not exist: resolving and writing it first")
+            plan = resolve.resolve(s, command=_command(["lock", str(path)]))
+            lock.write(plan.lock, lock_file)
+        lk = lock.read(lock_file)
+        started = time.monotonic()
+        _progress(
+            f"building {s.name}: python {s.python}, torch {lk.torch or '-'}, CUDA {s.cuda} "
+            f"({s.toolchain.source} toolchain), archs {' '.join(s.archs)}"
+        )
+        env_dir = Path(args.env_dir) if args.env_dir else None
+        result = build.build(s, lk, lock_file=lock_file, env_dir=env_dir, progress=_progress)
+        _progress(f"built {result.path} in {time.monotonic() - started:.1f} s")
+        print(result.path)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cudaenv", description=__doc__)
+    p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
+    p.add_argument("--debug", action="store_true", help="log every command; tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+    lk = sub.add_parser("lock", help="resolve specs and write envspecs/locks/pylock.NAME.toml")
+    lk.add_argument("specs", nargs="+", type=Path)
+    lk.set_defaults(func=cmd_lock)
+    pl = sub.add_parser("plan", help="print what a spec resolves to, without installing")
+    pl.add_argument("spec", type=Path)
+    pl.add_argument("--fresh", action="store_true", help="resolve even if the lock is up to date")
+    pl.set_defaults(func=cmd_plan)
+    bd = sub.add_parser("build", help="build the env of each spec from its lock")
+    bd.add_argument("specs", nargs="+", type=Path)
+    bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
+    bd.set_defaults(func=cmd_build)
+    return p
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into an exception so the build's cleanup runs (build.py).
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="cudaenv: %(message)s",
+    )
+    if getattr(args, "env_dir", None) and len(getattr(args, "specs", [])) > 1:
+        parser.error("--env-dir takes one spec")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except CudaenvError as exc:
+        if args.debug:
+            raise
+        if isinstance(exc, SpecError):
+            for problem in exc.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            print(f"error: {len(exc.problems)} problem(s) in the spec; nothing was done", file=sys.stderr)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, CommandFailed) else exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; the previous env (if any) is untouched", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

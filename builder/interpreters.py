@@ -1,0 +1,106 @@
+"""Find an interpreter of the spec's Python on this machine (FACTS.md §7).
+
+uv alone misses pyenv's non-global versions (the shim refuses them) and then tries to
+download a managed Python, which fails offline. So: uv's own discovery with downloads off,
+``python3.X`` on PATH (run, not just found: a pyenv shim exists but fails), pyenv's
+``versions/``, conda's envs; only then a uv download, and if that fails too, an error that
+lists what was found and how to get the version asked for.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import proc
+from builder.errors import ToolMissing
+
+_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interpreter:
+    path: Path
+    version: str  # 3.12.1
+    found_by: str
+
+
+def _version_of(path: str) -> str | None:
+    try:
+        done = proc.run([path, "-c", _PROBE], check=False, timeout=20)
+    except (ToolMissing, proc.CommandFailed):
+        return None
+    out = done.stdout.strip()
+    return out if done.returncode == 0 and re.match(r"^\d+\.\d+\.\d+$", out) else None
+
+
+def _candidates(minor: str) -> list[tuple[str, str]]:
+    """(path, how it was found), in preference order; not yet run."""
+    out: list[tuple[str, str]] = []
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    try:
+        done = proc.run(
+            [proc.uv_bin(), "python", "find", minor, "--no-python-downloads"],
+            env=env,
+            check=False,
+            timeout=30,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            out.append((done.stdout.strip().splitlines()[-1], "uv python find"))
+    except (ToolMissing, proc.CommandFailed):
+        pass
+    on_path = proc.which(f"python{minor}")
+    if on_path:
+        out.append((on_path, "PATH"))
+    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    for exe in sorted(glob.glob(f"{pyenv_root}/versions/{minor}.*/bin/python{minor}"), reverse=True):
+        out.append((exe, "pyenv versions"))
+    conda_roots = [os.environ.get("CONDA_PREFIX", ""), os.environ.get("CONDA_EXE", "")]
+    conda_roots = [str(Path(r).parent.parent) if r.endswith("/bin/conda") else r for r in conda_roots]
+    conda_roots += [str(Path.home() / d) for d in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")]
+    conda_roots.append("/opt/conda")
+    for root in dict.fromkeys(r for r in conda_roots if r):
+        for exe in (f"{root}/bin/python{minor}", *sorted(glob.glob(f"{root}/envs/*/bin/python{minor}"))):
+            out.append((exe, "conda"))
+    for exe in (f"/usr/local/bin/python{minor}", f"/usr/bin/python{minor}"):
+        out.append((exe, "system"))
+    return out
+
+
+def find(minor: str, *, allow_download: bool = True) -> Interpreter:
+    """An interpreter whose ``major.minor`` is ``minor``; raises ToolMissing with what exists."""
+    tried: dict[str, str] = {}
+    for exe, how in _candidates(minor):
+        real = os.path.realpath(exe)
+        if real in tried or not os.path.exists(exe):
+            continue
+        version = _version_of(exe)
+        tried[real] = version or "does not run"
+        if version and version.rsplit(".", 1)[0] == minor:
+            return Interpreter(path=Path(exe), version=version, found_by=how)
+    if allow_download:
+        try:
+            done = proc.run(
+                [proc.uv_bin(), "python", "install", minor], check=False, timeout=300
+            )
+            if done.returncode == 0:
+                found = proc.run(
+                    [proc.uv_bin(), "python", "find", minor, "--no-python-downloads"],
+                    check=False,
+                    timeout=30,
+                )
+                path = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else ""
+                version = _version_of(path) if path else None
+                if version:
+                    return Interpreter(path=Path(path), version=version, found_by="uv python install")
+        except (ToolMissing, proc.CommandFailed):
+            pass
+    seen = ", ".join(f"{p} ({v})" for p, v in tried.items()) or "none"
+    raise ToolMissing(
+        f"no Python {minor} on this machine (looked at: {seen}) and uv could not download one. "
+        f"Install it (e.g. `pyenv install {minor}`, `apt-get install python{minor}`, or "
+        f"`uv python install {minor}` where GitHub is reachable), or change the spec's python."
+    )

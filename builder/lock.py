@@ -1,0 +1,244 @@
+"""Read and write PEP 751 ``pylock.NAME.toml`` files with the spec fingerprint they came from.
+
+The committed lock names every file by its wheel/sdist file name, size and sha256 but keeps
+no download URL: installs go through uv's index configuration on the machine that builds,
+and the hashes make any index (a mirror, a proxy, a wheelhouse) give exactly these files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from builder.errors import BuildError, ResolveError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+LOCK_DIR = Path("envspecs") / "locks"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockedFile:
+    name: str  # the wheel or sdist file name
+    sha256: str
+    size: int | None = None
+    upload_time: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockedPackage:
+    name: str
+    version: str
+    marker: str | None = None
+    wheels: tuple[LockedFile, ...] = ()
+    sdist: LockedFile | None = None
+
+    @property
+    def hashes(self) -> tuple[str, ...]:
+        files = [*self.wheels, *([self.sdist] if self.sdist else [])]
+        return tuple(f.sha256 for f in files)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lock:
+    spec_name: str
+    fingerprint: str
+    python: str
+    platform: str
+    cuda: str
+    torch: str | None
+    torch_cuda: str | None
+    toolkit: str | None  # the cuda-toolkit version every component is pinned to
+    packages: tuple[LockedPackage, ...]
+    command: str = ""
+    notes: tuple[str, ...] = ()
+
+    def get(self, name: str) -> LockedPackage | None:
+        for pkg in self.packages:
+            if pkg.name == name:
+                return pkg
+        return None
+
+    def requirements_txt(self) -> str:
+        """``name==version --hash=...`` lines for ``uv pip sync --require-hashes``."""
+        lines = []
+        for pkg in self.packages:
+            marker = f" ; {pkg.marker}" if pkg.marker else ""
+            hashes = " ".join(f"--hash=sha256:{h}" for h in pkg.hashes)
+            lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
+        return "\n".join(lines) + "\n"
+
+    def content_hash(self) -> str:
+        """Identifies exactly what gets installed (names, versions, file hashes)."""
+        h = hashlib.sha256()
+        for pkg in self.packages:
+            h.update(f"{pkg.name}=={pkg.version};{','.join(sorted(pkg.hashes))}\n".encode())
+        return "sha256:" + h.hexdigest()
+
+
+def lock_path(spec_name: str, root: Path | None = None) -> Path:
+    return (root or Path.cwd()) / LOCK_DIR / f"pylock.{spec_name}.toml"
+
+
+def _file(entry: dict[str, Any], where: str) -> LockedFile:
+    hashes = entry.get("hashes")
+    if not isinstance(hashes, dict) or not isinstance(hashes.get("sha256"), str):
+        raise ResolveError(f"{where}: a file without a sha256 hash cannot be installed safely")
+    name = entry.get("name")
+    if not isinstance(name, str):
+        url = entry.get("url") or entry.get("path")
+        if not isinstance(url, str):
+            raise ResolveError(f"{where}: a file needs a name, url or path")
+        name = url.rsplit("/", 1)[-1]
+    size = entry.get("size")
+    upload = entry.get("upload-time")
+    return LockedFile(
+        name=name,
+        sha256=hashes["sha256"],
+        size=size if isinstance(size, int) else None,
+        upload_time=upload.isoformat() if isinstance(upload, dt.datetime) else (str(upload) if upload is not None else None),
+    )
+
+
+def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]:
+    """The ``[[packages]]`` of a PEP 751 document (ours or uv's)."""
+    out = []
+    raw = doc.get("packages")
+    if not isinstance(raw, list):
+        raise ResolveError(f"{where}: no [[packages]] table")
+    for i, entry in enumerate(raw):
+        here = f"{where}: packages[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ResolveError(f"{here}: a package needs a name")
+        if not isinstance(entry.get("version"), str):
+            raise ResolveError(f"{here} ({entry['name']}): a package needs an exact version")
+        wheels = tuple(_file(w, f"{here}.wheels") for w in entry.get("wheels") or [])
+        sdist = _file(entry["sdist"], f"{here}.sdist") if isinstance(entry.get("sdist"), dict) else None
+        if not wheels and sdist is None:
+            raise ResolveError(f"{here} ({entry['name']}): no wheel or sdist to install")
+        marker = entry.get("marker")
+        out.append(
+            LockedPackage(
+                name=entry["name"],
+                version=entry["version"],
+                marker=marker if isinstance(marker, str) else None,
+                wheels=wheels,
+                sdist=sdist,
+            )
+        )
+    return tuple(sorted(out, key=lambda p: p.name))
+
+
+def _file_table(f: LockedFile) -> dict[str, Any]:
+    table: dict[str, Any] = {"name": f.name}
+    if f.upload_time:
+        try:
+            table["upload-time"] = dt.datetime.fromisoformat(f.upload_time)
+        except ValueError:
+            table["upload-time"] = f.upload_time
+    if f.size is not None:
+        table["size"] = f.size
+    table["hashes"] = {"sha256": f.sha256}
+    return table
+
+
+def dumps(lock: Lock) -> str:
+    doc: dict[str, Any] = {
+        "lock-version": "1.0",
+        "environments": [_environment_marker(lock.platform)],
+        "requires-python": f"=={lock.python}.*",
+        "created-by": "cudaenv",
+        "packages": [],
+    }
+    for pkg in lock.packages:
+        table: dict[str, Any] = {"name": pkg.name, "version": pkg.version}
+        if pkg.marker:
+            table["marker"] = pkg.marker
+        if pkg.sdist:
+            table["sdist"] = _file_table(pkg.sdist)
+        if pkg.wheels:
+            table["wheels"] = [_file_table(w) for w in pkg.wheels]
+        doc["packages"].append(table)
+    tool: dict[str, Any] = {
+        "spec": lock.spec_name,
+        "fingerprint": lock.fingerprint,
+        "python": lock.python,
+        "platform": lock.platform,
+        "cuda": lock.cuda,
+    }
+    for key, value in (("torch", lock.torch), ("torch-cuda", lock.torch_cuda), ("toolkit", lock.toolkit)):
+        if value is not None:
+            tool[key] = value
+    tool["notes"] = list(lock.notes)
+    doc["tool"] = {"cudaenv": tool}
+    header = (
+        f"# This file was generated by `{lock.command or 'cudaenv lock'}`; do not edit.\n"
+        "# PEP 751 lock. Files are named and hash-pinned but carry no URL: they are fetched\n"
+        "# through the index uv is configured with on the building machine.\n"
+    )
+    return header + tomli_w.dumps(doc, multiline_strings=False)
+
+
+def _environment_marker(platform: str) -> str:
+    machine = platform.split("-", 1)[0]
+    return f"sys_platform == 'linux' and platform_machine == '{machine}'"
+
+
+def write(lock: Lock, path: Path) -> None:
+    """Atomically (temp file + os.replace), so an interrupted lock never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(dumps(lock))
+    os.replace(tmp, path)
+
+
+def read(path: Path) -> Lock:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise BuildError(f"{path}: cannot read the lock ({exc.strerror}); run `cudaenv lock`") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise BuildError(f"{path}: not a valid TOML lock: {exc}; run `cudaenv lock`") from exc
+    tool = doc.get("tool", {}).get("cudaenv") if isinstance(doc.get("tool"), dict) else None
+    if not isinstance(tool, dict):
+        raise BuildError(f"{path}: not a cudaenv lock (no [tool.cudaenv]); run `cudaenv lock`")
+    try:
+        packages = parse_packages(doc, str(path))
+    except ResolveError as exc:
+        raise BuildError(str(exc)) from exc
+
+    def opt(key: str) -> str | None:
+        value = tool.get(key)
+        return str(value) if value is not None else None
+
+    for key in ("spec", "fingerprint", "python", "platform", "cuda"):
+        if not isinstance(tool.get(key), str):
+            raise BuildError(f"{path}: [tool.cudaenv] lacks '{key}'; run `cudaenv lock`")
+    notes = tool.get("notes", [])
+    return Lock(
+        spec_name=tool["spec"],
+        fingerprint=tool["fingerprint"],
+        python=tool["python"],
+        platform=tool["platform"],
+        cuda=tool["cuda"],
+        torch=opt("torch"),
+        torch_cuda=opt("torch-cuda"),
+        toolkit=opt("toolkit"),
+        packages=packages,
+        notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
+    )
+
+
+def names(packages: Iterable[LockedPackage]) -> dict[str, str]:
+    return {p.name: p.version for p in packages}

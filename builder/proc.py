@@ -1,0 +1,103 @@
+"""The one place a subprocess is started.
+
+Every command is logged, its output captured, and replayed only on failure (as pypa/build
+does). Tests replace :func:`run` or drive it with real tiny processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import CudaenvError, ToolMissing
+
+log = logging.getLogger("cudaenv")
+
+
+class CommandFailed(CudaenvError):
+    """A command exited non-zero or ran past its timeout."""
+
+    exit_code = 1
+
+    def __init__(self, argv: Sequence[str], returncode: int, output: str) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output = output
+        tail = "\n".join(output.strip().splitlines()[-30:])
+        super().__init__(f"command failed (exit {returncode}): {shlex.join(self.argv)}\n{tail}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+    stream: bool = False,
+    input_text: str | None = None,
+) -> Completed:
+    """Run ``argv`` (never through a shell).
+
+    ``stream`` passes the child's stderr through to ours (used for uv's progress), stdout is
+    always captured. ``check`` raises :class:`CommandFailed` with the output tail.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("$ %s", shlex.join(args))
+    try:
+        proc = subprocess.run(
+            args,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=None if stream else subprocess.PIPE,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            input=input_text,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout if isinstance(exc.stdout, str) else ""
+        raise CommandFailed(args, -1, f"{out}\ntimed out after {timeout} s") from exc
+    done = Completed(
+        argv=tuple(args), returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr or ""
+    )
+    if check and proc.returncode != 0:
+        raise CommandFailed(args, proc.returncode, done.stdout + "\n" + done.stderr)
+    return done
+
+
+def which(name: str, path: str | None = None) -> str | None:
+    return shutil.which(name, path=path)
+
+
+def uv_bin() -> str:
+    """The uv executable: the one installed with cudaenv, else the one on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        pass
+    found = shutil.which("uv")
+    if found:
+        return found
+    raise ToolMissing(f"uv: not found; install it with `{sys.executable} -m pip install uv`")

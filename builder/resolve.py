@@ -1,0 +1,329 @@
+"""EnvSpec -> Lock: run ``uv pip compile``, then prove the matching policy on the result.
+
+The policy (DESIGN.md "Resolution policy") is checked twice: what can be known from the
+spec alone (archs vs CUDA, a CUDA 12 wheel toolchain) before any resolver call, and the
+rest on the resolved set. Every refusal happens before anything is installed and names both
+sides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from builder import channels, interpreters, proc
+from builder.errors import ResolveError, ToolMissing
+from builder.lock import Lock, LockedPackage, parse_packages
+from builder.spec import Arch, EnvSpec
+
+if __import__("sys").version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger("cudaenv")
+
+# manylinux_2_34: what FACTS §1 measured torch's pins with; the build refuses a host whose
+# glibc is older (build.py).
+PLATFORM_TAG = "manylinux_2_34"
+
+
+def lock_platform() -> str:
+    return f"{platform.machine() or 'x86_64'}-{PLATFORM_TAG}"
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def arch_problems(cuda: str, archs: Sequence[str]) -> list[str]:
+    """Rule 5: each requested arch is supported by that CUDA (FACTS §4, nvcc release notes)."""
+    v = Version(cuda)
+    problems = []
+    for text in archs:
+        arch = Arch.parse(text)
+        need: Version | None = None
+        if arch.suffix == "f":
+            # Family-specific targets (sm_XXXf) arrived with CUDA 12.9.
+            need = Version("12.9")
+        elif arch.major == 12 and arch.minor == 0:
+            need = Version("12.8")
+        elif arch.major == 12 or (arch.major == 10 and arch.minor >= 3) or arch.major == 11:
+            need = Version("12.9")
+        elif arch.major == 10:
+            need = Version("12.8")
+        if need is not None and v < need:
+            problems.append(f"arch {arch} needs CUDA >= {need} but the spec asks {cuda}")
+        if v.major >= 13 and (arch.major, arch.minor) < (7, 5):
+            problems.append(f"arch {arch}: CUDA 13 dropped targets below SM 7.5")
+    return problems
+
+
+def spec_problems(spec: EnvSpec) -> list[str]:
+    """What the spec alone already breaks, before any resolver call."""
+    problems = arch_problems(spec.cuda, spec.archs)
+    if spec.toolchain.source == "wheels" and not channels.has_pip_nvcc(spec.cuda_major):
+        problems.append(
+            f"CUDA {spec.cuda} has no nvcc on PyPI (nvidia-cuda-nvcc-cu12 ships only ptxas, "
+            "NVIDIA/cuda-python#2100): use `toolchain: {source: system, path: /usr/local/cuda-"
+            f"{spec.cuda}}}`"
+        )
+    return problems
+
+
+def torch_cuda(packages: Sequence[LockedPackage]) -> tuple[str | None, str | None]:
+    """(torch's CUDA major.minor, the pin that says so), read from the resolved set (FACTS §1)."""
+    by = {canonicalize_name(p.name): p for p in packages}
+    if "cuda-toolkit" in by:
+        v = by["cuda-toolkit"].version
+        return channels.cuda_of_version(v), f"cuda-toolkit=={v}"
+    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11"):
+        if name in by:
+            v = by[name].version
+            return channels.cuda_of_version(v), f"{name}=={v}"
+    return None, None
+
+
+def policy_problems(
+    spec: EnvSpec, packages: Sequence[LockedPackage], pins: dict[str, str]
+) -> list[str]:
+    """Rules 1-4 of DESIGN.md on a resolved set. ``pins``: the channel's exact component
+    versions for the CUDA minor torch asks (empty when not known, e.g. CUDA 12)."""
+    problems: list[str] = []
+    by = {canonicalize_name(p.name): p for p in packages}
+    torch = by.get("torch")
+    if torch is not None:
+        tcuda, evidence = torch_cuda(packages)
+        if tcuda is None:
+            problems.append(
+                f"torch {torch.version} pins no CUDA runtime (a CPU build?) but the spec asks "
+                f"CUDA {spec.cuda}"
+            )
+        elif tcuda != spec.cuda:
+            problems.append(
+                f"torch {torch.version} is built for CUDA {tcuda} ({evidence}) but the spec asks "
+                f"{spec.cuda}"
+            )
+    # Rule 2: every toolkit component at the version the channel pins for this CUDA minor.
+    for name, want in sorted(pins.items()):
+        got = by.get(canonicalize_name(name))
+        if got is not None and got.version != want:
+            problems.append(
+                f"{got.name} {got.version} is not the CUDA {spec.cuda} build ({want}): mixed "
+                "toolkit minors break JIT (flashinfer#3493)"
+            )
+    for name in channels.CUDA_VERSIONED:
+        got = by.get(name)
+        if got is None or name in pins:
+            continue
+        minor = channels.cuda_of_version(got.version)
+        if minor is not None and minor != spec.cuda:
+            problems.append(f"{got.name} {got.version} is CUDA {minor} but the spec asks {spec.cuda}")
+    # Rule 3: one CUDA major.
+    for pkg in packages:
+        major = channels.major_suffix(pkg.name)
+        if major is not None and major != spec.cuda_major and not channels.multi_major_by_design(pkg.name):
+            problems.append(
+                f"{pkg.name} {pkg.version} is a CUDA {major} wheel in a CUDA {spec.cuda_major} env"
+            )
+    # Rule 4: FlashInfer companions equal flashinfer-python.
+    fi = by.get("flashinfer-python")
+    for name in channels.FLASHINFER_COMPANIONS:
+        comp = by.get(name)
+        if comp is None:
+            continue
+        if fi is None:
+            problems.append(f"{name} {comp.version} is installed without flashinfer-python")
+        elif Version(comp.version).public != Version(fi.version).public:
+            problems.append(
+                f"{name} {comp.version} does not match flashinfer-python {fi.version}"
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------- the resolver
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolution:
+    packages: tuple[LockedPackage, ...]
+    seconds: float
+
+
+Compiler = Callable[[EnvSpec, Sequence[str], Sequence[str], Sequence[str]], Resolution]
+
+
+def _uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # A resolution never needs a managed Python download; it fails slowly offline (FACTS §7).
+    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    return env
+
+
+def uv_compile(
+    spec: EnvSpec,
+    requirements: Sequence[str],
+    constraints: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    *,
+    python: Path | None = None,
+) -> Resolution:
+    """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
+        d = Path(tmp)
+        (d / "requirements.in").write_text("\n".join(requirements) + "\n")
+        out = d / "pylock.resolved.toml"
+        argv: list[str] = [
+            proc.uv_bin(), "pip", "compile", str(d / "requirements.in"),
+            "--python-version", spec.python,
+            "--python-platform", lock_platform(),
+            "--output-file", str(out),
+            "--no-header", "--quiet",
+        ]  # fmt: skip
+        if python is not None:
+            argv += ["--python", str(python)]
+        if constraints:
+            (d / "constraints.txt").write_text("\n".join(constraints) + "\n")
+            argv += ["--constraints", str(d / "constraints.txt")]
+        if overrides:
+            (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
+            argv += ["--overrides", str(d / "overrides.txt")]
+        try:
+            proc.run(argv, env=_uv_env(), timeout=1800)
+        except proc.CommandFailed as exc:
+            reqs = ", ".join(requirements)
+            raise ResolveError(
+                f"{spec.name} ({spec.source}): uv could not resolve [{reqs}]:\n"
+                + _uv_message(exc.output)
+            ) from exc
+        doc = tomllib.loads(out.read_text())
+    packages = parse_packages(doc, "uv pip compile output")
+    return Resolution(packages=packages, seconds=time.monotonic() - started)
+
+
+def _uv_message(output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
+    return "\n".join(lines[-25:])
+
+
+def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, str]:
+    """The exact component versions of ``cuda-toolkit==toolkit`` (its ``all`` extra), cached:
+    a release on the index never changes."""
+    key = f"cuda-toolkit-{toolkit}-{lock_platform()}"
+    cached = channels.read_cached_pins(key)
+    if cached is not None:
+        return cached
+    res = compile_(spec, [f"cuda-toolkit[all]=={toolkit}"], (), ())
+    pins = {
+        p.name: p.version
+        for p in res.packages
+        if canonicalize_name(p.name).startswith("nvidia-")
+    }
+    channels.write_cached_pins(key, pins)
+    return pins
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    lock: Lock
+    requirements: tuple[str, ...]
+    seconds: float
+
+
+def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = None) -> Plan:
+    """Resolve ``spec`` under the policy. ``compile_`` replaces the uv call in unit tests."""
+    started = time.monotonic()
+    problems = spec_problems(spec)
+    if problems:
+        raise ResolveError(_refusal(spec, problems))
+    if compile_ is None:
+        py: Path | None
+        try:
+            py = interpreters.find(spec.python, allow_download=False).path
+        except ToolMissing:
+            py = None  # uv resolves for --python-version alone when no sdist must be built
+
+        def compile_(s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]) -> Resolution:
+            return uv_compile(s, r, c, o, python=py)
+
+    notes: list[str] = []
+    toolkit: str | None = None
+    tcuda: str | None = None
+    if spec.torch is not None:
+        # Pass 1: torch alone, to read which CUDA it is built for (its cuda-toolkit pin).
+        probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
+        tcuda, evidence = torch_cuda(probe.packages)
+        if tcuda is None:
+            raise ResolveError(_refusal(spec, [f"torch {spec.torch} pins no CUDA runtime (a CPU build?)"]))
+        if tcuda != spec.cuda:
+            raise ResolveError(
+                _refusal(spec, [f"torch {spec.torch} is built for CUDA {tcuda} ({evidence}) but the spec asks {spec.cuda}"])
+            )
+        ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
+        toolkit = ct.version if ct else None
+    elif spec.toolchain.source == "wheels":
+        nxt = f"{spec.cuda_major}.{spec.cuda_minor + 1}"
+        probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())
+        ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
+        if ct is None:
+            raise ResolveError(_refusal(spec, [f"the index has no cuda-toolkit for CUDA {spec.cuda}"]))
+        toolkit = ct.version
+    pins: dict[str, str] = {}
+    requirements: list[str] = []
+    if spec.torch is not None:
+        requirements.append(f"torch=={spec.torch}")
+    requirements += list(spec.packages)
+    if toolkit is not None:
+        pins = toolkit_pins(spec, toolkit, compile_)
+        if spec.toolchain.source == "wheels":
+            # Pin the compiler to the version torch pins so the resolver cannot drift (FACTS §2).
+            requirements.append(
+                f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
+            )
+    constraints = [f"{name}=={version}" for name, version in sorted(pins.items())]
+    final = compile_(spec, requirements, constraints, ())
+    problems = policy_problems(spec, final.packages, pins)
+    if problems:
+        raise ResolveError(_refusal(spec, problems))
+    for pkg in final.packages:
+        major = channels.major_suffix(pkg.name)
+        if major is not None and major != spec.cuda_major:
+            notes.append(f"{pkg.name} kept: ships one build per CUDA major by design")
+    lock = Lock(
+        spec_name=spec.name,
+        fingerprint=spec.fingerprint(),
+        python=spec.python,
+        platform=lock_platform(),
+        cuda=spec.cuda,
+        torch=spec.torch,
+        torch_cuda=tcuda,
+        toolkit=toolkit,
+        packages=final.packages,
+        command=command,
+        notes=tuple(notes),
+    )
+    return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
+
+
+def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:
+    head = f"{spec.name} ({spec.source}): refused by the matching policy, nothing was installed:"
+    return head + "".join(f"\n  - {p}" for p in problems)
+
+
+def requested_names(spec: EnvSpec) -> list[str]:
+    return [canonicalize_name(Requirement(r).name) for r in spec.packages]
+
+
+def shell_command(argv: Sequence[str]) -> str:
+    return shlex.join(argv)
