@@ -196,6 +196,9 @@ def uv_compile(
         if constraints:
             (d / "constraints.txt").write_text("\n".join(constraints) + "\n")
             argv += ["--constraints", str(d / "constraints.txt")]
+        flags = [o for o in overrides if o.startswith("--")]
+        overrides = [o for o in overrides if not o.startswith("--")]
+        argv += flags
         if overrides:
             (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
             argv += ["--overrides", str(d / "overrides.txt")]
@@ -218,17 +221,25 @@ def _uv_message(output: str) -> str:
 
 
 def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, str]:
-    """The exact component versions of ``cuda-toolkit==toolkit`` (its ``all`` extra), cached:
-    a release on the index never changes."""
+    """The component versions that ``cuda-toolkit==toolkit`` pins exactly (its ``all`` extra).
+
+    uv prints no specifiers, so a pin is told apart from a range by resolving twice, once
+    for the highest and once for the lowest versions: an exact pin gives the same version
+    both times (nvidia-nvjitlink floats within the major, on purpose: it links older code).
+    Cached: a release on the index never changes.
+    """
     key = f"cuda-toolkit-{toolkit}-{lock_platform()}"
     cached = channels.read_cached_pins(key)
     if cached is not None:
         return cached
-    res = compile_(spec, [f"cuda-toolkit[all]=={toolkit}"], (), ())
+    request = [f"cuda-toolkit[all]=={toolkit}"]
+    high = compile_(spec, request, (), ())
+    low = compile_(spec, request, (), ("--resolution=lowest",))
+    low_versions = {p.name: p.version for p in low.packages}
     pins = {
         p.name: p.version
-        for p in res.packages
-        if canonicalize_name(p.name).startswith("nvidia-")
+        for p in high.packages
+        if canonicalize_name(p.name).startswith("nvidia-") and low_versions.get(p.name) == p.version
     }
     channels.write_cached_pins(key, pins)
     return pins

@@ -196,6 +196,8 @@ class Item:
 class _Problems:
     def __init__(self) -> None:
         self.items: list[tuple[str, int, int, str]] = []
+        # A base that failed to load makes "required key is missing" noise: say it once.
+        self.extends_failed = False
 
     def add(self, mark: Mark, path: str, message: str) -> None:
         prefix = f"{path}: " if path else ""
@@ -230,6 +232,10 @@ class _Composer:
             raise _Abort(mark, path, f"too many YAML nodes (more than {MAX_NODES})")
         if depth > MAX_DEPTH:
             raise _Abort(mark, path, f"nested deeper than {MAX_DEPTH} levels")
+        if node.tag not in _PLAIN_TAGS:
+            # compose() builds no objects, but a tagged node is never plain data: refuse it
+            # rather than silently reading `!!python/object` as a list.
+            raise _Abort(mark, path, f"YAML tag {node.tag!r} is not allowed: a spec is plain data")
         if isinstance(node, yaml.ScalarNode):
             return Item(_scalar(node), mark)
         if isinstance(node, yaml.SequenceNode):
@@ -256,6 +262,11 @@ class _Composer:
                 out[key] = Item(item.value, item.mark, kmark)
             return Item(out, mark)
         raise _Abort(mark, path, "unsupported YAML node")
+
+
+_PLAIN_TAGS = frozenset(
+    f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge")
+)
 
 
 class _Abort(Exception):
@@ -368,19 +379,24 @@ def _load_merged(path: Path, problems: _Problems, chain: tuple[Path, ...]) -> di
         return data
     if not isinstance(ext.value, str) or not ext.value:
         problems.add(ext.mark, "extends", f"expected a spec file path, got {_kind(ext.value)}")
+        problems.extends_failed = True
         return data
     base_path = (path.parent / ext.value).resolve()
     if base_path in chain or base_path == path.resolve():
         problems.add(ext.mark, "extends", f"cycle: {ext.value} extends itself (via {display})")
+        problems.extends_failed = True
         return data
     if len(chain) >= MAX_EXTENDS:
         problems.add(ext.mark, "extends", f"more than {MAX_EXTENDS} levels of extends")
+        problems.extends_failed = True
         return data
     if not base_path.is_file():
         problems.add(ext.mark, "extends", f"no such spec file: {ext.value}")
+        problems.extends_failed = True
         return data
     base = _load_merged(base_path, problems, (*chain, path.resolve()))
     if base is None:
+        problems.extends_failed = True
         return data
     merged = dict(base)
     for key, item in data.items():
@@ -438,7 +454,8 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
 
     def need(key: str) -> Item | None:
         if key not in data:
-            problems.add(top, key, "required key is missing")
+            if not problems.extends_failed:
+                problems.add(top, key, "required key is missing")
             return None
         return data[key]
 

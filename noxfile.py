@@ -1,0 +1,51 @@
+"""Sessions of cudaenv (DESIGN.md "Sessions"). `nox -s build-env` is the main job."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["build-env"]
+nox.options.reuse_existing_virtualenvs = True
+
+DEFAULT_SPEC = "envspecs/default.yaml"
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    # Editable: templates/ and the specs are read from this checkout.
+    session.install("-e", ".")
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+@nox.session(name="build-env")
+def build_env(session: nox.Session) -> None:
+    """Build (and lock, if its lock is missing) each spec; default envspecs/default.yaml."""
+    _install(session)
+    specs = session.posargs or [DEFAULT_SPEC]
+    session.run("cudaenv", "build", *specs)
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Re-lock specs (default: every spec in envspecs/)."""
+    _install(session)
+    specs = session.posargs or sorted(str(p) for p in __import__("pathlib").Path("envspecs").glob("*.yaml"))
+    session.run("cudaenv", "lock", *specs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every test: unit, network and e2e (gpu tests skip with their reason without a GPU)."""
+    _install(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict over builder/, tests/ and noxfile.py."""
+    _install(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")

@@ -1,0 +1,235 @@
+"""Spec loading: every problem at once, located, asserted by exact message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import spec
+from builder.errors import SpecError
+from tests.conftest import ENVSPECS, REPO, write
+
+GOOD = """\
+name: demo
+python: "3.12"
+cuda: "13.0"
+torch: "2.14.1"
+packages: [sglang==0.5.23]
+archs: ["12.0f"]
+"""
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        spec.load(path)
+    return info.value.problems
+
+
+def test_shipped_specs_load() -> None:
+    names = {spec.load(p).name for p in ENVSPECS.glob("*.yaml")}
+    assert names == {
+        "sglang-0.5.23-cu130",
+        "sglang-0.5.17-torch2.11-cu130",
+        "flashinfer-0.7.4-torch2.15-cu132",
+        "toolchain-cu130",
+        "torch2.9-cu128-system",
+    }
+    default = spec.load(ENVSPECS / "default.yaml")
+    assert default.torch == "2.14.1"
+    assert default.cuda == "13.0"
+    assert default.packages == ("sglang==0.5.23", "flashinfer-python==0.7.2")
+    assert default.toolchain.components == ("nvcc", "cudart", "crt", "nvvm", "cccl")
+    assert default.archs == ("12.0f",)
+
+
+def test_good_spec(in_tmp: Path) -> None:
+    s = spec.load(write(in_tmp / "s.yaml", GOOD))
+    assert s.name == "demo"
+    assert s.toolchain.source == "wheels"
+    assert s.verify == spec.CHECKS
+
+
+def test_five_mistakes_five_located_errors(in_tmp: Path) -> None:
+    path = write(
+        in_tmp / "bad.yaml",
+        """\
+name: demo
+python: 3.12
+cuda: 13
+torch: latest
+pakages: [sglang==0.5.23]
+archs: ["12.0x"]
+""",
+    )
+    assert problems(path) == [
+        'bad.yaml:2:9: python: expected a quoted version like "3.12", got the number 3.12 '
+        "(YAML reads 3.10 as 3.1: quote it)",
+        'bad.yaml:3:7: cuda: expected a quoted CUDA major.minor like "13.0", got the number 13',
+        'bad.yaml:4:8: torch: expected an exact torch version like "2.14.1" (quoted), got '
+        "'latest'",
+        "bad.yaml:5:1: pakages: unknown key; did you mean 'packages'?",
+        "bad.yaml:6:9: archs[0]: expected an arch like '9.0a', '10.0a' or '12.0f', got '12.0x'",
+    ]
+
+
+def test_cli_five_mistakes_exit_2_no_traceback(in_tmp: Path) -> None:
+    path = write(
+        in_tmp / "bad.yaml",
+        'name: ../x\npython: "2.7"\ncuda: "11.8"\ntoolchain: {source: conda}\nverify: [cubins]\n',
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "plan", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=in_tmp,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error: bad.yaml:")]
+    assert len(errors) == 5, done.stderr
+    assert errors[0].startswith("error: bad.yaml:1:7: name: '../x' is not a valid env name")
+    assert errors[4] == (
+        "error: bad.yaml:5:10: verify[0]: unknown check 'cubins'; did you mean 'cubin'?"
+    )
+    assert done.stderr.splitlines()[-1] == "error: 5 problem(s) in the spec; nothing was done"
+
+
+def test_missing_keys_and_wrong_types(in_tmp: Path) -> None:
+    path = write(in_tmp / "s.yaml", "summary: [1]\npackages: sglang\nenv: [A]\n")
+    assert problems(path) == [
+        "s.yaml:1:1: name: required key is missing",
+        "s.yaml:1:1: python: required key is missing",
+        "s.yaml:1:1: cuda: required key is missing",
+        "s.yaml:1:10: summary: expected a one-line summary, got a list",
+        "s.yaml:2:11: packages: expected a list of PEP 508 requirements, got the string 'sglang'",
+        "s.yaml:3:6: env: expected a mapping of variables, got a list",
+    ]
+
+
+def test_package_problems(in_tmp: Path) -> None:
+    path = write(
+        in_tmp / "s.yaml",
+        GOOD.replace(
+            "packages: [sglang==0.5.23]",
+            "packages: [sglang==0.5.23, 'sglang>=0.5', torch==2.1, 'flash infer', "
+            "'x @ https://example.invalid/x.whl']",
+        ),
+    )
+    got = problems(path)
+    assert got[0] == "s.yaml:5:28: packages[1]: sglang is listed twice (also 'sglang==0.5.23')"
+    assert got[1] == "s.yaml:5:43: packages[2]: torch is pinned by the 'torch:' key, not in packages"
+    assert got[2].startswith("s.yaml:5:55: packages[3]: not a valid requirement:")
+    assert got[3] == (
+        "s.yaml:5:70: packages[4]: direct URL requirements cannot be locked by hash here"
+    )
+
+
+def test_toolchain_problems(in_tmp: Path) -> None:
+    path = write(
+        in_tmp / "s.yaml",
+        GOOD + "toolchain: {source: system, componets: [nvcc], path: cuda}\n",
+    )
+    assert problems(path) == [
+        "s.yaml:7:29: toolchain.componets: unknown key; did you mean 'components'?",
+        "s.yaml:7:54: toolchain.path: expected an absolute path, got 'cuda'",
+    ]
+    path = write(in_tmp / "t.yaml", GOOD + "toolchain: {components: [nvcc, nvc]}\n")
+    assert problems(path) == [
+        "t.yaml:7:32: toolchain.components[1]: unknown component 'nvc'; did you mean 'nvcc'?"
+    ]
+    path = write(in_tmp / "u.yaml", GOOD + "toolchain: {source: system}\n")
+    assert problems(path) == ["u.yaml:7:12: toolchain.path: required when source is 'system'"]
+
+
+def test_env_values_and_reserved_names(in_tmp: Path) -> None:
+    path = write(
+        in_tmp / "s.yaml",
+        GOOD + "env: {CUDA_HOME: /x, 1BAD: y, OK: [1], FINE: '$(touch x)', N: 3}\n",
+    )
+    assert problems(path) == [
+        "s.yaml:7:7: env.CUDA_HOME: CUDA_HOME is set by cudaenv itself and cannot be overridden",
+        "s.yaml:7:22: env.1BAD: not a valid environment variable name",
+        "s.yaml:7:35: env.OK: expected a string value, got a list",
+    ]
+    ok = spec.load(write(in_tmp / "t.yaml", GOOD + "env: {FINE: '$(touch x)', N: 3}\n"))
+    assert ok.env == (("FINE", "$(touch x)"), ("N", "3"))
+
+
+def test_duplicate_key_is_an_error(in_tmp: Path) -> None:
+    path = write(in_tmp / "s.yaml", GOOD + 'cuda: "13.2"\n')
+    assert problems(path) == [
+        "s.yaml:7:1: cuda: duplicate key (YAML would keep only the last)"
+    ]
+
+
+def test_safe_loader_only(in_tmp: Path) -> None:
+    path = write(in_tmp / "s.yaml", GOOD + "summary: !!python/object/apply:os.system ['touch pwned']\n")
+    got = problems(path)
+    assert len(got) == 1
+    assert got[0] == (
+        "s.yaml:7:10: summary: YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is "
+        "not allowed: a spec is plain data"
+    )
+    assert not (in_tmp / "pwned").exists()
+
+
+def test_invalid_yaml_and_encoding(in_tmp: Path) -> None:
+    path = write(in_tmp / "s.yaml", "name: [unclosed\n")
+    assert problems(path)[0].startswith("s.yaml:2:1: invalid YAML:")
+    raw = in_tmp / "b.yaml"
+    raw.write_bytes(b'name: demo\nsummary: "caf\xe9"\n')
+    assert problems(raw) == ["b.yaml:2:14: not UTF-8 (byte 0xe9)"]
+    empty = write(in_tmp / "e.yaml", "")
+    assert problems(empty) == ["e.yaml:1:1: the file is empty; a spec is a YAML mapping"]
+    scalar = write(in_tmp / "l.yaml", "- a\n")
+    assert problems(scalar) == ["l.yaml:1:1: a spec is a YAML mapping, got a list"]
+
+
+def test_alias_bomb_is_bounded(in_tmp: Path) -> None:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 9):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 9)}]")
+    path = write(in_tmp / "bomb.yaml", "\n".join(lines) + "\n")
+    got = problems(path)
+    assert any("too many YAML nodes" in p for p in got)
+
+
+def test_extends_merges_and_locates(in_tmp: Path) -> None:
+    write(in_tmp / "base.yaml", GOOD + "toolchain: {source: wheels, components: [nvcc, cudart]}\n")
+    child = write(
+        in_tmp / "child.yaml",
+        "extends: base.yaml\nname: child\ntoolchain: {components: [nvcc, cudart, cccl]}\n",
+    )
+    s = spec.load(child)
+    assert s.name == "child"
+    assert s.torch == "2.14.1"
+    assert s.toolchain.components == ("nvcc", "cudart", "cccl")
+    bad = write(in_tmp / "bad.yaml", "extends: base.yaml\ncuda: 13.0\n")
+    assert problems(bad) == [
+        'bad.yaml:2:7: cuda: expected a quoted CUDA major.minor like "13.0", got the number 13.0'
+    ]
+    loop = write(in_tmp / "loop.yaml", "extends: loop.yaml\n")
+    assert problems(loop) == ["loop.yaml:1:10: extends: cycle: loop.yaml extends itself (via loop.yaml)"]
+    missing = write(in_tmp / "m.yaml", "extends: nope.yaml\n" + GOOD)
+    assert problems(missing) == ["m.yaml:1:10: extends: no such spec file: nope.yaml"]
+
+
+def test_fingerprint_ignores_what_does_not_change_the_install(in_tmp: Path) -> None:
+    a = spec.load(write(in_tmp / "a.yaml", GOOD))
+    b = spec.load(write(in_tmp / "b.yaml", GOOD.replace('["12.0f"]', '["9.0a"]') + "summary: x\n"))
+    c = spec.load(write(in_tmp / "c.yaml", GOOD.replace("sglang==0.5.23", "sglang==0.5.22")))
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != c.fingerprint()
+
+
+def test_arch_model() -> None:
+    a = spec.Arch.parse("12.0f")
+    assert (a.major, a.minor, a.suffix, a.sm, a.cubin_sm) == (12, 0, "f", "sm_120f", "sm_120")
+    with pytest.raises(ValueError, match="got '120'"):
+        spec.Arch.parse("120")
