@@ -31,7 +31,9 @@ def build_env(session: nox.Session) -> None:
 def lock(session: nox.Session) -> None:
     """Re-lock specs (default: every spec in envspecs/)."""
     _install(session)
-    specs = session.posargs or sorted(str(p) for p in __import__("pathlib").Path("envspecs").glob("*.yaml"))
+    specs = session.posargs or sorted(
+        str(p) for p in __import__("pathlib").Path("envspecs").glob("*.yaml")
+    )
     session.run("cudaenv", "lock", *specs)
 
 

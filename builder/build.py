@@ -61,7 +61,9 @@ def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path) -> None:
         )
     machine = lock.platform.split("-", 1)[0]
     if machine != (platform.machine() or "x86_64"):
-        raise BuildError(f"{lock_file} is for {lock.platform}; this machine is {platform.machine()}")
+        raise BuildError(
+            f"{lock_file} is for {lock.platform}; this machine is {platform.machine()}"
+        )
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -74,7 +76,9 @@ def visible_gpu_archs(cuda: str) -> list[str]:
     if not smi:
         return []
     try:
-        done = proc.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20, check=False)
+        done = proc.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20, check=False
+        )
     except (proc.CommandFailed, OSError):
         return []
     out: list[str] = []
@@ -257,15 +261,27 @@ def _build_into(
     req = tmp / "var" / "requirements.lock.txt"
     req.parent.mkdir(parents=True, exist_ok=True)
     req.write_text(lock.requirements_txt())
-    progress(f"installing {len(lock.packages)} packages from {lock_file_name(spec)} (hashes required)")
+    progress(
+        f"installing {len(lock.packages)} packages from {lock_file_name(spec)} (hashes required)"
+    )
     try:
         proc.run(
-            [uv, "pip", "sync", "--require-hashes", "--python", str(tmp / "bin" / "python"), str(req)],
+            [
+                uv,
+                "pip",
+                "sync",
+                "--require-hashes",
+                "--python",
+                str(tmp / "bin" / "python"),
+                str(req),
+            ],
             env=_uv_env(),
             stream=True,
         )
     except proc.CommandFailed as exc:
-        raise BuildError(f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}") from exc
+        raise BuildError(
+            f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}"
+        ) from exc
     stage(f"install {len(lock.packages)} packages", t)
     t = time.monotonic()
     if spec.toolchain.source == "wheels":

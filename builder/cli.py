@@ -65,7 +65,10 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
         ("cuda (spec)", s.cuda),
         ("torch", lk.torch or "-"),
         ("torch's CUDA", lk.torch_cuda or "-"),
-        ("cuda-toolkit", lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-")),
+        (
+            "cuda-toolkit",
+            lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-"),
+        ),
         ("archs", " ".join(s.archs)),
     ]
     interesting = ("nvidia-", "cuda-toolkit", "flashinfer", "sglang", "sgl-kernel", "triton")
@@ -151,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SpecError):
             for problem in exc.problems:
                 print(f"error: {problem}", file=sys.stderr)
-            print(f"error: {len(exc.problems)} problem(s) in the spec; nothing was done", file=sys.stderr)
+            print(
+                f"error: {len(exc.problems)} problem(s) in the spec; nothing was done",
+                file=sys.stderr,
+            )
         else:
             print(f"error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, CommandFailed) else exc.exit_code

@@ -56,14 +56,23 @@ def _candidates(minor: str) -> list[tuple[str, str]]:
     if on_path:
         out.append((on_path, "PATH"))
     pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
-    for exe in sorted(glob.glob(f"{pyenv_root}/versions/{minor}.*/bin/python{minor}"), reverse=True):
+    for exe in sorted(
+        glob.glob(f"{pyenv_root}/versions/{minor}.*/bin/python{minor}"), reverse=True
+    ):
         out.append((exe, "pyenv versions"))
     conda_roots = [os.environ.get("CONDA_PREFIX", ""), os.environ.get("CONDA_EXE", "")]
-    conda_roots = [str(Path(r).parent.parent) if r.endswith("/bin/conda") else r for r in conda_roots]
-    conda_roots += [str(Path.home() / d) for d in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")]
+    conda_roots = [
+        str(Path(r).parent.parent) if r.endswith("/bin/conda") else r for r in conda_roots
+    ]
+    conda_roots += [
+        str(Path.home() / d) for d in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")
+    ]
     conda_roots.append("/opt/conda")
     for root in dict.fromkeys(r for r in conda_roots if r):
-        for exe in (f"{root}/bin/python{minor}", *sorted(glob.glob(f"{root}/envs/*/bin/python{minor}"))):
+        for exe in (
+            f"{root}/bin/python{minor}",
+            *sorted(glob.glob(f"{root}/envs/*/bin/python{minor}")),
+        ):
             out.append((exe, "conda"))
     for exe in (f"/usr/local/bin/python{minor}", f"/usr/bin/python{minor}"):
         out.append((exe, "system"))
@@ -75,7 +84,7 @@ def find(minor: str, *, allow_download: bool = True) -> Interpreter:
     tried: dict[str, str] = {}
     for exe, how in _candidates(minor):
         real = os.path.realpath(exe)
-        if real in tried or not os.path.exists(exe):
+        if real in tried or not Path(exe).exists():
             continue
         version = _version_of(exe)
         tried[real] = version or "does not run"
@@ -83,9 +92,7 @@ def find(minor: str, *, allow_download: bool = True) -> Interpreter:
             return Interpreter(path=Path(exe), version=version, found_by=how)
     if allow_download:
         try:
-            done = proc.run(
-                [proc.uv_bin(), "python", "install", minor], check=False, timeout=300
-            )
+            done = proc.run([proc.uv_bin(), "python", "install", minor], check=False, timeout=300)
             if done.returncode == 0:
                 found = proc.run(
                     [proc.uv_bin(), "python", "find", minor, "--no-python-downloads"],
@@ -95,7 +102,9 @@ def find(minor: str, *, allow_download: bool = True) -> Interpreter:
                 path = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else ""
                 version = _version_of(path) if path else None
                 if version:
-                    return Interpreter(path=Path(path), version=version, found_by="uv python install")
+                    return Interpreter(
+                        path=Path(path), version=version, found_by="uv python install"
+                    )
         except (ToolMissing, proc.CommandFailed):
             pass
     seen = ", ".join(f"{p} ({v})" for p, v in tried.items()) or "none"

@@ -107,7 +107,9 @@ def _file(entry: dict[str, Any], where: str) -> LockedFile:
         name=name,
         sha256=hashes["sha256"],
         size=size if isinstance(size, int) else None,
-        upload_time=upload.isoformat() if isinstance(upload, dt.datetime) else (str(upload) if upload is not None else None),
+        upload_time=upload.isoformat()
+        if isinstance(upload, dt.datetime)
+        else (str(upload) if upload is not None else None),
     )
 
 
@@ -124,7 +126,9 @@ def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]
         if not isinstance(entry.get("version"), str):
             raise ResolveError(f"{here} ({entry['name']}): a package needs an exact version")
         wheels = tuple(_file(w, f"{here}.wheels") for w in entry.get("wheels") or [])
-        sdist = _file(entry["sdist"], f"{here}.sdist") if isinstance(entry.get("sdist"), dict) else None
+        sdist = (
+            _file(entry["sdist"], f"{here}.sdist") if isinstance(entry.get("sdist"), dict) else None
+        )
         if not wheels and sdist is None:
             raise ResolveError(f"{here} ({entry['name']}): no wheel or sdist to install")
         marker = entry.get("marker")
@@ -177,7 +181,11 @@ def dumps(lock: Lock) -> str:
         "platform": lock.platform,
         "cuda": lock.cuda,
     }
-    for key, value in (("torch", lock.torch), ("torch-cuda", lock.torch_cuda), ("toolkit", lock.toolkit)):
+    for key, value in (
+        ("torch", lock.torch),
+        ("torch-cuda", lock.torch_cuda),
+        ("toolkit", lock.toolkit),
+    ):
         if value is not None:
             tool[key] = value
     tool["notes"] = list(lock.notes)
@@ -207,7 +215,9 @@ def read(path: Path) -> Lock:
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise BuildError(f"{path}: cannot read the lock ({exc.strerror}); run `cudaenv lock`") from exc
+        raise BuildError(
+            f"{path}: cannot read the lock ({exc.strerror}); run `cudaenv lock`"
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise BuildError(f"{path}: not a valid TOML lock: {exc}; run `cudaenv lock`") from exc
     tool = doc.get("tool", {}).get("cudaenv") if isinstance(doc.get("tool"), dict) else None

@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import shlex
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from builder.errors import ResolveError, ToolMissing
 from builder.lock import Lock, LockedPackage, parse_packages
 from builder.spec import Arch, EnvSpec
 
-if __import__("sys").version_info >= (3, 11):
+if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
@@ -83,7 +84,7 @@ def spec_problems(spec: EnvSpec) -> list[str]:
 
 def torch_cuda(packages: Sequence[LockedPackage]) -> tuple[str | None, str | None]:
     """(torch's CUDA major.minor, the pin that says so), read from the resolved set (FACTS §1)."""
-    by = {canonicalize_name(p.name): p for p in packages}
+    by: dict[str, LockedPackage] = {canonicalize_name(p.name): p for p in packages}
     if "cuda-toolkit" in by:
         v = by["cuda-toolkit"].version
         return channels.cuda_of_version(v), f"cuda-toolkit=={v}"
@@ -100,7 +101,7 @@ def policy_problems(
     """Rules 1-4 of DESIGN.md on a resolved set. ``pins``: the channel's exact component
     versions for the CUDA minor torch asks (empty when not known, e.g. CUDA 12)."""
     problems: list[str] = []
-    by = {canonicalize_name(p.name): p for p in packages}
+    by: dict[str, LockedPackage] = {canonicalize_name(p.name): p for p in packages}
     torch = by.get("torch")
     if torch is not None:
         tcuda, evidence = torch_cuda(packages)
@@ -128,11 +129,17 @@ def policy_problems(
             continue
         minor = channels.cuda_of_version(got.version)
         if minor is not None and minor != spec.cuda:
-            problems.append(f"{got.name} {got.version} is CUDA {minor} but the spec asks {spec.cuda}")
+            problems.append(
+                f"{got.name} {got.version} is CUDA {minor} but the spec asks {spec.cuda}"
+            )
     # Rule 3: one CUDA major.
     for pkg in packages:
         major = channels.major_suffix(pkg.name)
-        if major is not None and major != spec.cuda_major and not channels.multi_major_by_design(pkg.name):
+        if (
+            major is not None
+            and major != spec.cuda_major
+            and not channels.multi_major_by_design(pkg.name)
+        ):
             problems.append(
                 f"{pkg.name} {pkg.version} is a CUDA {major} wheel in a CUDA {spec.cuda_major} env"
             )
@@ -145,9 +152,7 @@ def policy_problems(
         if fi is None:
             problems.append(f"{name} {comp.version} is installed without flashinfer-python")
         elif Version(comp.version).public != Version(fi.version).public:
-            problems.append(
-                f"{name} {comp.version} does not match flashinfer-python {fi.version}"
-            )
+            problems.append(f"{name} {comp.version} does not match flashinfer-python {fi.version}")
     return problems
 
 
@@ -185,12 +190,19 @@ def uv_compile(
         (d / "requirements.in").write_text("\n".join(requirements) + "\n")
         out = d / "pylock.resolved.toml"
         argv: list[str] = [
-            proc.uv_bin(), "pip", "compile", str(d / "requirements.in"),
-            "--python-version", spec.python,
-            "--python-platform", lock_platform(),
-            "--output-file", str(out),
-            "--no-header", "--quiet",
-        ]  # fmt: skip
+            proc.uv_bin(),
+            "pip",
+            "compile",
+            str(d / "requirements.in"),
+            "--python-version",
+            spec.python,
+            "--python-platform",
+            lock_platform(),
+            "--output-file",
+            str(out),
+            "--no-header",
+            "--quiet",
+        ]
         if python is not None:
             argv += ["--python", str(python)]
         if constraints:
@@ -216,7 +228,9 @@ def uv_compile(
 
 
 def _uv_message(output: str) -> str:
-    lines = [ln for ln in output.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
+    lines = [
+        ln for ln in output.strip().splitlines() if ln.strip() and not ln.startswith("warning:")
+    ]
     return "\n".join(lines[-25:])
 
 
@@ -265,7 +279,9 @@ def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = Non
         except ToolMissing:
             py = None  # uv resolves for --python-version alone when no sdist must be built
 
-        def compile_(s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]) -> Resolution:
+        def compile_(
+            s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]
+        ) -> Resolution:
             return uv_compile(s, r, c, o, python=py)
 
     notes: list[str] = []
@@ -276,10 +292,18 @@ def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = Non
         probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
         tcuda, evidence = torch_cuda(probe.packages)
         if tcuda is None:
-            raise ResolveError(_refusal(spec, [f"torch {spec.torch} pins no CUDA runtime (a CPU build?)"]))
+            raise ResolveError(
+                _refusal(spec, [f"torch {spec.torch} pins no CUDA runtime (a CPU build?)"])
+            )
         if tcuda != spec.cuda:
             raise ResolveError(
-                _refusal(spec, [f"torch {spec.torch} is built for CUDA {tcuda} ({evidence}) but the spec asks {spec.cuda}"])
+                _refusal(
+                    spec,
+                    [
+                        f"torch {spec.torch} is built for CUDA {tcuda} ({evidence}) "
+                        f"but the spec asks {spec.cuda}"
+                    ],
+                )
             )
         ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
         toolkit = ct.version if ct else None
@@ -288,7 +312,9 @@ def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = Non
         probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())
         ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
         if ct is None:
-            raise ResolveError(_refusal(spec, [f"the index has no cuda-toolkit for CUDA {spec.cuda}"]))
+            raise ResolveError(
+                _refusal(spec, [f"the index has no cuda-toolkit for CUDA {spec.cuda}"])
+            )
         toolkit = ct.version
     pins: dict[str, str] = {}
     requirements: list[str] = []

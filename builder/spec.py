@@ -300,7 +300,9 @@ def _compose(path: Path, display: str, problems: _Problems) -> Item | None:
     try:
         size = path.stat().st_size
         if size > MAX_SPEC_BYTES:
-            problems.add(Mark(display, 1, 1), "", f"file is {size} bytes; a spec is at most {MAX_SPEC_BYTES}")
+            problems.add(
+                Mark(display, 1, 1), "", f"file is {size} bytes; a spec is at most {MAX_SPEC_BYTES}"
+            )
             return None
         raw = path.read_bytes()
     except OSError as exc:
@@ -367,7 +369,9 @@ def _display(path: Path) -> str:
 # --------------------------------------------------------------------------- loading
 
 
-def _load_merged(path: Path, problems: _Problems, chain: tuple[Path, ...]) -> dict[str, Item] | None:
+def _load_merged(
+    path: Path, problems: _Problems, chain: tuple[Path, ...]
+) -> dict[str, Item] | None:
     display = _display(path)
     root = _compose(path, display, problems)
     if root is None:
@@ -436,7 +440,9 @@ def _string(item: Item, path: str, problems: _Problems, what: str) -> str | None
     return None
 
 
-def _strings(item: Item, path: str, problems: _Problems, what: str) -> Iterator[tuple[str, Item, str]]:
+def _strings(
+    item: Item, path: str, problems: _Problems, what: str
+) -> Iterator[tuple[str, Item, str]]:
     if not isinstance(item.value, list):
         problems.add(item.mark, path, f"expected a list of {what}, got {_kind(item.value)}")
         return
@@ -448,9 +454,9 @@ def _strings(item: Item, path: str, problems: _Problems, what: str) -> Iterator[
 
 
 def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems) -> EnvSpec | None:
-    for key, item in data.items():
+    for key, top_item in data.items():
         if key not in TOP_KEYS:
-            problems.add(item.key_mark or item.mark, key, _suggest(key, TOP_KEYS))
+            problems.add(top_item.key_mark or top_item.mark, key, _suggest(key, TOP_KEYS))
 
     def need(key: str) -> Item | None:
         if key not in data:
@@ -476,34 +482,43 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
     if (item := need("python")) is not None:
         if isinstance(item.value, float):
             problems.add(
-                item.mark, "python", f'expected a quoted version like "3.12", got the number '
-                f"{item.value} (YAML reads 3.10 as 3.1: quote it)"
+                item.mark,
+                "python",
+                f'expected a quoted version like "3.12", got the number '
+                f"{item.value} (YAML reads 3.10 as 3.1: quote it)",
             )
         else:
             python = _string(item, "python", problems, 'a Python version like "3.12"')
             if python is not None and not _PYTHON_RE.match(python):
-                problems.add(item.mark, "python", f'expected a Python version like "3.12", got {python!r}')
+                problems.add(
+                    item.mark, "python", f'expected a Python version like "3.12", got {python!r}'
+                )
                 python = None
     if (item := need("cuda")) is not None:
         if isinstance(item.value, (int, float)) and not isinstance(item.value, bool):
             problems.add(
-                item.mark, "cuda", f'expected a quoted CUDA major.minor like "13.0", got the number '
-                f"{item.value}"
+                item.mark,
+                "cuda",
+                f'expected a quoted CUDA major.minor like "13.0", got the number {item.value}',
             )
         else:
             cuda = _string(item, "cuda", problems, 'a CUDA major.minor like "13.0"')
             m = _CUDA_RE.match(cuda or "")
             if cuda is not None and not m:
-                problems.add(item.mark, "cuda", f'expected a CUDA major.minor like "13.0", got {cuda!r}')
+                problems.add(
+                    item.mark, "cuda", f'expected a CUDA major.minor like "13.0", got {cuda!r}'
+                )
                 cuda = None
             elif m and int(m.group(1)) not in (12, 13):
                 problems.add(item.mark, "cuda", f"CUDA {cuda} is not supported: 12.x and 13.x are")
                 cuda = None
     torch = None
     if "torch" in data and data["torch"].value is not None:
-        item = data["torch"]
-        raw = item.value
-        text = str(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) else None
+        entry = data["torch"]
+        raw = entry.value
+        text = (
+            str(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) else None
+        )
         try:
             if text is None or not isinstance(raw, str):
                 raise InvalidVersion(str(raw))
@@ -514,13 +529,16 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
         except InvalidVersion:
             shown = repr(raw) if isinstance(raw, str) else _kind(raw)
             problems.add(
-                item.mark, "torch",
+                entry.mark,
+                "torch",
                 f'expected an exact torch version like "2.14.1" (quoted), got {shown}',
             )
     packages: list[str] = []
     if "packages" in data:
         seen: dict[str, str] = {}
-        for text, sub, sub_path in _strings(data["packages"], "packages", problems, "PEP 508 requirements"):
+        for text, sub, sub_path in _strings(
+            data["packages"], "packages", problems, "PEP 508 requirements"
+        ):
             try:
                 req = Requirement(text)
             except InvalidRequirement as exc:
@@ -528,25 +546,35 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
                 continue
             cname = canonicalize_name(req.name)
             if cname == "torch":
-                problems.add(sub.mark, sub_path, "torch is pinned by the 'torch:' key, not in packages")
+                problems.add(
+                    sub.mark, sub_path, "torch is pinned by the 'torch:' key, not in packages"
+                )
                 continue
             if cname in seen:
-                problems.add(sub.mark, sub_path, f"{req.name} is listed twice (also {seen[cname]!r})")
+                problems.add(
+                    sub.mark, sub_path, f"{req.name} is listed twice (also {seen[cname]!r})"
+                )
                 continue
             if req.url:
-                problems.add(sub.mark, sub_path, "direct URL requirements cannot be locked by hash here")
+                problems.add(
+                    sub.mark, sub_path, "direct URL requirements cannot be locked by hash here"
+                )
                 continue
             seen[cname] = text
             packages.append(text)
     toolchain = _toolchain(data.get("toolchain"), problems)
     archs: list[str] = []
     if "archs" in data:
-        item = data["archs"]
-        if isinstance(item.value, list):
-            for i, sub in enumerate(item.value):
+        entry = data["archs"]
+        if isinstance(entry.value, list):
+            for i, sub in enumerate(entry.value):
                 sub_path = f"archs[{i}]"
                 if isinstance(sub.value, (int, float)) and not isinstance(sub.value, bool):
-                    problems.add(sub.mark, sub_path, f'expected a quoted arch like "12.0f", got the number {sub.value}')
+                    problems.add(
+                        sub.mark,
+                        sub_path,
+                        f'expected a quoted arch like "12.0f", got the number {sub.value}',
+                    )
                     continue
                 text = _string(sub, sub_path, problems, 'an arch like "12.0f"')
                 if text is None:
@@ -560,22 +588,24 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
                     problems.add(sub.mark, sub_path, f"{arch} is listed twice")
                     continue
                 archs.append(arch)
-            if not item.value:
-                problems.add(item.mark, "archs", "at least one arch is needed")
+            if not entry.value:
+                problems.add(entry.mark, "archs", "at least one arch is needed")
         else:
-            problems.add(item.mark, "archs", f"expected a list of archs, got {_kind(item.value)}")
+            problems.add(entry.mark, "archs", f"expected a list of archs, got {_kind(entry.value)}")
     env: list[tuple[str, str]] = []
     if "env" in data:
-        item = data["env"]
-        if isinstance(item.value, dict):
-            for key, sub in item.value.items():
+        entry = data["env"]
+        if isinstance(entry.value, dict):
+            for key, sub in entry.value.items():
                 sub_path = f"env.{key}"
                 where = sub.key_mark or sub.mark
                 if not _ENV_NAME_RE.match(key):
                     problems.add(where, sub_path, "not a valid environment variable name")
                     continue
                 if key in RESERVED_ENV:
-                    problems.add(where, sub_path, f"{key} is set by cudaenv itself and cannot be overridden")
+                    problems.add(
+                        where, sub_path, f"{key} is set by cudaenv itself and cannot be overridden"
+                    )
                     continue
                 value = sub.value
                 if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -585,14 +615,20 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
                     problems.add(sub.mark, sub_path, "a value cannot hold a NUL byte")
                     continue
                 env.append((key, str(value)))
-        elif item.value is not None:
-            problems.add(item.mark, "env", f"expected a mapping of variables, got {_kind(item.value)}")
+        elif entry.value is not None:
+            problems.add(
+                entry.mark, "env", f"expected a mapping of variables, got {_kind(entry.value)}"
+            )
     verify: list[str] = []
     if "verify" in data:
         for text, sub, sub_path in _strings(data["verify"], "verify", problems, "check names"):
             if text not in CHECKS:
                 close = difflib.get_close_matches(text, CHECKS, n=1, cutoff=0.6)
-                hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of: {', '.join(CHECKS)}"
+                hint = (
+                    f"; did you mean '{close[0]}'?"
+                    if close
+                    else f"; expected one of: {', '.join(CHECKS)}"
+                )
                 problems.add(sub.mark, sub_path, f"unknown check {text!r}{hint}")
             elif text not in verify:
                 verify.append(text)
@@ -623,13 +659,19 @@ def _toolchain(item: Item | None, problems: _Problems) -> Toolchain | None:
     ok = True
     for key, sub in data.items():
         if key not in TOOLCHAIN_KEYS:
-            problems.add(sub.key_mark or sub.mark, f"toolchain.{key}", _suggest(key, TOOLCHAIN_KEYS))
+            problems.add(
+                sub.key_mark or sub.mark, f"toolchain.{key}", _suggest(key, TOOLCHAIN_KEYS)
+            )
             ok = False
     source = "wheels"
     if "source" in data:
         text = _string(data["source"], "toolchain.source", problems, "'wheels' or 'system'")
         if text is not None and text not in TOOLCHAIN_SOURCES:
-            problems.add(data["source"].mark, "toolchain.source", f"expected 'wheels' or 'system', got {text!r}")
+            problems.add(
+                data["source"].mark,
+                "toolchain.source",
+                f"expected 'wheels' or 'system', got {text!r}",
+            )
             ok = False
         elif text is None:
             ok = False
@@ -637,23 +679,33 @@ def _toolchain(item: Item | None, problems: _Problems) -> Toolchain | None:
             source = text
     components: list[str] = []
     if "components" in data:
-        for text, sub, sub_path in _strings(data["components"], "toolchain.components", problems, "component names"):
+        for text, sub, sub_path in _strings(
+            data["components"], "toolchain.components", problems, "component names"
+        ):
             if text not in COMPONENTS:
                 close = difflib.get_close_matches(text, COMPONENTS, n=1, cutoff=0.6)
-                hint = f"; did you mean '{close[0]}'?" if close else f"; expected one of: {', '.join(COMPONENTS)}"
+                hint = (
+                    f"; did you mean '{close[0]}'?"
+                    if close
+                    else f"; expected one of: {', '.join(COMPONENTS)}"
+                )
                 problems.add(sub.mark, sub_path, f"unknown component {text!r}{hint}")
                 ok = False
             elif text not in components:
                 components.append(text)
         if source == "wheels" and components and "nvcc" not in components:
-            problems.add(data["components"].mark, "toolchain.components", "a wheels toolchain needs 'nvcc'")
+            problems.add(
+                data["components"].mark, "toolchain.components", "a wheels toolchain needs 'nvcc'"
+            )
             ok = False
     tool_path: Path | None = None
     if "path" in data:
         text = _string(data["path"], "toolchain.path", problems, "a toolkit directory")
         if text is not None:
             if not text.startswith("/"):
-                problems.add(data["path"].mark, "toolchain.path", f"expected an absolute path, got {text!r}")
+                problems.add(
+                    data["path"].mark, "toolchain.path", f"expected an absolute path, got {text!r}"
+                )
                 ok = False
             tool_path = Path(text)
         else:

@@ -54,7 +54,8 @@ def templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=loader,
         undefined=jinja2.StrictUndefined,  # a missing value is an error, never an empty string
-        autoescape=False,  # shell and Python, not HTML: values are quoted by the filters below
+        # Shell and Python, not HTML: every value goes through shquote / pyrepr below.
+        autoescape=False,  # noqa: S701
         keep_trailing_newline=True,
     )
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
@@ -152,7 +153,11 @@ def wheel_overlay(venv: Path, spec: EnvSpec) -> Overlay:
             _link_or_copy(item, bin_dir / item.name)
     lib64 = home / "lib64"
     lib64.mkdir()
-    libs = sorted(p for p in (prefix / "lib").iterdir() if p.is_file() and (".so" in p.name or p.suffix == ".a"))
+    libs = sorted(
+        p
+        for p in (prefix / "lib").iterdir()
+        if p.is_file() and (".so" in p.name or p.suffix == ".a")
+    )
     for lib in libs:
         _rel_symlink(lib, lib64 / lib.name)
     # Unversioned names for the linker (-lcudart): wheels ship only libcudart.so.13.
@@ -161,7 +166,9 @@ def wheel_overlay(venv: Path, spec: EnvSpec) -> Overlay:
         if m and not (lib64 / m.group(1)).exists():
             (lib64 / m.group(1)).symlink_to(lib.name)
     if not (lib64 / "libcudart.so").exists():
-        raise BuildError(f"{prefix / 'lib'}: no libcudart.so.*; is 'cudart' among toolchain.components?")
+        raise BuildError(
+            f"{prefix / 'lib'}: no libcudart.so.*; is 'cudart' among toolchain.components?"
+        )
     build_libcuda_stub(lib64 / "stubs")
     (home / "lib").symlink_to("lib64")
     release = nvcc_release(home)
@@ -209,9 +216,15 @@ def write_hooks(venv: Path, spec: EnvSpec, archs: Sequence[str]) -> list[Path]:
         "flashinfer_archs": flashinfer_arch_list(archs),
         "torch_archs": torch_arch_list(archs),
         "env": list(spec.env),
-        "saved": ["CUDA_HOME", "CUDA_PATH", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST",
-                  "FLASHINFER_WORKSPACE_BASE", *[k for k, _ in spec.env]],
-    }  # fmt: skip
+        "saved": [
+            "CUDA_HOME",
+            "CUDA_PATH",
+            "FLASHINFER_CUDA_ARCH_LIST",
+            "TORCH_CUDA_ARCH_LIST",
+            "FLASHINFER_WORKSPACE_BASE",
+            *[k for k, _ in spec.env],
+        ],
+    }
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(env.get_template("hook.py.j2").render(values))
     pth = site / PTH_NAME

@@ -122,7 +122,9 @@ def test_package_problems(in_tmp: Path) -> None:
     )
     got = problems(path)
     assert got[0] == "s.yaml:5:28: packages[1]: sglang is listed twice (also 'sglang==0.5.23')"
-    assert got[1] == "s.yaml:5:43: packages[2]: torch is pinned by the 'torch:' key, not in packages"
+    assert (
+        got[1] == "s.yaml:5:43: packages[2]: torch is pinned by the 'torch:' key, not in packages"
+    )
     assert got[2].startswith("s.yaml:5:55: packages[3]: not a valid requirement:")
     assert got[3] == (
         "s.yaml:5:70: packages[4]: direct URL requirements cannot be locked by hash here"
@@ -162,13 +164,13 @@ def test_env_values_and_reserved_names(in_tmp: Path) -> None:
 
 def test_duplicate_key_is_an_error(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + 'cuda: "13.2"\n')
-    assert problems(path) == [
-        "s.yaml:7:1: cuda: duplicate key (YAML would keep only the last)"
-    ]
+    assert problems(path) == ["s.yaml:7:1: cuda: duplicate key (YAML would keep only the last)"]
 
 
 def test_safe_loader_only(in_tmp: Path) -> None:
-    path = write(in_tmp / "s.yaml", GOOD + "summary: !!python/object/apply:os.system ['touch pwned']\n")
+    path = write(
+        in_tmp / "s.yaml", GOOD + "summary: !!python/object/apply:os.system ['touch pwned']\n"
+    )
     got = problems(path)
     assert len(got) == 1
     assert got[0] == (
@@ -215,7 +217,9 @@ def test_extends_merges_and_locates(in_tmp: Path) -> None:
         'bad.yaml:2:7: cuda: expected a quoted CUDA major.minor like "13.0", got the number 13.0'
     ]
     loop = write(in_tmp / "loop.yaml", "extends: loop.yaml\n")
-    assert problems(loop) == ["loop.yaml:1:10: extends: cycle: loop.yaml extends itself (via loop.yaml)"]
+    assert problems(loop) == [
+        "loop.yaml:1:10: extends: cycle: loop.yaml extends itself (via loop.yaml)"
+    ]
     missing = write(in_tmp / "m.yaml", "extends: nope.yaml\n" + GOOD)
     assert problems(missing) == ["m.yaml:1:10: extends: no such spec file: nope.yaml"]
 

@@ -1,0 +1,321 @@
+"""Real uv, real NVIDIA wheels, real nvcc and FlashInfer JIT.
+
+`network` tests ask the package index; `e2e` tests build envs (the toolchain spec: ~100 MB,
+the default spec: ~9.4 GB hard-linked from uv's cache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import lock, resolve, spec
+from tests.conftest import ENVSPECS, REPO, write
+
+FAKE_NVCC_128 = """#!/bin/sh
+echo "nvcc: NVIDIA (R) Cuda compiler driver"
+echo "Cuda compilation tools, release 12.8, V12.8.93"
+echo "Build cuda_12.8.r12.8/compiler.35583870_0"
+"""
+
+KERNEL = r"""
+#include <cstdio>
+#include <cub/block/block_reduce.cuh>
+__global__ void sum(const float* x, float* out) {
+  using R = cub::BlockReduce<float, 128>;
+  __shared__ typename R::TempStorage tmp;
+  float s = R(tmp).Sum(x[threadIdx.x]);
+  if (threadIdx.x == 0) *out = s;
+}
+int main() {
+  float *x, *o;
+  cudaError_t e = cudaMalloc(&x, 128 * sizeof(float));
+  if (e == cudaSuccess) {
+    cudaMalloc(&o, sizeof(float));
+    sum<<<1, 128>>>(x, o);
+    e = cudaDeviceSynchronize();
+  }
+  std::printf("%s\n", cudaGetErrorName(e));
+  return 0;
+}
+"""
+
+
+def cudaenv(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "builder.cli", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"cudaenv {' '.join(args)} -> {done.returncode}\n{done.stderr}")
+    return done
+
+
+def workspace(tmp: Path, *names: str) -> Path:
+    """A copy of the named specs with their committed locks, so builds land under tmp."""
+    (tmp / "envspecs" / "locks").mkdir(parents=True)
+    for name in names:
+        s = spec.load(ENVSPECS / name)
+        shutil.copy(ENVSPECS / name, tmp / "envspecs" / name)
+        lock_name = f"pylock.{s.name}.toml"
+        shutil.copy(ENVSPECS / "locks" / lock_name, tmp / "envspecs" / "locks" / lock_name)
+    return tmp
+
+
+@pytest.fixture
+def fake_cuda_128(tmp_path: Path) -> Path:
+    home = tmp_path / "cuda-12.8"
+    nvcc = write(home / "bin" / "nvcc", FAKE_NVCC_128)
+    nvcc.chmod(0o755)
+    return home
+
+
+# --------------------------------------------------------------------------- network
+
+
+@pytest.mark.network
+def test_sglang_alone_resolves_a_mixed_toolkit(tmp_path: Path) -> None:
+    s = spec.load(ENVSPECS / "default.yaml")
+    res = resolve.uv_compile(s, ["sglang==0.5.23"])
+    versions = {p.name: p.version for p in res.packages}
+    assert versions["nvidia-cuda-runtime"].startswith("13.0.")
+    assert versions["nvidia-cuda-nvcc"].startswith("13.5."), versions["nvidia-cuda-nvcc"]
+    assert any(
+        "nvidia-cuda-nvcc 13.5" in p
+        for p in resolve.policy_problems(s, res.packages, {"nvidia-cuda-nvcc": "13.0.88"})
+    )
+
+
+@pytest.mark.network
+def test_lock_the_toolchain_spec(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    cudaenv("lock", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    fresh = lock.read(ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml")
+    committed = lock.read(ENVSPECS / "locks" / "pylock.toolchain-cu130.toml")
+    assert lock.names(fresh.packages) == lock.names(committed.packages)
+    assert fresh.content_hash() == committed.content_hash()
+    assert {p.name for p in fresh.packages} == {
+        "cuda-toolkit",
+        "nvidia-cuda-nvcc",
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-crt",
+        "nvidia-nvvm",
+        "nvidia-cuda-cccl",
+    }
+    plan = cudaenv("plan", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    assert "(up to date); nothing installed" in plan.stdout
+    assert "nvidia-cuda-nvcc     13.0.88" in plan.stdout
+
+
+@pytest.mark.network
+def test_torch_built_for_another_cuda_is_refused_before_install(tmp_path: Path) -> None:
+    write(
+        tmp_path / "envspecs" / "wrong.yaml",
+        'name: wrong\npython: "3.12"\ncuda: "13.2"\ntorch: "2.14.1"\npackages: []\n',
+    )
+    done = cudaenv("build", "envspecs/wrong.yaml", cwd=tmp_path, check=False)
+    assert done.returncode == 3, done.stderr
+    assert (
+        "torch 2.14.1 is built for CUDA 13.0 (cuda-toolkit==13.0.3.0) but the spec asks 13.2"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / ".envs").exists()
+    assert not (tmp_path / "envspecs" / "locks" / "pylock.wrong.toml").exists()
+
+
+# --------------------------------------------------------------------------- e2e: toolchain
+
+
+@pytest.fixture(scope="module")
+def toolchain_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    ws = workspace(tmp_path_factory.mktemp("tc"), "toolchain-cu130.yaml")
+    cudaenv("build", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    yield ws / ".envs" / "toolchain-cu130"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_toolchain_env_compiles_for_sm120f(toolchain_env: Path, tmp_path: Path) -> None:
+    home = toolchain_env / "cuda-home"
+    assert (home / "lib64" / "libcudart.so").exists()
+    assert (home / "lib64" / "stubs" / "libcuda.so").exists()
+    src = write(tmp_path / "k.cu", KERNEL)
+    out = tmp_path / "k"
+    # The env's nvcc is first on PATH inside the env's interpreter, whatever the shell says.
+    shell_env = {**os.environ, "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin:/bin"}
+    which = subprocess.run(
+        [toolchain_env / "bin" / "python", "-c", "import shutil; print(shutil.which('nvcc'))"],
+        env=shell_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert which.stdout.strip() == str(home / "bin" / "nvcc")
+    subprocess.run(
+        [home / "bin" / "nvcc", "-arch=sm_120f", "-o", out, src], check=True, env=shell_env
+    )
+    run = subprocess.run([out], capture_output=True, text=True, check=False)
+    # No GPU here: the binary starts, links cudart statically and reports the missing driver.
+    assert run.stdout.strip() in {"cudaErrorInsufficientDriver", "cudaErrorNoDevice", "cudaSuccess"}
+    listed = subprocess.run(
+        [home / "bin" / "nvcc", "--list-gpu-code"], capture_output=True, text=True, check=True
+    )
+    assert "sm_120" in listed.stdout.split()
+    blob = out.read_bytes()
+    assert b"sm_120" in blob  # the embedded fatbin names its target
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_failed_rebuild_leaves_the_old_env_working(toolchain_env: Path) -> None:
+    ws = toolchain_env.parent.parent
+    lock_file = ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml"
+    good = lock_file.read_text()
+    manifest = (toolchain_env / "cudaenv.json").read_text()
+    lk = lock.read(lock_file)
+    nvcc_hash = lk.get("nvidia-cuda-nvcc")
+    assert nvcc_hash is not None
+    lock_file.write_text(good.replace(nvcc_hash.hashes[0], "0" * 64))
+    try:
+        done = cudaenv("build", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False)
+    finally:
+        lock_file.write_text(good)
+    assert done.returncode == 4, done.stderr
+    assert "installing the lock failed" in done.stderr
+    assert "nvidia-cuda-nvcc" in done.stderr
+    assert (toolchain_env / "cudaenv.json").read_text() == manifest
+    version = subprocess.run(
+        [toolchain_env / "cuda-home" / "bin" / "nvcc", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "release 13.0" in version.stdout
+    assert not list((ws / ".envs").glob(".toolchain-cu130.tmp-*"))
+
+
+def _kill_during_install(ws: Path, sig: int, cache: Path) -> tuple[int, bool]:
+    """Start a cold-cache build, send ``sig`` once the install is under way."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "build", "envspecs/toolchain-cu130.yaml"],
+        cwd=ws,
+        env={**os.environ, "PYTHONPATH": str(REPO), "UV_CACHE_DIR": str(cache)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if list((ws / ".envs").glob(".toolchain-cu130.tmp-*/var/requirements.lock.txt")):
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    still_running = proc.poll() is None
+    proc.send_signal(sig)
+    return proc.wait(timeout=120), still_running
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_killed_build_leaves_no_half_env(tmp_path: Path, sig: int) -> None:
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    rc, was_running = _kill_during_install(ws, sig, tmp_path / "cold-cache")
+    assert was_running, "the build finished before it could be interrupted"
+    target = ws / ".envs" / "toolchain-cu130"
+    assert not target.exists()
+    leftovers = list((ws / ".envs").glob(".toolchain-cu130.tmp-*"))
+    if sig == signal.SIGKILL:
+        assert rc == -signal.SIGKILL
+    else:
+        assert rc == 130
+        assert leftovers == []  # cleaned up on the way out
+    done = cudaenv("build", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    assert (target / "cuda-home" / "bin" / "nvcc").exists()
+    assert not list((ws / ".envs").glob(".toolchain-cu130.tmp-*"))
+    if leftovers:
+        assert "removed leftover" in done.stderr
+
+
+# --------------------------------------------------------------------------- e2e: default
+
+
+@pytest.fixture(scope="module")
+def default_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    ws = workspace(tmp_path_factory.mktemp("default"), "default.yaml")
+    cudaenv("build", "envspecs/default.yaml", cwd=ws)
+    yield ws / ".envs" / "sglang-0.5.23-cu130"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_default_env_uses_its_own_nvcc_over_the_shells(
+    default_env: Path, fake_cuda_128: Path
+) -> None:
+    code = (
+        "from flashinfer.jit.cpp_ext import get_cuda_version, get_cuda_path; import torch; "
+        "print(get_cuda_version(), torch.version.cuda); print(get_cuda_path())"
+    )
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={**os.environ, "CUDA_HOME": str(fake_cuda_128)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first, second = done.stdout.strip().splitlines()[-2:]
+    assert first == "13.0 13.0"
+    assert second == str(default_env / "cuda-home")
+    # Without the hook the same interpreter is fooled: the test would catch a broken hook.
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={**os.environ, "CUDA_HOME": str(fake_cuda_128), "CUDAENV_NO_HOOK": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip().splitlines()[-2] == "12.8 13.0"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_default_env_jit_builds_flashinfer_sampling_for_sm120f(
+    default_env: Path, fake_cuda_128: Path
+) -> None:
+    code = (
+        "import os; from flashinfer.jit.sampling import gen_sampling_module; "
+        "s = gen_sampling_module(); s.build(verbose=False); "
+        "print(os.environ['FLASHINFER_CUDA_ARCH_LIST']); print(s.get_library_path())"
+    )
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={**os.environ, "CUDA_HOME": str(fake_cuda_128)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "cannot find -lcudart" not in done.stderr
+    assert "cannot find -lcuda" not in done.stderr
+    archs, library = done.stdout.strip().splitlines()[-2:]
+    assert archs == "12.0f"
+    lib = Path(library)
+    assert lib.is_file()
+    assert lib.is_relative_to(default_env / "var" / "flashinfer")
+    assert "/120f/" in library

@@ -1,0 +1,126 @@
+"""Start-up hook and activation: values set literally, the hook wins over the shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from builder import build, proc, spec, toolchain
+from tests.conftest import write
+
+HOSTILE = {
+    "SUBST": "$(touch pwned-subst)",
+    "TICKS": "`touch pwned-ticks`",
+    "QUOTES": 'it\'s "quoted" \\ and ${HOME}',
+    "NEWLINE": "line1\ntouch pwned-newline",
+}
+
+
+@pytest.fixture
+def venv(in_tmp: Path) -> Path:
+    path = in_tmp / "env"
+    proc.run(
+        [proc.uv_bin(), "venv", "--quiet", "--relocatable", "--python", sys.executable, str(path)]
+    )
+    return path
+
+
+def hostile_spec(in_tmp: Path) -> spec.EnvSpec:
+    # JSON strings are YAML double-quoted scalars: the newline and backslash survive exactly.
+    body = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in HOSTILE.items())
+    text = 'name: hooktest\npython: "3.12"\ncuda: "13.0"\narchs: ["9.0a", "12.0f"]\nenv:\n'
+    return spec.load(write(in_tmp / "hook.yaml", text + body))
+
+
+def test_hostile_spec_values_parse_exactly(in_tmp: Path) -> None:
+    s = hostile_spec(in_tmp)
+    assert dict(s.env) == HOSTILE
+
+
+def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> None:
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(venv, s, ["9.0a", "12.0f"])
+    env = {**os.environ, "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin:/bin"}
+    code = (
+        "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+        "['CUDA_HOME', 'CUDA_PATH', 'FLASHINFER_CUDA_ARCH_LIST', 'TORCH_CUDA_ARCH_LIST', "
+        "'FLASHINFER_WORKSPACE_BASE', 'PATH', *" + repr(list(HOSTILE)) + "]}))"
+    )
+    done = subprocess.run(
+        [venv / "bin" / "python", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=in_tmp,
+    )
+    got = json.loads(done.stdout)
+    home = str(venv / "cuda-home")
+    assert got["CUDA_HOME"] == home
+    assert got["CUDA_PATH"] == home
+    assert got["PATH"] == f"{home}/bin:/usr/bin:/bin"
+    assert got["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a 12.0f"
+    assert got["TORCH_CUDA_ARCH_LIST"] == "9.0;12.0"
+    assert got["FLASHINFER_WORKSPACE_BASE"] == str(venv / "var" / "flashinfer")
+    for key, value in HOSTILE.items():
+        assert got[key] == value
+    assert not list(in_tmp.glob("pwned*"))
+    # Opting out shows the interpreter as it is without the hook.
+    done = subprocess.run(
+        [venv / "bin" / "python", "-c", "import os; print(os.environ['CUDA_HOME'])"],
+        env={**env, "CUDAENV_NO_HOOK": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "/usr/local/cuda"
+
+
+def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(venv, s, ["12.0f"])
+    script = (
+        f"export CUDA_HOME=/usr/local/cuda; unset TORCH_CUDA_ARCH_LIST; "
+        f". {venv}/bin/activate; "
+        'printf "%s\\n---\\n" "$CUDA_HOME" "$FLASHINFER_CUDA_ARCH_LIST" "$SUBST" "$TICKS" '
+        '"$QUOTES" "$NEWLINE" "${PATH%%:*}"; '
+        'deactivate; printf "%s\\n---\\n" "$CUDA_HOME" '
+        '"${TORCH_CUDA_ARCH_LIST-unset}" "${SUBST-unset}"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True, cwd=in_tmp
+    )
+    parts = done.stdout.split("\n---\n")
+    home = str(venv / "cuda-home")
+    assert parts[:7] == [home, "12.0f", *HOSTILE.values(), f"{home}/bin"]
+    assert parts[7:10] == ["/usr/local/cuda", "unset", "unset"]
+    assert not list(in_tmp.glob("pwned*")), done.stdout
+
+
+def test_templates_are_strict() -> None:
+    env = toolchain.templates()
+    with pytest.raises(jinja2.UndefinedError):
+        env.get_template("hook.py.j2").render(name="x")
+
+
+def test_arch_lists() -> None:
+    assert toolchain.flashinfer_arch_list(["9.0a", "12.0f"]) == "9.0a 12.0f"
+    assert toolchain.torch_arch_list(["9.0a", "12.0f", "12.0a"]) == "9.0;12.0"
+    assert build.normalise_arch(9, 0, "13.0") == "9.0a"
+    assert build.normalise_arch(12, 0, "13.0") == "12.0f"
+    assert build.normalise_arch(12, 0, "12.8") == "12.0a"
+    assert build.normalise_arch(8, 6, "13.0") == "8.6"
+
+
+def test_libcuda_stub_has_the_driver_soname(tmp_path: Path) -> None:
+    out = toolchain.build_libcuda_stub(tmp_path / "stubs")
+    done = subprocess.run(["readelf", "-d", str(out)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip("readelf is not installed")
+    assert "Library soname: [libcuda.so.1]" in done.stdout
