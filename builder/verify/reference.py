@@ -76,7 +76,7 @@ class Verdict:
 def exact_verdict(expected: Sequence[int], got: Sequence[int]) -> Verdict:
     if len(expected) != len(got):
         return Verdict(passed=False, detail=f"{len(got)} samples for {len(expected)} inputs")
-    wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got)) if e != g]
+    wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got, strict=True)) if e != g]
     if wrong:
         i, e, g = wrong[0]
         return Verdict(
@@ -188,7 +188,7 @@ class Case:
 def make_cases(seed: int = 20261129, vocab: int = 64) -> list[Case]:
     """Rows chosen so that ignoring top_k or top_p changes the distribution a lot: a few heavy
     tokens, ties (to pin the tie order), and a long tail."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - reproducible test inputs, not secrets
     cases = []
     for top_k, top_p in ((8, 0.6), (3, 1.0), (0, 0.5), (16, 0.9), (1, 0.3), (5, 0.75)):
         weights = [rng.random() ** 4 for _ in range(vocab)]
@@ -206,7 +206,7 @@ def write_input(path: str, cases: Sequence[Case], us: Sequence[Sequence[float]])
     vocab = len(cases[0].probs)
     draws = len(us[0])
     lines = [f"{len(cases)} {vocab} {draws}"]
-    for case, row_us in zip(cases, us):
+    for case, row_us in zip(cases, us, strict=True):
         lines.append(f"{case.top_k} {case.top_p!r}")
         lines.append(" ".join(repr(p) for p in case.probs))
         lines.append(" ".join(repr(u) for u in row_us))
