@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -21,19 +23,28 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session(name="build-env")
 def build_env(session: nox.Session) -> None:
-    """Build (and lock, if its lock is missing) each spec; default envspecs/default.yaml."""
+    """Build (locking first if a spec has no lock) and verify each spec; default
+    envspecs/default.yaml. A failed check fails the session (exit code 5)."""
     _install(session)
     specs = session.posargs or [DEFAULT_SPEC]
     session.run("cudaenv", "build", *specs)
+    for spec in specs:
+        session.run("cudaenv", "verify", spec)
+
+
+@nox.session(name="verify-env")
+def verify_env(session: nox.Session) -> None:
+    """Verify already built envs (posargs: spec paths)."""
+    _install(session)
+    for spec in session.posargs or [DEFAULT_SPEC]:
+        session.run("cudaenv", "verify", spec)
 
 
 @nox.session
 def lock(session: nox.Session) -> None:
     """Re-lock specs (default: every spec in envspecs/)."""
     _install(session)
-    specs = session.posargs or sorted(
-        str(p) for p in __import__("pathlib").Path("envspecs").glob("*.yaml")
-    )
+    specs = session.posargs or sorted(str(p) for p in Path("envspecs").glob("*.yaml"))
     session.run("cudaenv", "lock", *specs)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -12,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from builder import __version__, build, lock, resolve, spec
-from builder.errors import CudaenvError, SpecError
+from builder import __version__, build, channels, lock, report, resolve, spec, verify
+from builder.errors import BuildError, CudaenvError, SpecError, VerifyFailed
 from builder.proc import CommandFailed
 
 log = logging.getLogger("cudaenv")
@@ -111,6 +113,72 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, dict[str, object] | None]:
+    if args.spec is None and args.python is None:
+        raise CudaenvError("verify needs a SPEC or --python PATH")
+    if args.spec is not None:
+        s = spec.load(args.spec)
+        env_dir = (Path(args.env_dir) if args.env_dir else build.default_env_dir(s)).absolute()
+        if not (env_dir / build.MANIFEST).exists():
+            raise BuildError(f"{env_dir} is not built; run `cudaenv build {args.spec}` first")
+        manifest = build.read_manifest(env_dir)
+        raw_archs = manifest.get("archs")
+        archs = tuple(str(a) for a in raw_archs) if isinstance(raw_archs, list) else s.archs
+        checks = s.verify
+        return verify.Target(
+            python=env_dir / "bin" / "python",
+            archs=tuple(args.archs.split()) if args.archs else archs,
+            work=env_dir / "var" / "cudaenv",
+            env_dir=env_dir,
+            expected_cuda=s.cuda,
+            spec_name=s.name,
+            checks=tuple(args.checks.split(",")) if args.checks else checks,
+        ), manifest
+    python = Path(args.python)
+    if not python.exists():
+        raise CudaenvError(f"{python}: no such interpreter")
+    root = python.absolute().parent.parent
+    found = build.read_manifest(root) if (root / build.MANIFEST).exists() else None
+    archs_text = args.archs or os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "12.0f"
+    key = hashlib.sha256(str(python.absolute()).encode()).hexdigest()[:12]
+    extra = (("FLASHINFER_CUDA_ARCH_LIST", archs_text),)
+    return verify.Target(
+        python=python,
+        archs=tuple(str(spec.Arch.parse(a)) for a in archs_text.split()),
+        work=channels.cache_dir() / "verify" / key,
+        env_dir=root if found else None,
+        checks=tuple(args.checks.split(",")) if args.checks else spec.CHECKS,
+        extra_env=extra,
+    ), found
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    target, manifest = _verify_target(args)
+    started = time.monotonic()
+    facts, results = verify.run_checks(target, target.checks, _progress)
+    rep = report.verify_report(target, facts, results, time.monotonic() - started, manifest)
+    print(report.terminal(rep))
+    outputs = []
+    if args.report:
+        outputs.append(Path(args.report))
+    elif target.env_dir is not None:
+        outputs.append(target.env_dir / "var" / "cudaenv" / "verify.json")
+    for out in outputs:
+        report.write_json(rep, out)
+        _progress(f"report: {out}")
+    md = report.markdown(rep)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a") as fh:
+            fh.write(md + "\n")
+    failed = [c.name for c in results if c.status == verify.FAILED]
+    if failed:
+        raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cudaenv", description=__doc__)
     p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
@@ -127,6 +195,15 @@ def make_parser() -> argparse.ArgumentParser:
     bd.add_argument("specs", nargs="+", type=Path)
     bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
     bd.set_defaults(func=cmd_build)
+    vf = sub.add_parser("verify", help="prove an env works: compile and run real kernels")
+    vf.add_argument("spec", nargs="?", type=Path, help="a spec whose env cudaenv built")
+    vf.add_argument("--python", help="verify this interpreter's env instead (any env)")
+    vf.add_argument("--env-dir", help="where the spec's env is (default .envs/NAME)")
+    vf.add_argument("--checks", help=f"comma separated, of: {','.join(spec.CHECKS)}")
+    vf.add_argument("--archs", help='space separated, e.g. "9.0a 12.0f" (default: the env\'s)')
+    vf.add_argument("--report", help="write the JSON report here")
+    vf.add_argument("--markdown", help="write the Markdown report here")
+    vf.set_defaults(func=cmd_verify)
     return p
 
 

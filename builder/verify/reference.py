@@ -186,18 +186,39 @@ class Case:
 
 
 def make_cases(seed: int = 20261129, vocab: int = 64) -> list[Case]:
-    """Rows chosen so that ignoring top_k or top_p changes the distribution a lot: a few heavy
-    tokens, ties (to pin the tie order), and a long tail."""
+    """Rows chosen so that ignoring top_k or top_p changes the distribution a lot: a heavy
+    token, a tie (to pin the tie order), a long tail; and no boundary so close that float32
+    rounding (FlashInfer samples float32) could move a token in or out of the set."""
     rng = random.Random(seed)  # noqa: S311 - reproducible test inputs, not secrets
     cases = []
     for top_k, top_p in ((8, 0.6), (3, 1.0), (0, 0.5), (16, 0.9), (1, 0.3), (5, 0.75)):
-        weights = [rng.random() ** 4 for _ in range(vocab)]
-        weights[rng.randrange(vocab)] = 2.0
-        tie = rng.randrange(vocab)
-        weights[(tie + 7) % vocab] = weights[tie]
-        total = math.fsum(weights)
-        cases.append(Case(probs=tuple(w / total for w in weights), top_k=top_k, top_p=top_p))
+        while True:
+            weights = [rng.random() ** 4 for _ in range(vocab)]
+            weights[rng.randrange(vocab)] = 2.0
+            tie = rng.randrange(vocab)
+            weights[(tie + 7) % vocab] = weights[tie]
+            total = math.fsum(weights)
+            case = Case(probs=tuple(w / total for w in weights), top_k=top_k, top_p=top_p)
+            if _margin(case) > 1e-4:
+                cases.append(case)
+                break
     return cases
+
+
+def _margin(case: Case) -> float:
+    """Distance of the row from its nearest set boundary (k-th vs k+1-th prob, mass vs p)."""
+    ranked = order(case.probs)
+    k = len(ranked) if case.top_k <= 0 else min(case.top_k, len(ranked))
+    margins = [1.0]
+    if k < len(ranked):
+        margins.append(case.probs[ranked[k - 1]] - case.probs[ranked[k]])
+    threshold = case.top_p * math.fsum(case.probs)
+    before = 0.0
+    for i in ranked[:k]:
+        if before:
+            margins.append(abs(before - threshold))
+        before += case.probs[i]
+    return min(margins)
 
 
 def write_input(path: str, cases: Sequence[Case], us: Sequence[Sequence[float]]) -> None:

@@ -1,0 +1,153 @@
+"""Run INSIDE a target interpreter by ``cudaenv verify``; prints one JSON object.
+
+Standard library only at the top: torch and FlashInfer are imported inside try blocks, so a
+toolkit-only env or a broken install becomes a fact ("error": ...) instead of a traceback.
+With ``--jit sampling`` it also JIT-builds FlashInfer's sampling module in the same process
+(FlashInfer's import alone takes ~7 s; one import serves both the facts and the build).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def nvcc_release(cuda_home: str) -> dict[str, object]:
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    out: dict[str, object] = {"path": nvcc}
+    if not os.path.exists(nvcc):
+        out["error"] = "no bin/nvcc"
+        return out
+    try:
+        text = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    m = re.search(r"release (\d+\.\d+),", text)
+    if m:
+        out["release"] = m.group(1)
+    else:
+        out["error"] = f"no 'release X.Y' in: {text.strip()[:200]!r}"
+    return out
+
+
+def cudart(cuda_home: str) -> dict[str, object]:
+    """cudaRuntimeGetVersion of the libcudart in CUDA_HOME (works without a driver)."""
+    out: dict[str, object] = {}
+    for sub in ("lib64", "lib"):
+        d = os.path.join(cuda_home, sub)
+        if not os.path.isdir(d):
+            continue
+        names = sorted(n for n in os.listdir(d) if re.match(r"^libcudart\.so(\.\d+)*$", n))
+        if not names:
+            continue
+        path = os.path.join(d, names[-1])
+        out["path"] = path
+        try:
+            lib = ctypes.CDLL(path)
+            version = ctypes.c_int(0)
+            rc = lib.cudaRuntimeGetVersion(ctypes.byref(version))
+            if rc == 0:
+                v = version.value
+                out["version"] = f"{v // 1000}.{(v % 1000) // 10}"
+            else:
+                out["error"] = f"cudaRuntimeGetVersion returned {rc}"
+        except OSError as exc:
+            out["error"] = str(exc)
+        return out
+    out["error"] = f"no libcudart.so in {cuda_home}/lib64 or lib"
+    return out
+
+
+def torch_facts() -> dict[str, object]:
+    try:
+        import torch
+    except ImportError as exc:
+        return {"installed": False, "error": str(exc)}
+    except Exception as exc:  # a broken install is a fact, not a crash
+        return {"installed": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda}
+
+
+def flashinfer_facts(jit: bool) -> dict[str, object]:
+    try:
+        import flashinfer
+        from flashinfer.jit import cpp_ext
+    except ImportError as exc:
+        return {"installed": False, "error": str(exc)}
+    except Exception as exc:
+        return {"installed": True, "error": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, object] = {"installed": True, "version": getattr(flashinfer, "__version__", "")}
+    try:
+        out["cuda_path"] = str(cpp_ext.get_cuda_path())
+        out["cuda_version"] = str(cpp_ext.get_cuda_version())
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    if jit:
+        out["jit"] = jit_sampling()
+    return out
+
+
+def jit_sampling() -> dict[str, object]:
+    started = time.monotonic()
+    try:
+        from flashinfer.jit.sampling import gen_sampling_module
+
+        spec = gen_sampling_module()
+        reused = bool(spec.is_compiled)
+        spec.build(verbose=False)
+        return {
+            "library": str(spec.get_library_path()),
+            "reused": reused,
+            "seconds": time.monotonic() - started,
+        }
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        return {"error": text[-6000:], "seconds": time.monotonic() - started}
+
+
+def main() -> int:
+    jit = "--jit" in sys.argv
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
+    facts: dict[str, object] = {
+        "python": sys.executable,
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
+        "prefix": sys.prefix,
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "CUDA_HOME",
+                "CUDA_PATH",
+                "FLASHINFER_CUDA_ARCH_LIST",
+                "TORCH_CUDA_ARCH_LIST",
+                "FLASHINFER_WORKSPACE_BASE",
+            )
+        },
+        "path_nvcc": _which("nvcc"),
+        "cuda_home": cuda_home,
+        "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
+        "cudart": cudart(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
+        "torch": torch_facts(),
+    }
+    facts["flashinfer"] = flashinfer_facts(jit)
+    print(json.dumps(facts))
+    return 0
+
+
+def _which(name: str) -> str | None:
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""`cubin`: `cuobjdump --list-elf` on what was built lists an sm_XX cubin for each arch.
+
+cuobjdump comes from CUDA_HOME when the toolkit has it, else from the
+`nvidia-cuda-cuobjdump` wheel (published from CUDA 13.2 on; a newer cuobjdump reads older
+fatbins, FACTS §2), installed once with uv into cudaenv's cache, outside every env.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from builder import channels, proc
+from builder.spec import Arch
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+from builder.verify.kernel_compile import build_kernel, nvcc_of
+
+TOOL_REQUIREMENT = "nvidia-cuda-cuobjdump>=13.2,<14"
+
+
+def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
+    own = Path(facts.cuda_home) / "bin" / "cuobjdump"
+    if own.exists():
+        return own, f"{own} (the env's toolkit)"
+    tool_dir = channels.cache_dir() / "tools" / "cuobjdump"
+    exe = tool_dir / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    if not exe.exists():
+        done = proc.run(
+            [proc.uv_bin(), "pip", "install", "--quiet", "--target", tool_dir, TOOL_REQUIREMENT],
+            check=False,
+            timeout=600,
+        )
+        if done.returncode != 0 or not exe.exists():
+            return (
+                None,
+                f"no cuobjdump in CUDA_HOME and `uv pip install {TOOL_REQUIREMENT}` failed: "
+                + (done.stderr.strip().splitlines() or ["?"])[-1],
+            )
+    dists = sorted(tool_dir.glob("nvidia_cuda_cuobjdump-*.dist-info"))
+    version = dists[-1].name.split("-")[1] if dists else "?"
+    return exe, f"{exe} (nvidia-cuda-cuobjdump {version})"
+
+
+def list_elf(cuobjdump: Path, artifact: Path) -> list[str]:
+    """The sm_XX names of the cubins embedded in ``artifact``."""
+    done = proc.run([cuobjdump, "--list-elf", artifact], check=False, timeout=300)
+    return sorted(set(re.findall(r"\.(sm_\d+[af]?)\.cubin", done.stdout)))
+
+
+def check(target: Target, facts: EnvFacts) -> CheckResult:
+    cuobjdump, where = find_cuobjdump(facts)
+    if cuobjdump is None:
+        return CheckResult(name="cubin", status=SKIPPED, summary=where)
+    evidence: list[tuple[str, str]] = [("cuobjdump", where)]
+    artifacts: list[tuple[str, Path, list[Arch]]] = []
+    nvcc = nvcc_of(facts)
+    if nvcc.exists():
+        for text in target.archs:
+            arch = Arch.parse(text)
+            built = build_kernel(nvcc, arch, target.work)
+            if built.error is None:
+                artifacts.append((f"topk_topp {arch}", built.path, [arch]))
+    library = facts.jit.get("library")
+    if library and Path(str(library)).exists():
+        fi_archs = (facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "").split()
+        artifacts.append(
+            ("flashinfer sampling", Path(str(library)), [Arch.parse(a) for a in fi_archs if a])
+        )
+    if not artifacts:
+        return CheckResult(
+            name="cubin",
+            status=SKIPPED,
+            evidence=tuple(evidence),
+            summary="nothing was built to inspect (kernel-compile and flashinfer-jit "
+            "produced no artifact)",
+        )
+    problems = []
+    for label, path, archs in artifacts:
+        listed = list_elf(cuobjdump, path)
+        evidence.append((label, f"{path}: {' '.join(listed) or 'no cubin'}"))
+        for arch in archs:
+            if arch.cubin_sm not in [re.sub(r"[af]$", "", s) for s in listed]:
+                problems.append(
+                    f"{label}: no {arch.cubin_sm} cubin (found {' '.join(listed) or 'none'})"
+                )
+    if problems:
+        return CheckResult(
+            name="cubin",
+            status=FAILED,
+            summary="; ".join(problems),
+            evidence=tuple(evidence),
+            fix="the build targeted other archs: check FLASHINFER_CUDA_ARCH_LIST "
+            "and the spec's archs, then verify again",
+        )
+    return CheckResult(
+        name="cubin",
+        status=PASSED,
+        summary=f"{len(artifacts)} artifact(s) hold a cubin for each of {' '.join(target.archs)}",
+        evidence=tuple(evidence),
+    )

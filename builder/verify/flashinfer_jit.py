@@ -1,0 +1,59 @@
+"""`flashinfer-jit`: FlashInfer's sampling module JIT-builds for the env's archs into the env's
+own cache (FLASHINFER_WORKSPACE_BASE = var/flashinfer); an unchanged env reuses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+
+
+def check(target: Target, facts: EnvFacts) -> CheckResult:
+    if not facts.flashinfer_installed:
+        return CheckResult(
+            name="flashinfer-jit",
+            status=SKIPPED,
+            summary="flashinfer-python is not installed in this env",
+        )
+    archs = facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "(unset: the visible GPUs')"
+    evidence = [
+        ("FLASHINFER_CUDA_ARCH_LIST", archs),
+        ("FLASHINFER_WORKSPACE_BASE", str(facts.env.get("FLASHINFER_WORKSPACE_BASE"))),
+    ]
+    jit = facts.jit
+    seconds = float(jit.get("seconds", 0.0) or 0.0)
+    if facts.flashinfer_error or "error" in jit or "library" not in jit:
+        error = str(jit.get("error") or facts.flashinfer_error or "no JIT result")
+        hint = ""
+        if "cannot find -lcudart" in error or "cannot find -lcuda" in error:
+            hint = (
+                " (CUDA_HOME lacks lib64/libcudart.so or lib64/stubs/libcuda.so: flashinfer#5064)"
+            )
+        return CheckResult(
+            name="flashinfer-jit",
+            status=FAILED,
+            summary=f"FlashInfer's sampling module did not build{hint}",
+            evidence=(*evidence, ("error", error[-3000:])),
+            seconds=seconds,
+            fix="check the toolchain check first; rebuild the env with `cudaenv build SPEC`",
+        )
+    library = Path(str(jit["library"]))
+    evidence.append(("library", str(library)))
+    if target.env_dir is not None and not library.is_relative_to(target.env_dir):
+        return CheckResult(
+            name="flashinfer-jit",
+            status=FAILED,
+            summary=f"the JIT cache is outside the env ({library}): another toolkit's objects "
+            "could be reused (flashinfer#3229)",
+            evidence=tuple(evidence),
+            seconds=seconds,
+            fix="run the env's own python (its start-up hook sets FLASHINFER_WORKSPACE_BASE)",
+        )
+    how = "reused from the env's JIT cache" if jit.get("reused") else f"built in {seconds:.1f} s"
+    return CheckResult(
+        name="flashinfer-jit",
+        status=PASSED,
+        summary=f"sampling module for {archs}: {how}",
+        evidence=tuple(evidence),
+        seconds=seconds,
+    )

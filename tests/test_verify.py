@@ -1,0 +1,246 @@
+"""Offline: the reference sampler, the statistics, and each check's verdict on broken input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import report
+from builder.verify import (
+    FAILED,
+    PASSED,
+    SKIPPED,
+    EnvFacts,
+    Target,
+    flashinfer_jit,
+    sampling,
+    toolchain,
+)
+from builder.verify import reference as ref
+
+PROBS = (0.1, 0.3, 0.05, 0.3, 0.2, 0.05)  # ties: 1 & 3 (0.3), 2 & 5 (0.05)
+
+
+def test_order_is_probability_descending_ties_by_index() -> None:
+    assert ref.order(PROBS) == [1, 3, 4, 0, 2, 5]
+
+
+def test_kept_set_is_top_k_intersect_top_p() -> None:
+    assert ref.kept_set(PROBS, 0, 1.0) == [1, 3, 4, 0, 2, 5]
+    assert ref.kept_set(PROBS, 2, 1.0) == [1, 3]
+    assert ref.kept_set(PROBS, 0, 0.5) == [1, 3]  # 0.3 before token 3 < 0.5; 0.6 >= 0.5 stops
+    assert ref.kept_set(PROBS, 0, 0.3) == [1]
+    assert ref.kept_set(PROBS, 4, 0.7) == [1, 3, 4]
+    assert ref.kept_set(PROBS, 1, 0.01) == [1]  # always at least one token
+
+
+def test_sample_is_inverse_cdf_over_the_renormalised_set() -> None:
+    # kept [1, 3], mass 0.6: u < 0.5 -> token 1, else token 3
+    assert ref.sample(PROBS, 2, 1.0, 0.0) == 1
+    assert ref.sample(PROBS, 2, 1.0, 0.49) == 1
+    assert ref.sample(PROBS, 2, 1.0, 0.51) == 3
+    assert ref.sample(PROBS, 2, 1.0, 0.9999999) == 3
+    assert ref.renormalised(PROBS, 2, 1.0) == pytest.approx({1: 0.5, 3: 0.5})
+
+
+def test_chi2_survival_function_matches_known_values() -> None:
+    # scipy.stats.chi2.sf reference values
+    assert ref.chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert ref.chi2_sf(18.307038053275146, 10) == pytest.approx(0.05, rel=1e-9)
+    assert ref.chi2_sf(10.0, 5) == pytest.approx(0.07523524614651217, rel=1e-9)
+    assert ref.chi2_sf(0.5, 3) == pytest.approx(0.9188914116214535, rel=1e-9)
+    assert ref.chi2_sf(0.0, 4) == 1.0
+
+
+Sampler = Callable[[ref.Case, random.Random], int]
+
+
+def draw(cases: Sequence[ref.Case], sampler: Sampler, n: int = sampling.DRAWS) -> list[list[int]]:
+    rng = random.Random(1)  # noqa: S311 - reproducible
+    return [[sampler(c, rng) for _ in range(n)] for c in cases]
+
+
+def correct(case: ref.Case, rng: random.Random) -> int:
+    return ref.sample(case.probs, case.top_k, case.top_p, rng.random())
+
+
+def ignores_top_p(case: ref.Case, rng: random.Random) -> int:
+    return ref.sample(case.probs, case.top_k, 1.0, rng.random())
+
+
+def ignores_top_k(case: ref.Case, rng: random.Random) -> int:
+    return ref.sample(case.probs, 0, case.top_p, rng.random())
+
+
+def unnormalised_tail(case: ref.Case, rng: random.Random) -> int:
+    # Stays inside the set but favours the first kept token: only chi-square can see it.
+    kept = ref.kept_set(case.probs, case.top_k, case.top_p)
+    return kept[0] if rng.random() < 0.1 else correct(case, rng)
+
+
+def failed(verdicts: Sequence[ref.Verdict]) -> list[str]:
+    return [v.detail for v in verdicts if not v.passed]
+
+
+def test_a_correct_sampler_passes_every_verdict() -> None:
+    cases = ref.make_cases()
+    assert failed(sampling.judge_draws(cases, draw(cases, correct))) == []
+
+
+@pytest.mark.parametrize("broken", [ignores_top_p, ignores_top_k])
+def test_a_sampler_ignoring_a_filter_fails_membership_and_chi_square(broken: Sampler) -> None:
+    cases = ref.make_cases()
+    bad = failed(sampling.judge_draws(cases, draw(cases, broken)))
+    assert any("outside the top-k ∩ top-p set" in b for b in bad)
+    assert any(b.split(": ", 1)[1].startswith("chi2=") for b in bad)
+
+
+def test_chi_square_sees_a_skew_that_membership_cannot() -> None:
+    cases = ref.make_cases()
+    bad = failed(sampling.judge_draws(cases, draw(cases, unnormalised_tail)))
+    assert bad
+    assert all("chi2=" in b for b in bad)
+
+
+def test_exact_check_catches_one_index_off() -> None:
+    cases = ref.make_cases()
+    us = sampling.uniforms(7, len(cases))
+    right = [
+        [ref.sample(c.probs, c.top_k, c.top_p, u) for u in row]
+        for c, row in zip(cases, us, strict=True)
+    ]
+    assert failed(sampling.judge_kernel(cases, us, right)) == []
+    vocab = len(cases[0].probs)
+    off = [[(t + 1) % vocab for t in row] for row in right]
+    bad = failed(sampling.judge_kernel(cases, us, off))
+    assert bad[0].startswith(
+        f"{len(cases) * sampling.DRAWS}/{len(cases) * sampling.DRAWS} samples differ"
+    )
+
+
+def test_harness_input_round_trips_floats(tmp_path: Path) -> None:
+    cases = ref.make_cases()[:2]
+    us = [[0.1, 1 / 3], [0.5, 0.999]]
+    path = tmp_path / "in.txt"
+    ref.write_input(str(path), cases, us)
+    lines = path.read_text().splitlines()
+    assert lines[0] == f"2 {len(cases[0].probs)} 2"
+    assert [float(x) for x in lines[2].split()] == list(cases[0].probs)
+    assert float(lines[3].split()[1]) == 1 / 3
+
+
+def facts(**changes: Any) -> EnvFacts:
+    base = EnvFacts(
+        python="/env/bin/python",
+        python_version="3.12.1",
+        cuda_home="/env/cuda-home",
+        env={"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
+        nvcc_release="13.0",
+        nvcc_path="/env/cuda-home/bin/nvcc",
+        nvcc_error=None,
+        cudart_version="13.0",
+        cudart_error=None,
+        torch_installed=True,
+        torch_version="2.14.1+cu130",
+        torch_cuda="13.0",
+        torch_error=None,
+        flashinfer_installed=True,
+        flashinfer_version="0.7.2",
+        flashinfer_cuda_path="/env/cuda-home",
+        flashinfer_cuda_version="13.0",
+        flashinfer_error=None,
+        jit={"library": "/env/var/flashinfer/x/sampling.so", "reused": True, "seconds": 0.1},
+        seconds=1.0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+TARGET = Target(
+    python=Path("/env/bin/python"),
+    archs=("12.0f",),
+    work=Path("/env/var/cudaenv"),
+    env_dir=Path("/env"),
+    expected_cuda="13.0",
+    spec_name="x",
+)
+
+
+def test_toolchain_passes_when_all_agree() -> None:
+    result = toolchain.check(TARGET, facts())
+    assert result.status == PASSED
+    assert result.summary.startswith("CUDA 13.0: torch.version.cuda, the spec, nvcc in CUDA_HOME")
+    assert result.seconds == pytest.approx(0.9)
+
+
+def test_toolchain_fails_naming_both_versions() -> None:
+    bad = facts(
+        cuda_home="/usr/local/cuda-12.8",
+        nvcc_release="12.8",
+        nvcc_path="/usr/local/cuda-12.8/bin/nvcc",
+        cudart_version="12.8",
+        flashinfer_cuda_path="/usr/local/cuda-12.8",
+        flashinfer_cuda_version="12.8",
+    )
+    result = toolchain.check(TARGET, bad)
+    assert result.status == FAILED
+    assert (
+        "nvcc in CUDA_HOME (/usr/local/cuda-12.8/bin/nvcc) is 12.8 but torch.version.cuda is 13.0"
+        in result.summary
+    )
+    assert "FlashInfer get_cuda_version() is 12.8 but torch.version.cuda is 13.0" in result.summary
+    assert result.fix.startswith("rebuild the env: `cudaenv build x`")
+
+
+def test_toolchain_fails_without_nvcc_even_if_flashinfer_falls_back() -> None:
+    # FlashInfer silently falls back to torch.version.cuda when nvcc is missing (FACTS §4).
+    result = toolchain.check(TARGET, facts(nvcc_release=None, nvcc_error="no bin/nvcc"))
+    assert result.status == FAILED
+    assert "no working nvcc in CUDA_HOME: no bin/nvcc" in result.summary
+
+
+def test_flashinfer_jit_verdicts() -> None:
+    assert flashinfer_jit.check(TARGET, facts()).status == PASSED
+    outside = facts(jit={"library": "/root/.cache/flashinfer/sampling.so", "reused": True})
+    assert flashinfer_jit.check(TARGET, outside).status == FAILED
+    link = facts(jit={"error": "ld: cannot find -lcudart", "seconds": 3.0})
+    result = flashinfer_jit.check(TARGET, link)
+    assert result.status == FAILED
+    assert "flashinfer#5064" in result.summary
+    none = flashinfer_jit.check(TARGET, facts(flashinfer_installed=False))
+    assert none.status == SKIPPED
+
+
+def test_sampling_skips_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sampling, "NO_DRIVER", tmp_path / "absent")
+    result = sampling.check(TARGET, facts())
+    assert result.status == SKIPPED
+    assert result.summary == f"no NVIDIA driver ({tmp_path / 'absent'} is absent)"
+
+
+def test_report_renders_json_table_and_markdown(tmp_path: Path) -> None:
+    results = [
+        toolchain.check(TARGET, facts()),
+        flashinfer_jit.check(TARGET, facts(jit={"error": "boom"})),
+    ]
+    rep = report.verify_report(TARGET, facts(), results, 2.5, {"lock_hash": "sha256:abc"})
+    out = tmp_path / "r.json"
+    report.write_json(rep, out)
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == report.SCHEMA_VERSION
+    assert doc["status"] == "failed"
+    assert [c["status"] for c in doc["checks"]] == ["passed", "failed"]
+    assert doc["lock_hash"] == "sha256:abc"
+    table = report.terminal(rep)
+    assert table.splitlines()[0] == "verify x: FAILED in 2.5 s"
+    assert "fix (flashinfer-jit):" in table
+    md = report.markdown(rep)
+    assert "| flashinfer-jit | ❌ failed |" in md
+    assert "| toolchain | ✅ passed |" in md
+    assert math.isfinite(doc["seconds"])
