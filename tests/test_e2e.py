@@ -6,6 +6,7 @@ the default spec: ~9.4 GB hard-linked from uv's cache).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -319,3 +320,121 @@ def test_default_env_jit_builds_flashinfer_sampling_for_sm120f(
     assert lib.is_file()
     assert lib.is_relative_to(default_env / "var" / "flashinfer")
     assert "/120f/" in library
+
+
+# --------------------------------------------------------------------------- e2e: verify
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_verify_toolchain_env(toolchain_env: Path) -> None:
+    ws = toolchain_env.parent.parent
+    done = cudaenv("verify", "envspecs/toolchain-cu130.yaml", "--report", "r.json", cwd=ws)
+    doc = json.loads((ws / "r.json").read_text())
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status == {"kernel-compile": "passed", "cubin": "passed", "sampling": "skipped"}
+    cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
+    assert any(v.endswith(": sm_120") for v in cubin["evidence"].values()), cubin
+    sampling = next(c for c in doc["checks"] if c["name"] == "sampling")
+    assert sampling["summary"].startswith("no NVIDIA driver"), sampling
+    assert "SKIPPED" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_kernel_compile_fails_for_an_arch_the_toolkit_cannot_build(toolchain_env: Path) -> None:
+    ws = toolchain_env.parent.parent
+    done = cudaenv(
+        "verify",
+        "envspecs/toolchain-cu130.yaml",
+        "--checks",
+        "kernel-compile",
+        "--archs",
+        "12.0f 7.0",
+        cwd=ws,
+        check=False,
+    )
+    assert done.returncode == 5, done.stderr
+    assert "kernel-compile  FAILED" in done.stdout
+    assert "nvcc 13.0 cannot build 7.0:" in done.stdout
+    assert "compute_70" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "error: 1 check(s) failed: kernel-compile"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_cubin_check_fails_on_a_cubin_for_the_wrong_arch(
+    toolchain_env: Path, tmp_path: Path
+) -> None:
+    from builder.verify import FAILED, EnvFacts, Target, cubin, kernel_compile
+
+    home = toolchain_env / "cuda-home"
+    built = kernel_compile.build_kernel(home / "bin" / "nvcc", spec.Arch.parse("9.0a"), tmp_path)
+    assert built.error is None
+    facts = EnvFacts(
+        python="",
+        python_version="",
+        cuda_home=str(home),
+        env={"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
+        nvcc_release="13.0",
+        nvcc_path="",
+        nvcc_error=None,
+        cudart_version="13.0",
+        cudart_error=None,
+        torch_installed=False,
+        torch_version=None,
+        torch_cuda=None,
+        torch_error=None,
+        flashinfer_installed=True,
+        flashinfer_version="0.7.2",
+        flashinfer_cuda_path=None,
+        flashinfer_cuda_version=None,
+        flashinfer_error=None,
+        jit={"library": str(built.path)},
+    )
+    target = Target(python=Path(sys.executable), archs=(), work=tmp_path)
+    result = cubin.check(target, facts)
+    assert result.status == FAILED
+    assert result.summary == "flashinfer sampling: no sm_120 cubin (found sm_90a)"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_verify_default_env(default_env: Path) -> None:
+    ws = default_env.parent.parent
+    done = cudaenv("verify", "envspecs/default.yaml", cwd=ws)
+    doc = json.loads((default_env / "var" / "cudaenv" / "verify.json").read_text())
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status == {
+        "toolchain": "passed",
+        "kernel-compile": "passed",
+        "flashinfer-jit": "passed",
+        "cubin": "passed",
+        "sampling": "skipped",
+    }, done.stdout
+    cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
+    assert cubin["evidence"]["flashinfer sampling"].endswith(": sm_120"), cubin
+    assert cubin["evidence"]["topk_topp 12.0f"].endswith(": sm_120"), cubin
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_toolchain_check_fails_when_the_jit_sees_nvcc_12_8(
+    default_env: Path, fake_cuda_128: Path
+) -> None:
+    ws = default_env.parent.parent
+    done = cudaenv(
+        "verify",
+        "--python",
+        str(default_env / "bin" / "python"),
+        "--checks",
+        "toolchain",
+        cwd=ws,
+        check=False,
+        env={"CUDA_HOME": str(fake_cuda_128), "CUDAENV_NO_HOOK": "1"},
+    )
+    assert done.returncode == 5, done.stderr
+    assert (
+        f"nvcc in CUDA_HOME ({fake_cuda_128}/bin/nvcc) is 12.8 but torch.version.cuda is 13.0"
+        in done.stdout
+    )

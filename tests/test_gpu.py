@@ -1,0 +1,61 @@
+"""Needs a visible NVIDIA GPU: skipped here with the reason (conftest.gpu_reason).
+
+Run on a GPU box: `nox -s tests -- -m gpu`. The toolchain env needs nothing but the
+driver; the FlashInfer half needs an env with torch and FlashInfer (the default spec's).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import build
+from builder.spec import Arch
+from builder.verify import PASSED, EnvFacts, Target, probe, sampling
+from builder.verify import reference as ref
+from builder.verify.kernel_compile import build_kernel
+from tests.conftest import ENVSPECS, REPO
+
+
+def env_python(name: str) -> Path:
+    path = REPO / ".envs" / name / "bin" / "python"
+    if not path.exists():
+        subprocess.run(
+            [sys.executable, "-m", "builder.cli", "build", str(ENVSPECS / f"{name}.yaml")],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=True,
+        )
+    return path
+
+
+@pytest.mark.gpu
+def test_our_kernel_is_exact_on_every_visible_gpu(tmp_path: Path) -> None:
+    gpus, why = sampling.visible_gpus()
+    assert gpus, why
+    python = env_python("toolchain-cu130")
+    target = Target(python=python, archs=(), work=tmp_path)
+    facts = probe(target, jit=False)
+    cases = ref.make_cases()
+    us = sampling.uniforms(7, len(cases))
+    for gpu in gpus:
+        arch = Arch.parse(build.normalise_arch(gpu.major, gpu.minor, facts.nvcc_release or "13.0"))
+        built = build_kernel(Path(facts.cuda_home) / "bin" / "nvcc", arch, tmp_path)
+        assert built.error is None, built.error
+        samples, error = sampling.run_kernel(built.path, gpu, cases, us, tmp_path)
+        assert samples is not None, error
+        verdicts = sampling.judge_kernel(cases, us, samples)
+        assert [v.detail for v in verdicts if not v.passed] == []
+
+
+@pytest.mark.gpu
+def test_sampling_check_passes_in_the_default_env(tmp_path: Path) -> None:
+    python = env_python("sglang-0.5.23-cu130")
+    target = Target(python=python, archs=(), work=tmp_path, env_dir=python.parent.parent)
+    facts: EnvFacts = probe(target, jit=False)
+    result = sampling.check(target, facts)
+    assert result.status == PASSED, (result.summary, result.evidence)
