@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import shlex
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from builder import __version__, build, channels, lock, report, resolve, spec, verify
+from builder import __version__, build, channels, doctor, lock, report, resolve, spec, verify
 from builder.errors import BuildError, CudaenvError, SpecError, VerifyFailed
 from builder.proc import CommandFailed
 
@@ -179,6 +180,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    python = args.python or doctor.default_python()
+    facts, findings, seconds = doctor.probe(python, deep=args.deep)
+    if args.json:
+        print(json.dumps(doctor.to_json(python, facts, findings, seconds), indent=2))
+    else:
+        print(doctor.render(python, facts, findings))
+    return 1 if any(f.severity == doctor.ERROR for f in findings) else 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cudaenv", description=__doc__)
     p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
@@ -204,6 +215,13 @@ def make_parser() -> argparse.ArgumentParser:
     vf.add_argument("--report", help="write the JSON report here")
     vf.add_argument("--markdown", help="write the Markdown report here")
     vf.set_defaults(func=cmd_verify)
+    dr = sub.add_parser("doctor", help="find the root cause of a split CUDA toolchain in any env")
+    dr.add_argument(
+        "--python", help="the interpreter to diagnose (default: $VIRTUAL_ENV's, else python3)"
+    )
+    dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
+    dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
+    dr.set_defaults(func=cmd_doctor)
     return p
 
 

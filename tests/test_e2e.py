@@ -438,3 +438,44 @@ def test_toolchain_check_fails_when_the_jit_sees_nvcc_12_8(
         f"nvcc in CUDA_HOME ({fake_cuda_128}/bin/nvcc) is 12.8 but torch.version.cuda is 13.0"
         in done.stdout
     )
+
+
+# --------------------------------------------------------------------------- e2e: doctor
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_doctor_default_env_is_healthy(default_env: Path) -> None:
+    from builder import doctor
+
+    facts, findings, _ = doctor.probe(str(default_env / "bin" / "python"), deep=True)
+    assert facts is not None
+    assert [f.code for f in findings if f.severity == doctor.ERROR] == []
+    assert facts.deep is not None
+    assert facts.deep["flashinfer"]["cuda_version"] == "13.0"
+    assert facts.deep["flashinfer"]["cuda_path"] == str(default_env / "cuda-home")
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_doctor_blackwell_case_in_a_real_env(default_env: Path, fake_cuda_128: Path) -> None:
+    # The env's start-up hook would fix CUDA_HOME; without it this is any venv holding
+    # torch 2.14.1 (CUDA 13.0) whose shell points CUDA_HOME at a 12.8 toolkit.
+    done = cudaenv(
+        "doctor",
+        "--python",
+        str(default_env / "bin" / "python"),
+        cwd=default_env,
+        check=False,
+        env={
+            "CUDAENV_NO_HOOK": "1",
+            "CUDA_HOME": str(fake_cuda_128),
+            "FLASHINFER_CUDA_ARCH_LIST": "12.0",
+        },
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[0] == (
+        f"FlashInfer's JIT uses nvcc 12.8 (from CUDA_HOME={fake_cuda_128}) but torch is built for "
+        "CUDA 13.0; SM 12.x needs 12.9+"
+    )
+    assert "    fix: this env was built by cudaenv" in done.stdout

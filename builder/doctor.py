@@ -1,0 +1,820 @@
+"""Rules over the facts of any interpreter -> Findings (cause, evidence, fix), root cause first.
+
+The facts come from ``builder/probe/doctor_probe.py`` run inside the target interpreter
+(standard library only, no ``import torch`` unless ``--deep``). Every rule is one function
+over :class:`Facts`; the ordering puts the root cause first and groups the symptoms it
+explains under it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from builder import channels, proc
+from builder.build import MANIFEST, normalise_arch
+from builder.errors import CudaenvError
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+PROBE_TIMEOUT = 60.0
+DEEP_TIMEOUT = 600.0
+# CUDA major -> the oldest driver branch that runs it (minor-version compatibility, FACTS §5).
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+
+
+# --------------------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaHome:
+    source: str
+    path: str
+    nvcc: str
+    exists: bool
+    release: str | None = None
+    error: str | None = None
+    max_gcc: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JitEntry:
+    version: str
+    archs: str
+    op: str
+    cuda_home: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    index: int
+    name: str
+    capability: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    python: str
+    python_version: str
+    prefix: str
+    glibc: str
+    env: Mapping[str, str | None]
+    torch_installed: bool
+    torch_version: str | None
+    torch_cuda: str | None
+    torch_error: str | None
+    dists: Mapping[str, str]
+    cuda_homes: tuple[CudaHome, ...]
+    toolkits: tuple[CudaHome, ...]
+    driver: str | None
+    gpus: tuple[Gpu, ...]
+    jit_root: str
+    jit_entries: tuple[JitEntry, ...]
+    cxx: str | None
+    cxx_banner: str
+    gcc_major: int | None
+    deep: Mapping[str, Any] | None
+    errors: Mapping[str, str]
+    manifest: Mapping[str, Any] | None
+    seconds: float
+
+    @property
+    def jit_home(self) -> CudaHome | None:
+        """The CUDA_HOME FlashInfer's get_cuda_path() (and torch's) picks: the first candidate."""
+        return self.cuda_homes[0] if self.cuda_homes else None
+
+    @property
+    def flashinfer(self) -> str | None:
+        return self.dists.get("flashinfer-python")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> Facts:
+        def sub(key: str) -> Mapping[str, Any]:
+            v = doc.get(key)
+            return v if isinstance(v, dict) else {}
+
+        def homes(items: Any) -> tuple[CudaHome, ...]:
+            out = []
+            for c in items if isinstance(items, list) else []:
+                if isinstance(c, dict):
+                    out.append(
+                        CudaHome(
+                            source=str(c.get("source", "")),
+                            path=str(c.get("path", "")),
+                            nvcc=str(c.get("nvcc", "")),
+                            exists=bool(c.get("exists")),
+                            release=c.get("release"),
+                            error=c.get("error"),
+                            max_gcc=c.get("max_gcc") if isinstance(c.get("max_gcc"), int) else None,
+                        )
+                    )
+            return tuple(out)
+
+        py, plat, torch, drv, jit, cxx = (
+            sub(k) for k in ("python", "platform", "torch", "driver", "jit_cache", "host_compiler")
+        )
+        gpus = tuple(
+            Gpu(
+                index=int(g.get("index", 0)),
+                name=str(g.get("name", "")),
+                capability=str(g.get("capability", "")),
+            )
+            for g in drv.get("gpus", [])
+            if isinstance(g, dict)
+        )
+        entries = tuple(
+            JitEntry(
+                version=str(e.get("version")),
+                archs=str(e.get("archs")),
+                op=str(e.get("op")),
+                cuda_home=e.get("cuda_home"),
+            )
+            for e in jit.get("entries", [])
+            if isinstance(e, dict)
+        )
+        dists = doc.get("distributions")
+        deep = doc.get("deep")
+        errors = dict(sub("errors"))
+        if torch.get("error"):
+            errors.setdefault("torch", str(torch["error"]))
+        return cls(
+            python=str(py.get("executable", "")),
+            python_version=str(py.get("version", "")),
+            prefix=str(py.get("prefix", "")),
+            glibc=str(plat.get("glibc", "")),
+            env={str(k): (None if v is None else str(v)) for k, v in sub("env").items()},
+            torch_installed=bool(torch.get("installed")),
+            torch_version=torch.get("version"),
+            torch_cuda=torch.get("cuda"),
+            torch_error=torch.get("error"),
+            dists={str(k): str(v) for k, v in dists.items()} if isinstance(dists, dict) else {},
+            cuda_homes=homes(doc.get("cuda_homes")),
+            toolkits=homes(doc.get("toolkits")),
+            driver=drv.get("version"),
+            gpus=gpus,
+            jit_root=str(jit.get("root", "")),
+            jit_entries=entries,
+            cxx=cxx.get("path"),
+            cxx_banner=str(cxx.get("banner", "")),
+            gcc_major=cxx.get("gcc_major") if isinstance(cxx.get("gcc_major"), int) else None,
+            deep=deep if isinstance(deep, dict) else None,
+            errors={str(k): str(v) for k, v in errors.items()},
+            manifest=manifest,
+            seconds=float(doc.get("seconds", 0.0) or 0.0),
+        )
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    code: str
+    severity: str
+    cause: str
+    evidence: tuple[str, ...] = ()
+    fix: tuple[str, ...] = ()
+    symptoms: tuple[Finding, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+            "fix": list(self.fix),
+            "symptoms": [s.to_json() for s in self.symptoms],
+        }
+
+
+def _minor(version: str | None) -> tuple[int, int] | None:
+    if not version:
+        return None
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _home_text(home: CudaHome) -> str:
+    if home.source.startswith("$"):
+        return f"{home.source[1:]}={home.path}"
+    return f"{home.path}, from {home.source}"
+
+
+def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
+    """The exact ways to give the JIT the toolkit of torch's CUDA."""
+    fixes: list[str] = []
+    if want:
+        for tk in facts.toolkits:
+            if tk.release == want:
+                fixes.append(f"export CUDA_HOME={tk.path}")
+                break
+    if facts.manifest:
+        spec = facts.manifest.get("spec", "SPEC")
+        fixes.append(
+            f"this env was built by cudaenv: run its own python without CUDAENV_NO_HOOK, or "
+            f"rebuild it: `cudaenv build {spec}`"
+        )
+    elif want:
+        pin = facts.dists.get("cuda-toolkit")
+        if pin and _minor(pin) == _minor(want):
+            fixes.append(
+                f"install the matched compiler into this env: "
+                f"`pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]=={pin}'`, then build an env "
+                'that wires it as CUDA_HOME: `cudaenv build SPEC` with cuda: "' + want + '"'
+            )
+        else:
+            fixes.append(f'the cudaenv way: a spec with cuda: "{want}" and `cudaenv build SPEC`')
+    return tuple(fixes)
+
+
+def rule_nvcc(facts: Facts) -> list[Finding]:
+    """No nvcc / a broken nvcc / a JIT toolkit that is not torch's CUDA / SM 12.x too old."""
+    home = facts.jit_home
+    torch_cuda = facts.torch_cuda
+    out: list[Finding] = []
+    if home is None:
+        if facts.flashinfer or facts.torch_installed:
+            out.append(
+                Finding(
+                    code="no-nvcc",
+                    severity=ERROR if facts.flashinfer else WARNING,
+                    cause="no nvcc reachable: no CUDA_HOME, CUDA_PATH, nvcc on PATH or /usr/local/cuda"
+                    + (
+                        f"; FlashInfer silently falls back to torch's CUDA {torch_cuda} and every JIT "
+                        "compile fails"
+                        if facts.flashinfer
+                        else ""
+                    ),
+                    fix=_matched_fixes(facts, torch_cuda),
+                )
+            )
+        return out
+    where = _home_text(home)
+    if not home.exists:
+        if facts.flashinfer or facts.torch_installed:
+            out.append(
+                Finding(
+                    code="no-nvcc",
+                    severity=ERROR if facts.flashinfer else WARNING,
+                    cause=f"no nvcc at {home.nvcc} ({where})"
+                    + (
+                        f": FlashInfer's get_cuda_version() silently falls back to torch's CUDA "
+                        f"{torch_cuda}, and its JIT compiles fail"
+                        if facts.flashinfer
+                        else ""
+                    ),
+                    evidence=(f"JIT CUDA_HOME: {where}",),
+                    fix=_matched_fixes(facts, torch_cuda),
+                )
+            )
+        return out
+    if home.error or not home.release:
+        out.append(
+            Finding(
+                code="nvcc-broken",
+                severity=ERROR,
+                cause=f"{home.nvcc} --version failed: {home.error}",
+                evidence=(f"JIT CUDA_HOME: {where}",),
+                fix=("repair or replace that toolkit", *_matched_fixes(facts, torch_cuda)),
+            )
+        )
+        return out
+    release = home.release
+    evidence = [f"JIT CUDA_HOME: {where} (nvcc {release})"]
+    if facts.torch_version:
+        evidence.append(f"torch {facts.torch_version} built for CUDA {torch_cuda}")
+    if Path(home.path).name == "usr":
+        evidence.append("a distro /usr/bin/nvcc makes FlashInfer and torch use /usr as CUDA_HOME")
+    intent = sm12_intent(facts)
+    if intent and _minor(release) is not None and _minor(release) < (12, 9):  # type: ignore[operator]
+        torch_part = f" but torch is built for CUDA {torch_cuda}" if torch_cuda else ""
+        out.append(
+            Finding(
+                code="sm12x-nvcc-too-old",
+                severity=ERROR,
+                cause=f"FlashInfer's JIT uses nvcc {release} (from {where}){torch_part}; "
+                "SM 12.x needs 12.9+",
+                evidence=(
+                    *evidence,
+                    f"SM 12.x intent: {intent}",
+                    'FlashInfer then logs "Failed to get device capability: SM 12.x requires '
+                    'CUDA >= 12.9" and builds no kernel',
+                ),
+                fix=_matched_fixes(facts, torch_cuda or "12.9"),
+            )
+        )
+    tm, jm = _minor(torch_cuda), _minor(release)
+    if tm and jm and tm != jm:
+        major = tm[0] != jm[0]
+        out.append(
+            Finding(
+                code="jit-toolkit-mismatch",
+                severity=ERROR if major else WARNING,
+                cause=f"the JIT toolkit is CUDA {release} ({where}) but torch is built for CUDA "
+                f"{torch_cuda}"
+                + (
+                    ": a major mismatch, torch's cpp_extension refuses it"
+                    if major
+                    else ": a minor mismatch (torch only warns; headers and runtime differ)"
+                ),
+                evidence=tuple(evidence),
+                fix=_matched_fixes(facts, torch_cuda),
+            )
+        )
+    return out
+
+
+def sm12_intent(facts: Facts) -> str:
+    reasons = []
+    for gpu in facts.gpus:
+        if gpu.capability.startswith("12."):
+            reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability}")
+    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        value = facts.env.get(var) or ""
+        if any(a.strip().startswith("12.") for a in re.split(r"[ ;,]+", value)):
+            reasons.append(f"{var}={value}")
+    return "; ".join(reasons)
+
+
+def rule_wheels(facts: Facts) -> list[Finding]:
+    """Mixed toolkit minors, more than one CUDA major, FlashInfer companions."""
+    out: list[Finding] = []
+    minors: dict[str, list[str]] = {}
+    for name in channels.CUDA_VERSIONED:
+        if name in facts.dists:
+            m = channels.cuda_of_version(facts.dists[name])
+            if m:
+                minors.setdefault(m, []).append(f"{name} {facts.dists[name]}")
+    if len(minors) > 1:
+        want = facts.torch_cuda or max(minors, key=lambda k: len(minors[k]))
+        pin = facts.dists.get("cuda-toolkit")
+        out.append(
+            Finding(
+                code="mixed-toolkit-minors",
+                severity=ERROR,
+                cause=f"NVIDIA toolkit wheels of {len(minors)} CUDA minors are installed "
+                f"({', '.join(sorted(minors))}): nvcc and headers disagree (flashinfer#3493)",
+                evidence=tuple(f"CUDA {m}: {', '.join(v)}" for m, v in sorted(minors.items())),
+                fix=(
+                    f"pin every component to torch's: `pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,"
+                    f"cccl]=={pin}'`"
+                    if pin
+                    else f"reinstall the toolkit wheels of CUDA {want}",
+                    "the cudaenv way: `cudaenv lock SPEC` refuses such a set; `cudaenv build SPEC`",
+                ),
+            )
+        )
+    majors: dict[int, list[str]] = {}
+    for name, version in facts.dists.items():
+        if channels.multi_major_by_design(name):
+            continue
+        major = channels.major_suffix(name)
+        if major is None and name in channels.CUDA_VERSIONED:
+            mm = _minor(version)
+            major = mm[0] if mm else None
+        if major is not None:
+            majors.setdefault(major, []).append(f"{name} {version}")
+    if len(majors) > 1:
+        keep = _minor(facts.torch_cuda)[0] if _minor(facts.torch_cuda) else max(majors)  # type: ignore[index]
+        drop = sorted(n.split()[0] for m, names in majors.items() if m != keep for n in names)
+        out.append(
+            Finding(
+                code="multiple-cuda-majors",
+                severity=ERROR,
+                cause=f"CUDA {' and '.join(str(m) for m in sorted(majors))} wheels are installed "
+                "together: two libcudart/libcublas generations in one process",
+                evidence=tuple(
+                    f"CUDA {m}: {', '.join(sorted(v))}" for m, v in sorted(majors.items())
+                ),
+                fix=(
+                    f"pip uninstall {' '.join(drop)}",
+                    "the cudaenv way: `cudaenv build SPEC` "
+                    "(one CUDA major per env is a lock-time rule)",
+                ),
+            )
+        )
+    fi = facts.dists.get("flashinfer-python")
+    for comp in channels.FLASHINFER_COMPANIONS:
+        comp_version = facts.dists.get(comp)
+        if comp_version and (fi is None or _public(comp_version) != _public(fi)):
+            out.append(
+                Finding(
+                    code="flashinfer-companion-mismatch",
+                    severity=ERROR,
+                    cause=f"{comp} {comp_version} does not match flashinfer-python {fi or '(not installed)'}",
+                    evidence=(f"{comp} {comp_version}", f"flashinfer-python {fi}"),
+                    fix=(f"pip install '{comp}=={fi}'" if fi else f"pip uninstall {comp}",),
+                )
+            )
+    return out
+
+
+def _public(version: str) -> str:
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
+
+
+def rule_driver(facts: Facts) -> list[Finding]:
+    if facts.driver is None:
+        return [
+            Finding(
+                code="no-driver",
+                severity=INFO,
+                cause="no NVIDIA driver (/proc/driver/nvidia/version absent): kernels "
+                "compile but cannot run here",
+            )
+        ]
+    tm = _minor(facts.torch_cuda)
+    if tm is None:
+        return []
+    need = MIN_DRIVER.get(tm[0])
+    have = int(facts.driver.split(".")[0]) if facts.driver.split(".")[0].isdigit() else None
+    if need and have is not None and have < need:
+        return [
+            Finding(
+                code="driver-too-old",
+                severity=ERROR,
+                cause=f"driver {facts.driver} is too old for torch's CUDA {facts.torch_cuda}: "
+                f"CUDA {tm[0]}.x needs {need}+",
+                evidence=(f"driver {facts.driver}", f"torch {facts.torch_version}"),
+                fix=(
+                    f"install NVIDIA driver {need} or newer",
+                    "or use a torch/spec built for an older "
+                    f"CUDA (CUDA 12.x needs {MIN_DRIVER[12]}+)",
+                ),
+            )
+        ]
+    return []
+
+
+def rule_jit_cache(facts: Facts) -> list[Finding]:
+    home = facts.jit_home
+    out: list[Finding] = []
+    if not facts.jit_entries:
+        return out
+    current = os.path.realpath(home.path) if home else None
+    other_toolkit = [
+        e
+        for e in facts.jit_entries
+        if e.version == facts.flashinfer
+        and e.cuda_home
+        and current
+        and os.path.realpath(e.cuda_home) != current
+    ]
+    if other_toolkit:
+        homes = sorted({str(e.cuda_home) for e in other_toolkit})
+        version_dir = f"{facts.jit_root}/{facts.flashinfer}"
+        out.append(
+            Finding(
+                code="stale-jit-cache",
+                severity=ERROR,
+                cause=f"FlashInfer's JIT cache holds {len(other_toolkit)} op(s) built with another "
+                f"toolkit ({', '.join(homes)}) than the one it now uses ({home.path if home else '?'}); "
+                "FlashInfer reuses them: the toolkit is not in its cache key (flashinfer#3229)",
+                evidence=tuple(
+                    f"{e.version}/{e.archs}/{e.op}: cuda_home={e.cuda_home}"
+                    for e in other_toolkit[:8]
+                ),
+                fix=(
+                    f"rm -rf {version_dir}",
+                    "the cudaenv way: each env has its own cache "
+                    "(FLASHINFER_WORKSPACE_BASE=ENV/var/flashinfer)",
+                ),
+            )
+        )
+    other_version = sorted({e.version for e in facts.jit_entries if e.version != facts.flashinfer})
+    if other_version and facts.flashinfer:
+        out.append(
+            Finding(
+                code="old-jit-cache",
+                severity=WARNING,
+                cause=f"FlashInfer's JIT cache holds builds of FlashInfer {', '.join(other_version)}, "
+                f"not the installed {facts.flashinfer}: unused, only disk",
+                evidence=(f"cache: {facts.jit_root}",),
+                fix=tuple(f"rm -rf {facts.jit_root}/{v}" for v in other_version),
+            )
+        )
+    return out
+
+
+def rule_host_compiler(facts: Facts) -> list[Finding]:
+    home = facts.jit_home
+    if not home or not home.release or home.max_gcc is None or facts.gcc_major is None:
+        return []
+    if facts.gcc_major > home.max_gcc:
+        return [
+            Finding(
+                code="host-compiler-unsupported",
+                severity=ERROR,
+                cause=f"nvcc {home.release} accepts GCC up to {home.max_gcc} (its crt/host_config.h) "
+                f"but the host compiler is GCC {facts.gcc_major} ({facts.cxx})",
+                evidence=(facts.cxx_banner,),
+                fix=(
+                    f"install g++-{home.max_gcc} and `export NVCC_PREPEND_FLAGS='-ccbin "
+                    f"g++-{home.max_gcc}'`",
+                    "or use a newer CUDA whose nvcc accepts it",
+                ),
+            )
+        ]
+    return []
+
+
+def rule_glibc(facts: Facts) -> list[Finding]:
+    home = facts.jit_home
+    try:
+        glibc = Version(facts.glibc) if facts.glibc else None
+    except InvalidVersion:
+        glibc = None
+    release = _minor(home.release) if home else None
+    if glibc and glibc >= Version("2.42") and release and release < (13, 2):
+        return [
+            Finding(
+                code="glibc-too-new-for-cuda",
+                severity=ERROR,
+                cause=f"glibc {facts.glibc} declares math functions (rsqrt, sinpi, ...) that CUDA "
+                f"{home.release if home else ''} headers redeclare: nvcc fails with "
+                "'exception specification is incompatible'; CUDA 13.2+ fixed it",
+                evidence=(f"glibc {facts.glibc}", f"nvcc {home.release if home else ''}"),
+                fix=('use CUDA 13.2 or newer (a spec with cuda: "13.2", torch 2.15)',),
+            )
+        ]
+    return []
+
+
+def rule_gpu_archs(facts: Facts) -> list[Finding]:
+    if not facts.manifest or not facts.gpus:
+        return []
+    archs = facts.manifest.get("archs") or []
+    nvcc = str(facts.manifest.get("nvcc") or facts.manifest.get("cuda") or "13.0")
+    missing = []
+    for gpu in facts.gpus:
+        major, minor = (int(x) for x in gpu.capability.split("."))
+        arch = normalise_arch(major, minor, nvcc)
+        if arch not in archs:
+            missing.append((gpu, arch))
+    if not missing:
+        return []
+    return [
+        Finding(
+            code="gpu-arch-missing",
+            severity=WARNING,
+            cause=f"GPU {missing[0][0].name} (SM {missing[0][0].capability}) is not in this env's arch "
+            f"list ({' '.join(archs)}): FlashInfer would build no kernel for it",
+            evidence=tuple(f"GPU {g.index} {g.name}: {a}" for g, a in missing),
+            fix=(
+                f"rebuild so the arch list picks it up: `cudaenv build {facts.manifest.get('spec', 'SPEC')}`",
+            ),
+        )
+    ]
+
+
+def rule_probe(facts: Facts) -> list[Finding]:
+    out = [
+        Finding(
+            code="probe-failed",
+            severity=ERROR,
+            cause=f"probing {step} failed: {error}",
+            fix=("reinstall the package named in the error",),
+        )
+        for step, error in sorted(facts.errors.items())
+    ]
+    if facts.deep:
+        for key in ("torch", "flashinfer"):
+            part = facts.deep.get(key)
+            if isinstance(part, dict) and part.get("error") and part.get("installed") is not False:
+                out.append(
+                    Finding(
+                        code=f"{key}-import-failed",
+                        severity=ERROR,
+                        cause=f"import {key} failed: {part['error']}",
+                        fix=(f"reinstall {key} in this env",),
+                    )
+                )
+    return out
+
+
+RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
+    rule_probe,
+    rule_nvcc,
+    rule_wheels,
+    rule_driver,
+    rule_jit_cache,
+    rule_host_compiler,
+    rule_glibc,
+    rule_gpu_archs,
+)
+ROOT_FIRST = (
+    "probe-failed",
+    "torch-import-failed",
+    "flashinfer-import-failed",
+    "sm12x-nvcc-too-old",
+    "nvcc-broken",
+    "no-nvcc",
+    "jit-toolkit-mismatch",
+    "glibc-too-new-for-cuda",
+    "host-compiler-unsupported",
+    "mixed-toolkit-minors",
+    "multiple-cuda-majors",
+    "flashinfer-companion-mismatch",
+    "driver-too-old",
+    "stale-jit-cache",
+    "gpu-arch-missing",
+    "old-jit-cache",
+    "no-driver",
+)
+# root -> the symptoms it explains (grouped under it when both fire).
+EXPLAINS = {
+    "sm12x-nvcc-too-old": ("jit-toolkit-mismatch",),
+    "nvcc-broken": ("jit-toolkit-mismatch",),
+    "mixed-toolkit-minors": ("jit-toolkit-mismatch",),
+}
+
+
+def diagnose(facts: Facts) -> list[Finding]:
+    found = [f for rule in RULES for f in rule(facts)]
+    by_code = {f.code: f for f in found}
+    grouped: list[Finding] = []
+    absorbed: set[str] = set()
+    for f in found:
+        for code in EXPLAINS.get(f.code, ()):
+            if code in by_code and code not in absorbed:
+                absorbed.add(code)
+                f = replace(f, symptoms=(*f.symptoms, by_code[code]))
+        grouped.append(f)
+    grouped = [f for f in grouped if f.code not in absorbed]
+    rank = {code: i for i, code in enumerate(ROOT_FIRST)}
+    return sorted(grouped, key=lambda f: (SEVERITY_ORDER[f.severity], rank.get(f.code, 99)))
+
+
+# --------------------------------------------------------------------------- running
+
+
+def default_python() -> str:
+    venv = os.environ.get("VIRTUAL_ENV")
+    if venv and (Path(venv) / "bin" / "python").exists():
+        return str(Path(venv) / "bin" / "python")
+    return proc.which("python3") or "python3"
+
+
+def probe(python: str, *, deep: bool) -> tuple[Facts | None, list[Finding], float]:
+    """Run the probe; a probe that cannot run becomes a Finding, not a traceback."""
+    script = resources.files("builder.probe").joinpath("doctor_probe.py").read_text()
+    started = time.monotonic()
+    argv = [python, "-c", script, *(["--deep"] if deep else [])]
+    try:
+        done = proc.run(argv, check=False, timeout=DEEP_TIMEOUT if deep else PROBE_TIMEOUT)
+    except proc.CommandFailed as exc:
+        return (
+            None,
+            [
+                Finding(
+                    code="probe-failed",
+                    severity=ERROR,
+                    cause=f"the probe did not finish in {exc.output.strip().splitlines()[-1]}",
+                    fix=("run with --debug and look at what hangs",),
+                )
+            ],
+            0.0,
+        )
+    except CudaenvError as exc:
+        return None, [Finding(code="probe-failed", severity=ERROR, cause=str(exc))], 0.0
+    seconds = time.monotonic() - started
+    line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return (
+            None,
+            [
+                Finding(
+                    code="probe-failed",
+                    severity=ERROR,
+                    cause=f"{python} could not run the probe (exit {done.returncode}): "
+                    + " | ".join(tail),
+                    fix=("check that this is a working Python 3.9+",),
+                )
+            ],
+            seconds,
+        )
+    prefix = Path(str(doc.get("python", {}).get("prefix", "")))
+    manifest = None
+    if (prefix / MANIFEST).exists():
+        try:
+            manifest = json.loads((prefix / MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = None
+    facts = Facts.from_json(doc, manifest)
+    return facts, diagnose(facts), seconds
+
+
+def facts_table(facts: Facts) -> list[tuple[str, str]]:
+    rows = [
+        ("python", f"{facts.python_version} ({facts.python})"),
+        ("glibc", facts.glibc or "?"),
+        (
+            "torch",
+            f"{facts.torch_version} (CUDA {facts.torch_cuda})"
+            if facts.torch_version
+            else "not installed",
+        ),
+        ("flashinfer", facts.flashinfer or "not installed"),
+        ("sglang", facts.dists.get("sglang", "not installed")),
+        ("cuda-toolkit", facts.dists.get("cuda-toolkit", "-")),
+    ]
+    for i, home in enumerate(facts.cuda_homes):
+        state = home.release or home.error or ("no nvcc" if not home.exists else "?")
+        rows.append(
+            (
+                ("JIT CUDA_HOME" if i == 0 else "  candidate"),
+                f"{home.path} [{home.source}] nvcc {state}",
+            )
+        )
+    if not facts.cuda_homes:
+        rows.append(("JIT CUDA_HOME", "none"))
+    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "LD_LIBRARY_PATH"):
+        rows.append((var, facts.env.get(var) or "(unset)"))
+    shell = facts.env.get("CUDAENV_SHELL_CUDA_HOME")
+    if shell is not None:
+        rows.append(("shell CUDA_HOME", (shell or "(unset)") + " (overridden by this env's hook)"))
+    rows.append(("driver", facts.driver or "no driver"))
+    for gpu in facts.gpus:
+        rows.append((f"GPU {gpu.index}", f"{gpu.name} SM {gpu.capability}"))
+    rows.append(("JIT cache", f"{facts.jit_root} ({len(facts.jit_entries)} op(s))"))
+    rows.append(("host C++", facts.cxx_banner or "none"))
+    nv = sorted(
+        f"{k}=={v}"
+        for k, v in facts.dists.items()
+        if k.startswith("nvidia-cuda") or k == "nvidia-nvvm"
+    )
+    rows.append(("toolkit wheels", ", ".join(nv) or "none"))
+    if facts.deep:
+        fi = facts.deep.get("flashinfer")
+        if isinstance(fi, dict) and "cuda_version" in fi:
+            rows.append(
+                (
+                    "FlashInfer sees",
+                    f"get_cuda_path()={fi.get('cuda_path')} get_cuda_version()={fi['cuda_version']}",
+                )
+            )
+        t = facts.deep.get("torch")
+        if isinstance(t, dict) and "version" in t:
+            rows.append(
+                (
+                    "torch.cuda",
+                    f"available={t.get('available')} {t.get('capabilities') or t.get('cuda_error') or ''}",
+                )
+            )
+    return rows
+
+
+def render(python: str, facts: Facts | None, findings: Sequence[Finding]) -> str:
+    lines: list[str] = []
+    errors = [f for f in findings if f.severity == ERROR]
+    if findings and findings[0].severity != INFO:
+        lines.append(findings[0].cause)
+    else:
+        lines.append(f"healthy: no error or warning for {python}")
+    for f in findings:
+        lines.append("")
+        lines.append(f"[{f.severity}] {f.code}: {f.cause}")
+        for e in f.evidence:
+            lines.append(f"    evidence: {e}")
+        for fix in f.fix:
+            lines.append(f"    fix: {fix}")
+        for s in f.symptoms:
+            lines.append(f"    explains [{s.severity}] {s.code}: {s.cause}")
+    if facts is not None:
+        lines.append("")
+        rows = facts_table(facts)
+        width = max(len(k) for k, _ in rows)
+        lines += [f"{k:<{width}}  {v}" for k, v in rows]
+    lines.append("")
+    lines.append(
+        f"{len(errors)} error(s), {sum(f.severity == WARNING for f in findings)} warning(s)"
+    )
+    return "\n".join(lines)
+
+
+def to_json(
+    python: str, facts: Facts | None, findings: Sequence[Finding], seconds: float
+) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "python": python,
+        "healthy": not any(f.severity == ERROR for f in findings),
+        "findings": [f.to_json() for f in findings],
+        "facts": dict(facts_table(facts)) if facts else {},
+        "seconds": round(seconds, 3),
+    }
