@@ -46,6 +46,43 @@ class BuildResult:
     path: Path
     manifest: dict[str, object]
     stages: tuple[tuple[str, float], ...]
+    reused: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """Where the lock's files come from: the configured index (default), or only a
+    wheelhouse made by `cudaenv export`, with or without network."""
+
+    wheelhouse: Path | None = None
+    offline: bool = False
+
+
+def up_to_date(target: Path, spec: EnvSpec, lock: Lock) -> dict[str, object] | None:
+    """The manifest of ``target`` when it was built from exactly this lock, spec and archs."""
+    try:
+        manifest = read_manifest(target)
+    except BuildError:
+        return None
+    same = (
+        manifest.get("lock_hash") == lock.content_hash()
+        and manifest.get("fingerprint") == spec.fingerprint()
+        and manifest.get("archs") == env_archs(spec)
+        and manifest.get("env") == dict(spec.env)
+        and manifest.get("cudaenv") == __version__
+        and (target / "bin" / "python").exists()
+    )
+    return manifest if same else None
+
+
+def fault_point(name: str, progress: Progress) -> None:
+    """Fault injection for the interruption tests: ``CUDAENV_FAULT_PAUSE=overlay`` holds the
+    build at that stage for ``CUDAENV_FAULT_PAUSE_SECONDS`` (default 30) so a test can kill it
+    there. Unset, it costs one dictionary lookup."""
+    if os.environ.get("CUDAENV_FAULT_PAUSE") == name:
+        seconds = float(os.environ.get("CUDAENV_FAULT_PAUSE_SECONDS", "30"))
+        progress(f"fault point {name}: pausing {seconds:g} s")
+        time.sleep(seconds)
 
 
 def default_env_dir(spec: EnvSpec) -> Path:
@@ -196,8 +233,11 @@ def build(
     *,
     lock_file: Path,
     env_dir: Path | None = None,
+    force: bool = False,
+    source: Source | None = None,
     progress: Progress = lambda _msg: None,
 ) -> BuildResult:
+    source = source or Source()
     check_lock(spec, lock, lock_file)
     stages: list[tuple[str, float]] = []
 
@@ -210,16 +250,37 @@ def build(
         t = time.monotonic()
         release = toolchain.check_system_toolkit(spec)
         stage(f"system toolkit {spec.toolchain.path} is CUDA {release}", t)
-    t = time.monotonic()
-    interp = interpreters.find(spec.python)
-    stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
     target = (env_dir or default_env_dir(spec)).absolute()
+    if target.is_symlink():
+        raise BuildError(
+            f"{target} is a symlink (to {target.readlink()}); cudaenv replaces env directories "
+            "whole and will not follow or replace a link: remove it or pass --env-dir"
+        )
     with env_lock(target, progress):
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
+        current = up_to_date(target, spec, lock)
+        if current is not None and not force:
+            progress(
+                f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
+            )
+            return BuildResult(path=target, manifest=current, stages=tuple(stages), reused=True)
+        t = time.monotonic()
+        interp = interpreters.find(spec.python, allow_download=not source.offline)
+        stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+        # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
         try:
-            result = _build_into(spec, lock, interp, tmp, target, stage, progress)
+            try:
+                result = _build_into(spec, lock, interp, tmp, target, stage, progress, source)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise BuildError(_no_space(tmp)) from exc
+                raise
+            fault_point("swap", progress)
             t = time.monotonic()
             old = swap_into_place(tmp, target)
             if old is not None:
@@ -241,6 +302,7 @@ def _build_into(
     target: Path,
     stage: Callable[[str, float], None],
     progress: Progress,
+    source: Source,
 ) -> dict[str, object]:
     uv = proc.uv_bin()
     t = time.monotonic()
@@ -265,30 +327,28 @@ def _build_into(
         f"installing {len(lock.packages)} packages from {lock_file_name(spec)} (hashes required)"
     )
     try:
-        proc.run(
-            [
-                uv,
-                "pip",
-                "sync",
-                "--require-hashes",
-                "--python",
-                str(tmp / "bin" / "python"),
-                str(req),
-            ],
-            env=_uv_env(),
-            stream=True,
-        )
+        argv = [uv, "pip", "sync", "--require-hashes", "--python", str(tmp / "bin" / "python")]
+        if source.wheelhouse is not None:
+            # Only the exported files: no index is asked, hashes still checked (export.py).
+            argv += ["--no-index", "--find-links", str(source.wheelhouse)]
+        if source.offline:
+            argv.append("--offline")
+        proc.run([*argv, str(req)], env=_uv_env(), stream=True)
     except proc.CommandFailed as exc:
+        if "No space left on device" in exc.output:
+            raise BuildError(_no_space(tmp)) from exc
         raise BuildError(
             f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}"
         ) from exc
     stage(f"install {len(lock.packages)} packages", t)
     t = time.monotonic()
+    fault_point("overlay", progress)
     if spec.toolchain.source == "wheels":
         overlay = toolchain.wheel_overlay(tmp, spec)
     else:
         overlay = toolchain.system_overlay(tmp, spec)
     archs = env_archs(spec)
+    fault_point("hooks", progress)
     toolchain.write_hooks(tmp, spec, archs)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
@@ -318,6 +378,15 @@ def _build_into(
     out.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     stage("manifest and hook self-check", t)
     return manifest
+
+
+def _no_space(tmp: Path) -> str:
+    usage = shutil.disk_usage(tmp.parent)
+    return (
+        f"no space left on device while building in {tmp.parent} ({usage.free // 2**20} MiB "
+        "free); free space there or pass --env-dir on a larger filesystem. Nothing was "
+        "replaced: the previous env, if any, is intact"
+    )
 
 
 def lock_file_name(spec: EnvSpec) -> str:

@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from builder import __version__, build, channels, doctor, lock, report, resolve, spec, verify
+from builder import (
+    __version__,
+    build,
+    channels,
+    doctor,
+    export,
+    lock,
+    report,
+    resolve,
+    spec,
+    verify,
+)
 from builder.errors import BuildError, CudaenvError, SpecError, VerifyFailed
 from builder.proc import CommandFailed
 
@@ -98,6 +109,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         s = spec.load(path)
         lock_file = _lock_file(s)
         if not lock_file.exists():
+            if args.offline:
+                raise BuildError(f"{lock_file} does not exist and --offline cannot resolve one")
             _progress(f"{lock_file} does not exist: resolving and writing it first")
             plan = resolve.resolve(s, command=_command(["lock", str(path)]))
             lock.write(plan.lock, lock_file)
@@ -108,9 +121,33 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"({s.toolchain.source} toolchain), archs {' '.join(s.archs)}"
         )
         env_dir = Path(args.env_dir) if args.env_dir else None
-        result = build.build(s, lk, lock_file=lock_file, env_dir=env_dir, progress=_progress)
-        _progress(f"built {result.path} in {time.monotonic() - started:.1f} s")
+        wheelhouse = Path(args.wheelhouse).absolute() if args.wheelhouse else None
+        if wheelhouse is not None:
+            export.check_wheelhouse(lk, wheelhouse)  # before anything is built
+        source = build.Source(wheelhouse=wheelhouse, offline=args.offline)
+        result = build.build(
+            s,
+            lk,
+            lock_file=lock_file,
+            env_dir=env_dir,
+            force=args.force,
+            source=source,
+            progress=_progress,
+        )
+        verb = "reused" if result.reused else "built"
+        _progress(f"{verb} {result.path} in {time.monotonic() - started:.1f} s")
         print(result.path)
+        if args.verify:
+            verify_args = argparse.Namespace(
+                spec=path,
+                python=None,
+                env_dir=str(result.path),
+                checks=None,
+                archs=None,
+                report=None,
+                markdown=None,
+            )
+            cmd_verify(verify_args)
     return 0
 
 
@@ -190,6 +227,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.severity == doctor.ERROR for f in findings) else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    s = spec.load(args.spec)
+    lock_file = _lock_file(s)
+    lk = lock.read(lock_file)
+    build.check_lock(s, lk, lock_file)
+    out = export.export(s, lk, Path(args.wheelhouse).absolute(), _progress)
+    _progress(f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cudaenv", description=__doc__)
     p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
@@ -205,6 +252,20 @@ def make_parser() -> argparse.ArgumentParser:
     bd = sub.add_parser("build", help="build the env of each spec from its lock")
     bd.add_argument("specs", nargs="+", type=Path)
     bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
+    bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
+    bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
+    bd.add_argument(
+        "--wheelhouse", help="install only from this directory (made by `cudaenv export`)"
+    )
+    bd.add_argument(
+        "--offline", action="store_true", help="no network: uv --offline, no Python download"
+    )
+    ex = sub.add_parser(
+        "export", help="download every locked file (hash-checked) for offline builds"
+    )
+    ex.add_argument("spec", type=Path)
+    ex.add_argument("--wheelhouse", required=True, help="directory to fill")
+    ex.set_defaults(func=cmd_export)
     bd.set_defaults(func=cmd_build)
     vf = sub.add_parser("verify", help="prove an env works: compile and run real kernels")
     vf.add_argument("spec", nargs="?", type=Path, help="a spec whose env cudaenv built")

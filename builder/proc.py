@@ -59,6 +59,8 @@ def run(
     """
     args = [os.fspath(a) for a in argv]
     log.debug("$ %s", shlex.join(args))
+    if stream:
+        return _run_streaming(args, env=env, cwd=cwd, check=check, timeout=timeout)
     try:
         proc = subprocess.run(
             args,
@@ -85,12 +87,74 @@ def run(
     return done
 
 
+def _run_streaming(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    check: bool,
+    timeout: float | None,
+) -> Completed:
+    """Echo the child's stderr live (uv's progress) and keep it for the error message."""
+    try:
+        child = subprocess.Popen(
+            args,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+    err_lines: list[str] = []
+    out_parts: list[str] = []
+    assert child.stderr is not None and child.stdout is not None
+    import threading
+
+    def pump_out() -> None:
+        assert child.stdout is not None
+        out_parts.append(child.stdout.read())
+
+    reader = threading.Thread(target=pump_out, daemon=True)
+    reader.start()
+    try:
+        for line in child.stderr:
+            err_lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        child.wait(timeout=timeout)
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    reader.join(timeout=5)
+    done = Completed(
+        argv=tuple(args),
+        returncode=child.returncode,
+        stdout="".join(out_parts),
+        stderr="".join(err_lines),
+    )
+    if check and child.returncode != 0:
+        raise CommandFailed(args, child.returncode, done.stdout + "\n" + done.stderr)
+    return done
+
+
 def which(name: str, path: str | None = None) -> str | None:
     return shutil.which(name, path=path)
 
 
 def uv_bin() -> str:
-    """The uv executable: the one installed with cudaenv, else the one on PATH."""
+    """The uv executable: $CUDAENV_UV, else the one installed with cudaenv, else PATH's."""
+    chosen = os.environ.get("CUDAENV_UV")
+    if chosen:
+        if shutil.which(chosen):
+            return chosen
+        raise ToolMissing(
+            f"CUDAENV_UV={chosen} is not an executable; unset it or install uv: "
+            f"`{sys.executable} -m pip install uv`"
+        )
     try:
         from uv import find_uv_bin
 

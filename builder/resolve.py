@@ -217,6 +217,13 @@ def uv_compile(
         try:
             proc.run(argv, env=_uv_env(), timeout=1800)
         except proc.CommandFailed as exc:
+            unreachable = index_unreachable(exc.output)
+            if unreachable:
+                raise ResolveError(
+                    f"{spec.name}: the package index did not answer ({unreachable}); check the "
+                    "network or proxy uv uses, or build from a wheelhouse: `cudaenv export` on a "
+                    "connected machine, then `cudaenv build --offline --wheelhouse DIR`"
+                ) from exc
             reqs = ", ".join(requirements)
             raise ResolveError(
                 f"{spec.name} ({spec.source}): uv could not resolve [{reqs}]:\n"
@@ -225,6 +232,25 @@ def uv_compile(
         doc = tomllib.loads(out.read_text())
     packages = parse_packages(doc, "uv pip compile output")
     return Resolution(packages=packages, seconds=time.monotonic() - started)
+
+
+_NETWORK_MARKERS = (
+    "error sending request",
+    "Failed to fetch",
+    "operation timed out",
+    "dns error",
+    "Connection refused",
+    "tcp connect error",
+    "network is unreachable",
+)
+
+
+def index_unreachable(output: str) -> str | None:
+    """The first line of uv's output that says the index could not be reached, if any."""
+    for line in output.splitlines():
+        if any(m.lower() in line.lower() for m in _NETWORK_MARKERS):
+            return line.strip().removeprefix("error:").removeprefix("Caused by:").strip()[:200]
+    return None
 
 
 def _uv_message(output: str) -> str:

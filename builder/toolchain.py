@@ -122,7 +122,15 @@ def build_libcuda_stub(stubs: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="cudaenv-stub-") as tmp:
         src = Path(tmp) / "libcuda_stub.c"
         src.write_text("/* link-time stand-in for the driver's libcuda.so.1 */\n")
-        proc.run([cc, "-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(src)])
+        try:
+            proc.run(
+                [cc, "-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(src)]
+            )
+        except ToolMissing as exc:
+            raise ToolMissing(
+                f"C compiler {cc} not found: it builds the libcuda.so link stub and is nvcc's "
+                "host compiler; install one (`apt-get install gcc`) or point CC at it"
+            ) from exc
     return out
 
 

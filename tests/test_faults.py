@@ -1,0 +1,320 @@
+"""Nothing lost, nobody surprised: interrupted, concurrent, failing and offline builds.
+
+Each fault ends in one `error:` line with the fix and the exit code of the errors tree, and
+leaves either no env or the previous one, working.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from builder import lock, spec
+from tests.conftest import ENVSPECS, REPO, write
+from tests.test_e2e import cudaenv, workspace
+
+TOOLCHAIN = "envspecs/toolchain-cu130.yaml"
+ENV = Path(".envs") / "toolchain-cu130"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+
+
+def works(env: Path) -> bool:
+    done = subprocess.run(
+        [env / "cuda-home" / "bin" / "nvcc", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return (
+        done.returncode == 0 and "release 13.0" in done.stdout and (env / "cudaenv.json").exists()
+    )
+
+
+def no_leftovers(ws: Path) -> bool:
+    return not list((ws / ".envs").glob(".toolchain-cu130.*-*"))
+
+
+def start(ws: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "build", TOOLCHAIN, *args],
+        cwd=ws,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate: object, timeout: float = 120.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+# --------------------------------------------------------------------------- offline
+
+
+def test_missing_uv_is_one_line_exit_6(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    done = cudaenv("lock", TOOLCHAIN, cwd=ws, check=False, env={"CUDAENV_UV": "/nonexistent/uv"})
+    assert done.returncode == 6
+    assert error_lines(done.stderr) == [
+        "error: CUDAENV_UV=/nonexistent/uv is not an executable; unset it or install uv: "
+        f"`{sys.executable} -m pip install uv`"
+    ]
+    assert not (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").exists()
+
+
+def test_an_unreachable_index_is_one_line_exit_3(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    done = cudaenv(
+        "lock",
+        TOOLCHAIN,
+        cwd=ws,
+        check=False,
+        env={
+            "UV_INDEX_URL": "http://127.0.0.1:9/simple",
+            "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple",
+            "UV_CACHE_DIR": str(tmp_path / "cache"),
+            "UV_HTTP_RETRIES": "0",
+        },
+    )
+    assert done.returncode == 3, done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1
+    assert lines[0].startswith("error: toolchain-cu130: the package index did not answer (")
+    assert lines[0].endswith("`cudaenv build --offline --wheelhouse DIR`")
+
+
+def test_a_missing_python_is_one_line_exit_6(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    text = (ws / TOOLCHAIN).read_text().replace('python: "3.12"', 'python: "3.99"')
+    write(ws / TOOLCHAIN, text)
+    s = spec.load(ws / TOOLCHAIN)
+    lock_file = ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml"
+    old = lock.read(lock_file)
+    lock.write(
+        lock.Lock(**{**old.__dict__, "fingerprint": s.fingerprint(), "python": "3.99"}), lock_file
+    )
+    done = cudaenv("build", TOOLCHAIN, "--offline", cwd=ws, check=False)
+    assert done.returncode == 6
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1
+    assert lines[0].startswith("error: no Python 3.99 on this machine (looked at: ")
+    assert not (ws / ENV).exists()
+
+
+def test_a_symlinked_env_path_is_refused(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    (ws / ".envs").mkdir()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    (ws / ENV).symlink_to(precious)
+    done = cudaenv("build", TOOLCHAIN, cwd=ws, check=False)
+    assert done.returncode == 4
+    assert error_lines(done.stderr)[0].startswith(f"error: {ws / ENV} is a symlink (to {precious})")
+    assert (precious / "data").read_text() == "keep"
+
+
+# --------------------------------------------------------------------------- real builds
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_missing_c_compiler_is_one_line_exit_6(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    done = cudaenv("build", TOOLCHAIN, cwd=ws, check=False, env={"CC": "/nonexistent/cc"})
+    assert done.returncode == 6, done.stderr
+    assert error_lines(done.stderr) == [
+        "error: C compiler /nonexistent/cc not found: it builds the libcuda.so link stub and is "
+        "nvcc's host compiler; install one (`apt-get install gcc`) or point CC at it"
+    ]
+    assert not (ws / ENV).exists()
+    assert no_leftovers(ws)
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_full_disk_is_one_line_exit_4(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+        target = mnt / "toolchain-cu130"
+        done = cudaenv("build", TOOLCHAIN, "--env-dir", str(target), cwd=ws, check=False)
+        assert done.returncode == 4, done.stderr
+        # uv's own progress (streamed) says what it could not copy; cudaenv's verdict is one line.
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: no space left on device while building in {mnt} ("), (
+            done.stderr
+        )
+        assert last.endswith("Nothing was replaced: the previous env, if any, is intact")
+        assert not target.exists()
+        assert [p.name for p in mnt.iterdir()] == [".toolchain-cu130.lock"]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_two_builds_of_one_env_wait_and_both_succeed(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    first = start(ws, "--force", CUDAENV_FAULT_PAUSE="overlay", CUDAENV_FAULT_PAUSE_SECONDS="3")
+    wait_for(
+        lambda: (
+            (ws / ".envs" / ".toolchain-cu130.lock").exists()
+            and "pid" in (ws / ".envs" / ".toolchain-cu130.lock").read_text()
+        )
+    )
+    second = start(ws, "--force")
+    _, err1 = first.communicate(timeout=300)
+    _, err2 = second.communicate(timeout=300)
+    assert first.returncode == 0, err1
+    assert second.returncode == 0, err2
+    assert (
+        f"cudaenv: waiting for cudaenv build pid {first.pid} to finish building {ws / ENV}" in err2
+    )
+    assert works(ws / ENV)
+    assert no_leftovers(ws)
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_builds_of_different_envs_run_in_parallel(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    other = (ws / TOOLCHAIN).read_text().replace("name: toolchain-cu130", "name: toolchain-b")
+    write(ws / "envspecs" / "b.yaml", other)
+    lock_b = ws / "envspecs" / "locks" / "pylock.toolchain-b.toml"
+    old = lock.read(ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml")
+    lock.write(lock.Lock(**{**old.__dict__, "spec_name": "toolchain-b"}), lock_b)
+    pause = {"CUDAENV_FAULT_PAUSE": "overlay", "CUDAENV_FAULT_PAUSE_SECONDS": "2"}
+    started = time.monotonic()
+    a = start(ws, **pause)
+    b = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "build", "envspecs/b.yaml"],
+        cwd=ws,
+        env={**os.environ, "PYTHONPATH": str(REPO), **pause},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err_a = a.communicate(timeout=300)
+    _, err_b = b.communicate(timeout=300)
+    assert a.returncode == 0 and b.returncode == 0, (err_a, err_b)
+    assert "waiting for" not in err_a + err_b
+    assert time.monotonic() - started < 2 * 2 + 30  # the two pauses overlapped
+    assert works(ws / ENV) and works(ws / ".envs" / "toolchain-b")
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("point", ["overlay", "hooks", "swap"])
+def test_a_rebuild_killed_at_any_stage_keeps_the_previous_env(
+    tmp_path: Path, sig: int, point: str
+) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    cudaenv("build", TOOLCHAIN, cwd=ws)
+    before = (ws / ENV / "cudaenv.json").read_text()
+    child = start(ws, "--force", CUDAENV_FAULT_PAUSE=point, CUDAENV_FAULT_PAUSE_SECONDS="60")
+    assert child.stderr is not None
+    for line in child.stderr:
+        if f"fault point {point}" in line:
+            break
+    child.send_signal(sig)
+    child.wait(timeout=60)
+    assert works(ws / ENV)
+    assert (ws / ENV / "cudaenv.json").read_text() == before
+    if sig == signal.SIGTERM:
+        assert child.returncode == 130
+        assert no_leftovers(ws)
+    done = cudaenv("build", TOOLCHAIN, "--force", cwd=ws)
+    assert works(ws / ENV)
+    assert no_leftovers(ws)
+    if sig == signal.SIGKILL:
+        assert "removed leftover" in done.stderr
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_build_killed_during_verify_leaves_a_complete_env(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    child = start(ws, "--verify")
+    assert child.stderr is not None
+    for line in child.stderr:
+        if line.startswith("cudaenv: probing"):
+            break
+    time.sleep(1.0)  # inside the kernel compile (~6 s)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    assert works(ws / ENV)
+    assert no_leftovers(ws)
+    done = cudaenv("build", TOOLCHAIN, "--verify", cwd=ws)
+    assert "verify toolchain-cu130: PASSED" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_offline_build_from_a_wheelhouse(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    wheelhouse = tmp_path / "wheelhouse"
+    cudaenv("export", TOOLCHAIN, "--wheelhouse", str(wheelhouse), cwd=ws)
+    assert (wheelhouse / "cudaenv-export.json").exists()
+    blocked = {
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "ALL_PROXY": "http://127.0.0.1:9",
+        "UV_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
+        "UV_CACHE_DIR": str(tmp_path / "empty-cache"),
+        "UV_PYTHON_DOWNLOADS": "never",
+    }
+    done = cudaenv(
+        "build", TOOLCHAIN, "--offline", "--wheelhouse", str(wheelhouse), cwd=ws, env=blocked
+    )
+    assert works(ws / ENV), done.stderr
+    # A tampered wheelhouse is refused before anything is built, naming the package.
+    nvcc = next(wheelhouse.glob("nvidia_cuda_nvcc-*.whl"))
+    nvcc.write_bytes(nvcc.read_bytes()[:-10])
+    done = cudaenv(
+        "build",
+        TOOLCHAIN,
+        "--force",
+        "--offline",
+        "--wheelhouse",
+        str(wheelhouse),
+        cwd=ws,
+        env=blocked,
+        check=False,
+    )
+    assert done.returncode == 4
+    assert "no file with a locked hash for 1 package(s): nvidia-cuda-nvcc==13.0.88" in done.stderr
+    assert works(ws / ENV)
+
+
+def test_shipped_specs_are_the_ones_tested() -> None:
+    assert (ENVSPECS / "toolchain-cu130.yaml").exists()
