@@ -54,6 +54,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Time cudaenv against raw uv and pip; writes benchmarks/results.{json,md,png}.
+    Not part of the tests: the full run downloads the default stack cold twice and runs a
+    pip install (~20 min). `nox -s bench -- --quick` for a short one."""
+    _install(session, "bench")
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict over builder/, tests/ and noxfile.py."""
     _install(session, "lint")

@@ -6,10 +6,13 @@ does). Tests replace :func:`run` or drive it with real tiny processes.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,6 +35,19 @@ class CommandFailed(CudaenvError):
         self.output = output
         tail = "\n".join(output.strip().splitlines()[-30:])
         super().__init__(f"command failed (exit {returncode}): {shlex.join(self.argv)}\n{tail}")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """PR_SET_PDEATHSIG: if cudaenv is SIGKILLed, its uv/nvcc children die with it instead of
+    writing on into a build directory the next build is removing."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+_PREEXEC = _die_with_parent if sys.platform.startswith("linux") else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +89,7 @@ def run(
             timeout=timeout,
             input=input_text,
             check=False,
+            preexec_fn=_PREEXEC,  # single-threaded at spawn: see _die_with_parent
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
@@ -105,6 +122,7 @@ def _run_streaming(
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
+            preexec_fn=_PREEXEC,
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc

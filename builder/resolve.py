@@ -315,8 +315,22 @@ def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = Non
     tcuda: str | None = None
     if spec.torch is not None:
         # Pass 1: torch alone, to read which CUDA it is built for (its cuda-toolkit pin).
-        probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
-        tcuda, evidence = torch_cuda(probe.packages)
+        # A release's metadata never changes, so the answer is cached: a re-lock is then one
+        # resolver call, like raw `uv pip compile`.
+        key = f"torch-{spec.torch}-py{spec.python}-{lock_platform()}"
+        cached = channels.read_cached_pins(key)
+        if cached is None:
+            probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
+            found, found_evidence = torch_cuda(probe.packages)
+            ct_pkg = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
+            cached = {
+                "cuda": found or "",
+                "evidence": found_evidence or "",
+                "toolkit": ct_pkg.version if ct_pkg else "",
+            }
+            if found:
+                channels.write_cached_pins(key, cached)
+        tcuda, evidence = (cached["cuda"] or None), (cached["evidence"] or None)
         if tcuda is None:
             raise ResolveError(
                 _refusal(spec, [f"torch {spec.torch} pins no CUDA runtime (a CPU build?)"])
@@ -331,8 +345,7 @@ def resolve(spec: EnvSpec, *, command: str = "", compile_: Compiler | None = Non
                     ],
                 )
             )
-        ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
-        toolkit = ct.version if ct else None
+        toolkit = cached["toolkit"] or None
     elif spec.toolchain.source == "wheels":
         nxt = f"{spec.cuda_major}.{spec.cuda_minor + 1}"
         probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())

@@ -1,0 +1,530 @@
+"""`nox -s bench`: cudaenv measured side by side with raw uv and pip, in one run.
+
+Each pair of commands runs in alternation (A, B, A, B, ...) after one warm-up of each, so
+drift of the machine (page cache, other load) falls on both; we report medians, the spread
+(min-max), and ratios against the raw tool measured in the same run, never absolute goals.
+
+Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png.
+Usage: python benchmarks/run.py [--quick] [--cases build-warm,plan,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "benchmarks"
+sys.path.insert(0, str(REPO))
+
+from builder import channels, interpreters, lock, proc, spec  # noqa: E402
+
+DEFAULT = REPO / "envspecs" / "default.yaml"
+TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
+
+
+@dataclass
+class Timing:
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median_s": round(self.median, 3),
+            "min_s": round(min(self.samples), 3) if self.samples else None,
+            "max_s": round(max(self.samples), 3) if self.samples else None,
+            "runs": len(self.samples),
+        }
+
+
+@dataclass
+class Case:
+    name: str
+    what: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    ratio: float | None = None
+    anchor: str = ""
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(
+    argv: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [os.fspath(a) for a in argv],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{argv} -> {done.returncode}\n{done.stderr[-3000:]}")
+    return done
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def alternate(
+    a: Callable[[], object],
+    b: Callable[[], object],
+    runs: int,
+    before: Callable[[], object] = lambda: None,
+    warmup: bool = True,
+) -> tuple[Timing, Timing]:
+    ta, tb = Timing(), Timing()
+    if warmup:
+        before()
+        a()
+        before()
+        b()
+    for _ in range(runs):
+        before()
+        ta.samples.append(timed(a))
+        before()
+        tb.samples.append(timed(b))
+    return ta, tb
+
+
+def cudaenv(
+    *args: str | os.PathLike[str], env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return sh(
+        [sys.executable, "-m", "builder.cli", *args],
+        env={"PYTHONPATH": str(REPO), **(env or {})},
+        check=check,
+    )
+
+
+def used_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def rm_all(*paths: Path) -> None:
+    for path in paths:
+        rm(path)
+
+
+def rm(path: Path) -> None:
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Bench:
+    def __init__(self, work: Path, quick: bool) -> None:
+        self.work = work
+        self.quick = quick
+        self.runs = 2 if quick else 5
+        self.uv = proc.uv_bin()
+        self.default = spec.load(DEFAULT)
+        self.lock = lock.read(REPO / "envspecs" / "locks" / f"pylock.{self.default.name}.toml")
+        self.python = interpreters.find(self.default.python, allow_download=False).path
+        self.req = work / "requirements.lock.txt"
+        self.req.write_text(self.lock.requirements_txt())
+
+    def raw_uv_build(self, target: Path, cache: Path | None = None) -> None:
+        env = {"UV_CACHE_DIR": str(cache)} if cache else {}
+        sh([self.uv, "venv", "--quiet", "--python", self.python, target], env=env)
+        sh(
+            [
+                self.uv,
+                "pip",
+                "sync",
+                "--quiet",
+                "--require-hashes",
+                "--python",
+                target / "bin" / "python",
+                self.req,
+            ],
+            env=env,
+        )
+
+    def cudaenv_build(
+        self, target: Path, cache: Path | None = None, spec_path: Path = DEFAULT
+    ) -> None:
+        env = {"UV_CACHE_DIR": str(cache)} if cache else {}
+        cudaenv("build", "--force", spec_path, "--env-dir", target, env=env)
+
+    # ----------------------------------------------------------------- cases
+
+    def build_warm(self) -> Case:
+        a_dir, b_dir = self.work / "warm-cudaenv", self.work / "warm-uv"
+        ta, tb = alternate(
+            lambda: self.cudaenv_build(a_dir),
+            lambda: self.raw_uv_build(b_dir),
+            self.runs,
+            before=lambda: rm_all(a_dir, b_dir),
+        )
+        ratio = ta.median / tb.median
+        return Case(
+            name="build, warm cache",
+            what="cudaenv build (default spec, no verify) vs "
+            "uv venv && uv pip sync of the same lock",
+            figures={"cudaenv": ta.to_json(), "uv": tb.to_json()},
+            ratio=ratio,
+            anchor="raw uv",
+            goal="≤ 1.15",
+            met=ratio <= 1.15,
+        )
+
+    def build_cold(self) -> Case:
+        a_dir, b_dir = self.work / "cold-cudaenv", self.work / "cold-uv"
+        cache = self.work / "cold-cache"
+
+        def fresh() -> None:
+            rm(a_dir)
+            rm(b_dir)
+            rm(cache)
+
+        runs = 1 if self.quick else 2
+        ta, tb = alternate(
+            lambda: self.cudaenv_build(a_dir, cache),
+            lambda: self.raw_uv_build(b_dir, cache),
+            runs,
+            before=fresh,
+            warmup=False,
+        )
+        fresh()
+        ratio = ta.median / tb.median
+        case = Case(
+            name="build, cold cache",
+            what="same pair with a fresh UV_CACHE_DIR each run",
+            figures={"cudaenv": ta.to_json(), "uv": tb.to_json()},
+            ratio=ratio,
+            anchor="raw uv",
+            goal="≤ 1.05",
+            met=ratio <= 1.05,
+        )
+        if not self.quick:
+            pip_dir = self.work / "pip-venv"
+            rm(pip_dir)
+
+            def pip_install() -> None:
+                sh([self.python, "-m", "venv", pip_dir])
+                sh(
+                    [
+                        pip_dir / "bin" / "python",
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--no-cache-dir",
+                        "--require-hashes",
+                        "--no-deps",
+                        "-r",
+                        self.req,
+                    ]
+                )
+
+            log("pip anchor: python -m venv && pip install -r (once, slow)")
+            t = timed(pip_install)
+            rm(pip_dir)
+            case.figures["pip (once)"] = {"median_s": round(t, 1), "runs": 1}
+            case.figures["pip / cudaenv cold"] = round(t / ta.median, 2)
+        return case
+
+    def plan_and_lock(self) -> list[Case]:
+        plan = Timing()
+        for _ in range(self.runs):
+            plan.samples.append(timed(lambda: cudaenv("plan", DEFAULT)))
+        plan_case = Case(
+            name="plan, up-to-date lock",
+            what="cudaenv plan of the default spec (no resolver call)",
+            figures={"cudaenv plan": plan.to_json()},
+            goal="< 0.5 s",
+            met=plan.median < 0.5,
+        )
+        ws = self.work / "relock"
+        rm(ws)
+        (ws / "locks").mkdir(parents=True)
+        shutil.copy(DEFAULT, ws / "default.yaml")
+        pins = (
+            channels.read_cached_pins(f"cuda-toolkit-{self.lock.toolkit}-x86_64-manylinux_2_34")
+            or {}
+        )
+        reqs = [
+            f"torch=={self.default.torch}",
+            *self.default.packages,
+            f"cuda-toolkit[{','.join(sorted(self.default.toolchain.components))}]=={self.lock.toolkit}",
+        ]
+        (ws / "in.txt").write_text("\n".join(reqs) + "\n")
+        (ws / "constraints.txt").write_text(
+            "\n".join(f"{k}=={v}" for k, v in sorted(pins.items())) + "\n"
+        )
+
+        def raw() -> None:
+            sh(
+                [
+                    self.uv,
+                    "pip",
+                    "compile",
+                    ws / "in.txt",
+                    "-c",
+                    ws / "constraints.txt",
+                    "--python-version",
+                    self.default.python,
+                    "--python-platform",
+                    "x86_64-manylinux_2_34",
+                    "--quiet",
+                    "-o",
+                    ws / "pylock.raw.toml",
+                    "--python",
+                    self.python,
+                ],
+                env={"UV_PYTHON_DOWNLOADS": "never"},
+            )
+
+        ta, tb = alternate(lambda: cudaenv("lock", ws / "default.yaml"), raw, self.runs)
+        ratio = ta.median / tb.median
+        relock = Case(
+            name="re-lock, unchanged spec",
+            what="cudaenv lock vs raw uv pip compile of the same request",
+            figures={"cudaenv lock": ta.to_json(), "uv pip compile": tb.to_json()},
+            ratio=ratio,
+            anchor="raw uv",
+            goal="≤ 1.1",
+            met=ratio <= 1.1,
+        )
+        return [plan_case, relock]
+
+    def verify(self) -> Case:
+        env_dir = self.work / "verify-env"
+        self.cudaenv_build(env_dir)
+        rm(env_dir / "var" / "flashinfer" / ".cache")
+        rm(env_dir / "var" / "cudaenv")
+        report = self.work / "verify1.json"
+        first = timed(lambda: cudaenv("verify", DEFAULT, "--env-dir", env_dir, "--report", report))
+        doc = json.loads(report.read_text())
+        second = timed(
+            lambda: cudaenv(
+                "verify", DEFAULT, "--env-dir", env_dir, "--report", self.work / "v2.json"
+            )
+        )
+        kernel = next(c for c in doc["checks"] if c["name"] == "kernel-compile")
+        per_arch = {k: v for k, v in kernel["evidence"].items() if k != "nvcc"}
+        ratio = second / first
+        rm(env_dir)
+        return Case(
+            name="verify, second run",
+            what="cudaenv verify of an unchanged default env: JIT cache reused",
+            figures={
+                "first (JIT cold)": round(first, 1),
+                "second": round(second, 1),
+                "kernel compile per arch": per_arch,
+                "checks (first)": {c["name"]: round(c["seconds"], 1) for c in doc["checks"]},
+            },
+            ratio=ratio,
+            anchor="first run",
+            goal="≤ 0.10",
+            met=ratio <= 0.10,
+        )
+
+    def doctor(self) -> list[Case]:
+        env_dir = self.work / "doctor-env"
+        self.cudaenv_build(env_dir)
+        python = env_dir / "bin" / "python"
+        static = Timing()
+        for _ in range(self.runs):
+            static.samples.append(timed(lambda: cudaenv("doctor", "--python", python)))
+        deep, torch_import = alternate(
+            lambda: cudaenv("doctor", "--deep", "--python", python),
+            lambda: sh([python, "-c", "import torch"]),
+            max(2, self.runs // 2),
+        )
+        rm(env_dir)
+        return [
+            Case(
+                name="doctor, static",
+                what="cudaenv doctor --python ENV/bin/python (no import torch)",
+                figures={"doctor": static.to_json()},
+                goal="< 1 s",
+                met=static.median < 1.0,
+            ),
+            Case(
+                name="doctor --deep",
+                what="vs python -c 'import torch' in the same env",
+                figures={
+                    "doctor --deep": deep.to_json(),
+                    "import torch": torch_import.to_json(),
+                    "difference_s": round(deep.median - torch_import.median, 2),
+                },
+                ratio=deep.median / torch_import.median,
+                anchor="import torch",
+                goal="≤ import torch + 2 s",
+                met=deep.median <= torch_import.median + 2.0,
+            ),
+        ]
+
+    def growth(self) -> Case:
+        figures: dict[str, Any] = {}
+        for label, path in (
+            ("toolchain (6 packages)", TOOLCHAIN),
+            ("default (207 packages)", DEFAULT),
+        ):
+            target = self.work / f"growth-{path.stem}"
+            rm(target)
+            before = used_bytes(self.work)
+            t = timed(lambda target=target, path=path: self.cudaenv_build(target, spec_path=path))  # type: ignore[misc]
+            after = used_bytes(self.work)
+            apparent = int(
+                sh(["du", "-sb", "--apparent-size", "-L", target / "lib"]).stdout.split()[0]
+            )
+            figures[label] = {
+                "build_s": round(t, 2),
+                "disk_added_MiB": round((after - before) / 2**20, 1),
+                "apparent_MiB": round(apparent / 2**20, 1),
+            }
+            rm(target)
+        cells = {}
+        for n in (1, 2, 4):
+            targets = [self.work / f"cell-{n}-{i}" for i in range(n)]
+            for cell in targets:
+                rm(cell)
+            before = used_bytes(self.work)
+            for cell in targets:
+                self.cudaenv_build(cell)
+            added = used_bytes(self.work) - before
+            cells[f"{n} cell(s)"] = {
+                "disk_added_MiB": round(added / 2**20, 1),
+                "per_cell_MiB": round(added / n / 2**20, 1),
+            }
+            for cell in targets:
+                rm(cell)
+        figures["default env, N cells"] = cells
+        env_size = figures["default (207 packages)"]["apparent_MiB"]
+        per_cell = cells["4 cell(s)"]["per_cell_MiB"]
+        return Case(
+            name="growth",
+            what="build time and real disk use (filesystem used-space delta)",
+            figures=figures,
+            ratio=per_cell / env_size if env_size else None,
+            anchor="an env's apparent size",
+            goal="each cell < 5% of an env",
+            met=per_cell < 0.05 * env_size,
+        )
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    lines = [
+        "# cudaenv benchmarks",
+        "",
+        f"Measured {doc['date']} on {doc['machine']} with `nox -s bench` "
+        f"({'quick' if doc['quick'] else 'full'} run). Ratios are against the anchor measured in "
+        "the same run, commands alternated; medians with min-max.",
+        "",
+        "| case | what | figures | ratio (anchor) | goal | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in doc["cases"]:
+        figures = "<br>".join(f"{k}: {json.dumps(v)}" for k, v in c["figures"].items())
+        ratio = f"{c['ratio']:.3f} ({c['anchor']})" if c["ratio"] is not None else "-"
+        met = {True: "yes", False: "**no**", None: "-"}[c["met"]]
+        lines.append(f"| {c['name']} | {c['what']} | {figures} | {ratio} | {c['goal']} | {met} |")
+    notes = [c for c in doc["cases"] if c["note"]]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- **{c['name']}**: {c['note']}" for c in notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_png(doc: dict[str, Any], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no chart")
+        return
+    cases = [c for c in doc["cases"] if c["ratio"] is not None]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(cases) + 1.5))
+    names = [f"{c['name']}\n(vs {c['anchor']})" for c in cases]
+    colors = ["#2e7d32" if c["met"] else "#c62828" for c in cases]
+    bars = ax.barh(names, [c["ratio"] for c in cases], color=colors)
+    for bar, c in zip(bars, cases, strict=True):
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {c['ratio']:.2f}  goal {c['goal']}",
+            va="center",
+            fontsize=8,
+        )
+    ax.axvline(1.0, color="#555", linewidth=0.8)
+    ax.set_xlabel("ratio (lower is better)")
+    ax.set_title(f"cudaenv vs its anchors, {doc['date']}")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer runs, no pip anchor")
+    parser.add_argument("--cases", default="build-warm,build-cold,plan,verify,doctor,growth")
+    parser.add_argument("--work", help="scratch directory (default: a temp dir beside the repo)")
+    args = parser.parse_args(argv)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix=".bench-", dir=REPO))
+    work.mkdir(parents=True, exist_ok=True)
+    bench = Bench(work, args.quick)
+    cases: list[Case] = []
+    wanted = args.cases.split(",")
+    try:
+        for key, fn in (
+            ("build-warm", bench.build_warm),
+            ("build-cold", bench.build_cold),
+            ("plan", bench.plan_and_lock),
+            ("verify", bench.verify),
+            ("doctor", bench.doctor),
+            ("growth", bench.growth),
+        ):
+            if key not in wanted:
+                continue
+            log(f"case {key}")
+            result = fn()
+            cases += result if isinstance(result, list) else [result]
+            log(
+                f"done {key}: {[(c.name, c.ratio, c.met) for c in (result if isinstance(result, list) else [result])]}"
+            )
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    doc = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "quick": args.quick,
+        "cases": [c.__dict__ for c in cases],
+    }
+    (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (OUT / "results.md").write_text(render_md(doc))
+    render_png(doc, OUT / "results.png")
+    print(render_md(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
