@@ -14,19 +14,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from builder import (
-    __version__,
-    build,
-    channels,
-    doctor,
-    export,
-    lock,
-    report,
-    resolve,
-    spec,
-    verify,
-)
+from builder import __version__, lock, resolve, spec
+
+if TYPE_CHECKING:
+    from builder import verify
+
+# build, verify, report, doctor and export pull in jinja2 and more: they are imported by the
+# commands that use them, so `cudaenv lock` and `plan` start in a few milliseconds.
 from builder.errors import BuildError, CudaenvError, SpecError, VerifyFailed
 from builder.proc import CommandFailed
 
@@ -49,8 +45,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
     for path in args.specs:
         s = spec.load(path)
         _progress(f"resolving {s.name} ({path}) with uv")
-        plan = resolve.resolve(s, command=_command(["lock", str(path)]))
         out = _lock_file(s)
+        previous = None if args.upgrade else out
+        plan = resolve.resolve(s, command=_command(["lock", str(path)]), previous=previous)
         lock.write(plan.lock, out)
         _progress(
             f"wrote {out}: {len(plan.lock.packages)} packages, torch {plan.lock.torch or '-'} "
@@ -105,6 +102,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from builder import build, export
+
     for path in args.specs:
         s = spec.load(path)
         lock_file = _lock_file(s)
@@ -152,6 +151,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, dict[str, object] | None]:
+    from builder import build, channels, verify
+
     if args.spec is None and args.python is None:
         raise CudaenvError("verify needs a SPEC or --python PATH")
     if args.spec is not None:
@@ -191,6 +192,8 @@ def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, dict[str, o
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from builder import report, verify
+
     target, manifest = _verify_target(args)
     started = time.monotonic()
     facts, results = verify.run_checks(target, target.checks, _progress)
@@ -218,6 +221,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from builder import doctor
+
     python = args.python or doctor.default_python()
     facts, findings, seconds = doctor.probe(python, deep=args.deep)
     if args.json:
@@ -228,6 +233,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from builder import build, export
+
     s = spec.load(args.spec)
     lock_file = _lock_file(s)
     lk = lock.read(lock_file)
@@ -244,6 +251,11 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lk = sub.add_parser("lock", help="resolve specs and write envspecs/locks/pylock.NAME.toml")
     lk.add_argument("specs", nargs="+", type=Path)
+    lk.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="resolve afresh instead of preferring the versions of the current lock",
+    )
     lk.set_defaults(func=cmd_lock)
     pl = sub.add_parser("plan", help="print what a spec resolves to, without installing")
     pl.add_argument("spec", type=Path)

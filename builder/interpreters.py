@@ -10,6 +10,7 @@ lists what was found and how to get the version asked for.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -79,8 +80,57 @@ def _candidates(minor: str) -> list[tuple[str, str]]:
     return out
 
 
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cudaenv" / "pythons.json"
+
+
+def _cached(minor: str) -> Interpreter | None:
+    """The last interpreter found for ``minor``, if its executable is unchanged (same inode,
+    size, mtime): discovery runs uv and pyenv shims (~0.5 s) and a build should not pay it."""
+    try:
+        doc = json.loads(_cache_file().read_text())
+        entry = doc[minor]
+        st = Path(entry["path"]).stat()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if [st.st_ino, st.st_size, st.st_mtime_ns] != entry.get("stat"):
+        return None
+    return Interpreter(
+        path=Path(entry["path"]), version=entry["version"], found_by=f"{entry['found_by']}, cached"
+    )
+
+
+def _remember(found: Interpreter) -> None:
+    path = _cache_file()
+    try:
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        st = found.path.stat()
+        doc[found.version.rsplit(".", 1)[0]] = {
+            "path": str(found.path),
+            "version": found.version,
+            "found_by": found.found_by,
+            "stat": [st.st_ino, st.st_size, st.st_mtime_ns],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # only a cache
+
+
 def find(minor: str, *, allow_download: bool = True) -> Interpreter:
     """An interpreter whose ``major.minor`` is ``minor``; raises ToolMissing with what exists."""
+    cached = _cached(minor)
+    if cached is not None:
+        return cached
+    found = _find(minor, allow_download=allow_download)
+    _remember(found)
+    return found
+
+
+def _find(minor: str, *, allow_download: bool) -> Interpreter:
     tried: dict[str, str] = {}
     for exe, how in _candidates(minor):
         real = os.path.realpath(exe)
