@@ -669,9 +669,10 @@ def default_python() -> str:
 
 def probe(python: str, *, deep: bool) -> tuple[Facts | None, list[Finding], float]:
     """Run the probe; a probe that cannot run becomes a Finding, not a traceback."""
-    script = resources.files("builder.probe").joinpath("doctor_probe.py").read_text()
+    # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
+    script = str(resources.files("builder.probe").joinpath("doctor_probe.py"))
     started = time.monotonic()
-    argv = [python, "-c", script, *(["--deep"] if deep else [])]
+    argv = [python, script, *(["--deep"] if deep else [])]
     try:
         done = proc.run(argv, check=False, timeout=DEEP_TIMEOUT if deep else PROBE_TIMEOUT)
     except proc.CommandFailed as exc:

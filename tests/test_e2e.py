@@ -414,6 +414,8 @@ def test_verify_default_env(default_env: Path) -> None:
     }, done.stdout
     cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
     assert cubin["evidence"]["flashinfer sampling"].endswith(": sm_120"), cubin
+    toolchain = next(c for c in doc["checks"] if c["name"] == "toolchain")
+    assert toolchain["evidence"]["flashinfer import"] == "flashinfer.jit only"
     assert cubin["evidence"]["topk_topp 12.0f"].endswith(": sm_120"), cubin
 
 

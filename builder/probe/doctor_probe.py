@@ -16,7 +16,8 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any
+
+from flashinfer_light import import_flashinfer_jit
 
 # Bounds every nvcc/compiler call: an nvcc that hangs (a dead NFS mount, a wrapper waiting on a
 # license server) becomes a fact, not a hung doctor.
@@ -233,41 +234,6 @@ def host_compiler() -> dict[str, object]:
     return info
 
 
-def import_cpp_ext() -> tuple[Any, str]:
-    """FlashInfer's own flashinfer/jit/cpp_ext.py, without the package __init__.
-
-    `import flashinfer` loads every kernel wrapper and the CuTe DSL (~4.7 s on top of torch's
-    ~3 s); get_cuda_path()/get_cuda_version() need only cpp_ext and its few imports, so the
-    package and flashinfer.jit are registered as bare packages and cpp_ext runs unchanged.
-    Falls back to the full import if this layout ever stops working.
-    """
-    import importlib
-    import importlib.util
-    import types
-
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("No module named 'flashinfer'")
-    root = next(iter(spec.submodule_search_locations))
-    saved = {k: sys.modules.get(k) for k in ("flashinfer", "flashinfer.jit")}
-    try:
-        for name, path in (("flashinfer", root), ("flashinfer.jit", os.path.join(root, "jit"))):
-            stub = types.ModuleType(name)
-            stub.__path__ = [path]
-            stub.__package__ = name
-            sys.modules[name] = stub
-        return importlib.import_module("flashinfer.jit.cpp_ext"), "flashinfer.jit.cpp_ext only"
-    except Exception:
-        for name in [k for k in sys.modules if k == "flashinfer" or k.startswith("flashinfer.")]:
-            del sys.modules[name]
-        for name, previous in saved.items():
-            if previous is not None:
-                sys.modules[name] = previous
-        from flashinfer.jit import cpp_ext
-
-        return cpp_ext, "import flashinfer"
-
-
 def deep() -> dict[str, object]:
     out: dict[str, object] = {}
     started = time.monotonic()
@@ -288,7 +254,7 @@ def deep() -> dict[str, object]:
     except Exception as exc:
         out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
     try:
-        cpp_ext, how = import_cpp_ext()
+        cpp_ext, how = import_flashinfer_jit("cpp_ext")
         fi: dict[str, object] = {"import": how}
         try:
             fi["cuda_path"] = str(cpp_ext.get_cuda_path())

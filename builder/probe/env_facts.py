@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from flashinfer_light import import_flashinfer_jit
+
 
 def nvcc_release(cuda_home: str) -> dict[str, object]:
     nvcc = os.path.join(cuda_home, "bin", "nvcc")
@@ -78,13 +80,13 @@ def torch_facts() -> dict[str, object]:
 
 def flashinfer_facts(jit: bool) -> dict[str, object]:
     try:
-        import flashinfer
-        from flashinfer.jit import cpp_ext
+        cpp_ext, how = import_flashinfer_jit("cpp_ext")
+        from flashinfer.version import __version__ as version
     except ImportError as exc:
         return {"installed": False, "error": str(exc)}
     except Exception as exc:
         return {"installed": True, "error": f"{type(exc).__name__}: {exc}"}
-    out: dict[str, object] = {"installed": True, "version": getattr(flashinfer, "__version__", "")}
+    out: dict[str, object] = {"installed": True, "version": version, "import": how}
     try:
         out["cuda_path"] = str(cpp_ext.get_cuda_path())
         out["cuda_version"] = str(cpp_ext.get_cuda_version())
@@ -98,9 +100,8 @@ def flashinfer_facts(jit: bool) -> dict[str, object]:
 def jit_sampling() -> dict[str, object]:
     started = time.monotonic()
     try:
-        from flashinfer.jit.sampling import gen_sampling_module
-
-        spec = gen_sampling_module()
+        sampling, _ = import_flashinfer_jit("sampling")
+        spec = sampling.gen_sampling_module()
         reused = bool(spec.is_compiled)
         spec.build(verbose=False)
         return {

@@ -79,6 +79,7 @@ class EnvFacts:
     flashinfer_cuda_path: str | None
     flashinfer_cuda_version: str | None
     flashinfer_error: str | None
+    flashinfer_import: str | None = None
     jit: Mapping[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -114,6 +115,7 @@ class EnvFacts:
             flashinfer_cuda_path=opt(fi, "cuda_path"),
             flashinfer_cuda_version=opt(fi, "cuda_version"),
             flashinfer_error=opt(fi, "error") if fi.get("installed") else None,
+            flashinfer_import=opt(fi, "import"),
             jit=jit if isinstance(jit, dict) else {},
             seconds=seconds,
         )
@@ -126,9 +128,10 @@ def target_env(target: Target) -> dict[str, str]:
 
 
 def probe(target: Target, *, jit: bool) -> EnvFacts:
-    script = resources.files("builder.probe").joinpath("env_facts.py").read_text()
+    # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
+    script = str(resources.files("builder.probe").joinpath("env_facts.py"))
     started = time.monotonic()
-    argv: list[str | os.PathLike[str]] = [target.python, "-c", script]
+    argv: list[str | os.PathLike[str]] = [target.python, script]
     if jit:
         argv.append("--jit")
     try:

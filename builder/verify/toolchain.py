@@ -42,6 +42,7 @@ def _check(target: Target, facts: EnvFacts) -> CheckResult:
         if facts.flashinfer_error:
             problems.append(f"FlashInfer: {facts.flashinfer_error}")
         else:
+            evidence.append(("flashinfer import", str(facts.flashinfer_import)))
             evidence.append(("flashinfer get_cuda_path()", str(facts.flashinfer_cuda_path)))
             evidence.append(("flashinfer get_cuda_version()", str(facts.flashinfer_cuda_version)))
             if facts.flashinfer_cuda_version:
