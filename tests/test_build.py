@@ -46,21 +46,27 @@ def test_leftovers_of_killed_builds_are_removed(tmp_path: Path) -> None:
     assert (tmp_path / ".other.tmp-1").exists()
 
 
-def test_second_builder_waits_for_the_lock_and_says_why(tmp_path: Path) -> None:
+def hold_lock(env: Path, seconds: float) -> subprocess.Popen[str]:
+    """A real second process holding the env's build lock for ``seconds``."""
     holder = textwrap.dedent(
         f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         from pathlib import Path
         from builder import build
-        with build.env_lock(Path({str(tmp_path / "env")!r}), print):
+        with build.env_lock(Path({str(env)!r}), print):
             print("held", flush=True)
-            time.sleep(1.5)
+            time.sleep({seconds})
         """
     )
-    first = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
-    assert first.stdout is not None
-    assert first.stdout.readline().strip() == "held"
+    child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_second_builder_waits_for_the_lock_and_says_why(tmp_path: Path) -> None:
+    first = hold_lock(tmp_path / "env", 1.5)
     messages: list[str] = []
     started = time.monotonic()
     with build.env_lock(tmp_path / "env", messages.append):
@@ -72,20 +78,7 @@ def test_second_builder_waits_for_the_lock_and_says_why(tmp_path: Path) -> None:
 
 
 def test_lock_of_a_killed_builder_is_taken_over(tmp_path: Path) -> None:
-    holder = textwrap.dedent(
-        f"""
-        import sys, time
-        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from pathlib import Path
-        from builder import build
-        with build.env_lock(Path({str(tmp_path / "env")!r}), print):
-            print("held", flush=True)
-            time.sleep(60)
-        """
-    )
-    first = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
-    assert first.stdout is not None
-    assert first.stdout.readline().strip() == "held"
+    first = hold_lock(tmp_path / "env", 60)
     first.kill()
     first.wait(timeout=10)
     messages: list[str] = []
