@@ -244,3 +244,55 @@ def test_report_renders_json_table_and_markdown(tmp_path: Path) -> None:
     assert "| flashinfer-jit | ❌ failed |" in md
     assert "| toolchain | ✅ passed |" in md
     assert math.isfinite(doc["seconds"])
+
+
+def test_sampling_check_plumbing_with_a_fake_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The GPU path end to end, with the GPU, our binary and FlashInfer replaced at their seams:
+    arch normalisation, verdicts, evidence and the failure summary."""
+    from builder.verify import kernel_compile
+
+    gpu = sampling.Gpu(index=0, name="NVIDIA H200", major=9, minor=0)
+    monkeypatch.setattr(sampling, "visible_gpus", lambda: ([gpu], None))
+    built_for: list[str] = []
+
+    def fake_build(
+        nvcc: Path, arch: Any, work: Path, *, fresh: bool = False
+    ) -> kernel_compile.KernelBuild:
+        built_for.append(str(arch))
+        return kernel_compile.KernelBuild(
+            arch=arch, path=tmp_path / "bin", seconds=0.0, reused=True
+        )
+
+    monkeypatch.setattr(sampling, "build_kernel", fake_build)
+
+    def exact_kernel(
+        binary: Path, g: sampling.Gpu, cases: list[ref.Case], us: list[list[float]], work: Path
+    ) -> tuple[list[list[int]], str]:
+        return [
+            [ref.sample(c.probs, c.top_k, c.top_p, u) for u in row]
+            for c, row in zip(cases, us, strict=True)
+        ], ""
+
+    def good_flashinfer(
+        target: Target, g: sampling.Gpu, cases: list[ref.Case], work: Path
+    ) -> list[list[int]]:
+        return draw(cases, correct)
+
+    monkeypatch.setattr(sampling, "run_kernel", exact_kernel)
+    monkeypatch.setattr(sampling, "run_flashinfer", good_flashinfer)
+    result = sampling.check(TARGET, facts())
+    assert result.status == PASSED, result.summary
+    assert built_for == ["9.0a"]
+    assert any(k.endswith("topk_topp 9.0a") for k, _ in result.evidence)
+
+    def top_p_ignored(
+        target: Target, g: sampling.Gpu, cases: list[ref.Case], work: Path
+    ) -> list[list[int]]:
+        return draw(cases, ignores_top_p)
+
+    monkeypatch.setattr(sampling, "run_flashinfer", top_p_ignored)
+    result = sampling.check(TARGET, facts())
+    assert result.status == FAILED
+    assert "GPU 0 (NVIDIA H200, SM 9.0) FlashInfer: row" in result.summary
