@@ -39,6 +39,15 @@ def verify_env(session: nox.Session) -> None:
 
 
 @nox.session
+def matrix(session: nox.Session) -> None:
+    """Build and verify every cell of the release matrix (posargs: matrix file, options);
+    reports in .envs/.matrix/NAME/report/ (JSON, HTML, Markdown, JUnit)."""
+    _install(session)
+    args = session.posargs or ["envspecs/matrix/release.yaml", "-j", "2"]
+    session.run("cudaenv", "matrix", *args)
+
+
+@nox.session
 def lock(session: nox.Session) -> None:
     """Re-lock specs (default: every spec in envspecs/)."""
     _install(session)

@@ -41,9 +41,19 @@ def _command(argv: Sequence[str]) -> str:
     return shlex.join(["cudaenv", *argv])
 
 
+def _load_spec(arg: Path | str) -> spec.EnvSpec:
+    """A spec path, or MATRIX.yaml:CELL for one cell of a matrix (what CI runners get)."""
+    text = str(arg)
+    if ":" in text:
+        from builder import matrix
+
+        return spec.load(matrix.resolve_spec_arg(text))
+    return spec.load(arg)
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
     for path in args.specs:
-        s = spec.load(path)
+        s = _load_spec(path)
         _progress(f"resolving {s.name} ({path}) with uv")
         out = _lock_file(s)
         previous = None if args.upgrade else out
@@ -91,7 +101,7 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    s = spec.load(args.spec)
+    s = _load_spec(args.spec)
     lk, origin = _current_lock(s, fresh=args.fresh)
     rows = plan_table(s, lk)
     width = max(len(k) for k, _ in rows)
@@ -105,7 +115,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from builder import build, export
 
     for path in args.specs:
-        s = spec.load(path)
+        s = _load_spec(path)
         lock_file = _lock_file(s)
         if not lock_file.exists():
             if args.offline:
@@ -143,7 +153,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 env_dir=str(result.path),
                 checks=None,
                 archs=None,
-                report=None,
+                report=args.report,
                 markdown=None,
             )
             cmd_verify(verify_args)
@@ -156,7 +166,7 @@ def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, dict[str, o
     if args.spec is None and args.python is None:
         raise CudaenvError("verify needs a SPEC or --python PATH")
     if args.spec is not None:
-        s = spec.load(args.spec)
+        s = _load_spec(args.spec)
         env_dir = (Path(args.env_dir) if args.env_dir else build.default_env_dir(s)).absolute()
         if not (env_dir / build.MANIFEST).exists():
             raise BuildError(f"{env_dir} is not built; run `cudaenv build {args.spec}` first")
@@ -235,12 +245,62 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from builder import build, export
 
-    s = spec.load(args.spec)
+    s = _load_spec(args.spec)
     lock_file = _lock_file(s)
     lk = lock.read(lock_file)
     build.check_lock(s, lk, lock_file)
     out = export.export(s, lk, Path(args.wheelhouse).absolute(), _progress)
     _progress(f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}")
+    return 0
+
+
+def _write_matrix_outputs(doc: dict[str, object], out: Path, regressions: list[str]) -> None:
+    from builder import matrix, report
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matrix.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "matrix.html").write_text(report.matrix_html(doc, regressions))
+    md = report.matrix_markdown(doc, regressions)
+    (out / "matrix.md").write_text(md)
+    (out / "junit.xml").write_text(report.matrix_junit(doc))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a") as fh:
+            fh.write(md + "\n")
+    del matrix
+    _progress(f"reports: {out}/matrix.json, matrix.html, matrix.md, junit.xml")
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from builder import matrix
+
+    mx = matrix.load(Path(args.file))
+    if args.emit == "github":
+        # One line: what `echo "matrix=$(...)" >> "$GITHUB_OUTPUT"` needs.
+        print(json.dumps(matrix.github_matrix(mx), separators=(",", ":")))
+        return 0
+    out = Path(args.out or (Path(".envs") / ".matrix" / mx.name / "report"))
+    _progress(f"matrix {mx.name}: {len(mx.cells)} cells, {args.jobs} at a time; logs in {out}/logs")
+    results = matrix.run(mx, out, jobs=args.jobs, fail_fast=args.fail_fast, progress=_progress)
+    doc = matrix.matrix_report(mx.name, results, out)
+    regressions: list[str] = []
+    if args.baseline:
+        regressions = matrix.regressions(json.loads(Path(args.baseline).read_text()), doc)
+    _write_matrix_outputs(doc, out, regressions)
+    print(f"matrix {mx.name}: " + ", ".join(f"{r.cell.name}={r.status}" for r in results))
+    if args.baseline:
+        for r in regressions:
+            print(f"regression: {r}")
+        return 1 if regressions else 0
+    return 0 if doc["status"] == "passed" else 1
+
+
+def cmd_report_merge(args: argparse.Namespace) -> int:
+    from builder import matrix
+
+    docs = [json.loads(Path(p).read_text()) for p in args.reports]
+    doc = matrix.merge(docs, name=args.name)
+    _write_matrix_outputs(doc, Path(args.out), [])
     return 0
 
 
@@ -266,6 +326,7 @@ def make_parser() -> argparse.ArgumentParser:
     bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
     bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
     bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
+    bd.add_argument("--report", help="with --verify: write the JSON report here")
     bd.add_argument(
         "--wheelhouse", help="install only from this directory (made by `cudaenv export`)"
     )
@@ -295,6 +356,27 @@ def make_parser() -> argparse.ArgumentParser:
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
     dr.set_defaults(func=cmd_doctor)
+    mx = sub.add_parser("matrix", help="build and verify every cell of a matrix file")
+    mx.add_argument("file", help="envspecs/matrix/NAME.yaml")
+    mx.add_argument("-j", "--jobs", type=int, default=2, help="cells at once (default 2)")
+    mode = mx.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--keep-going", action="store_true", default=True, help="run every cell (default)"
+    )
+    mode.add_argument(
+        "--fail-fast", action="store_true", help="stop starting cells after a failure"
+    )
+    mx.add_argument("--out", help="report directory (default .envs/.matrix/NAME/report)")
+    mx.add_argument("--baseline", help="an earlier matrix.json: exit non-zero for regressions only")
+    mx.add_argument("--emit", choices=["github"], help="print a GitHub Actions strategy.matrix")
+    mx.set_defaults(func=cmd_matrix)
+    rp = sub.add_parser("report", help="work with reports")
+    rsub = rp.add_subparsers(dest="report_command", required=True)
+    mg = rsub.add_parser("merge", help="join verify/matrix JSON reports into one matrix report")
+    mg.add_argument("reports", nargs="+")
+    mg.add_argument("--out", default="merged-report", help="directory for the merged reports")
+    mg.add_argument("--name", default="merged")
+    mg.set_defaults(func=cmd_report_merge)
     return p
 
 

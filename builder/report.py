@@ -110,3 +110,66 @@ def terminal(report: Report) -> str:
 
 def markdown(report: Report) -> str:
     return templates().get_template("verify.md.j2").render(report=report.to_json())
+
+
+def matrix_markdown(doc: Mapping[str, Any], regressions: Sequence[str] = ()) -> str:
+    return templates().get_template("matrix.md.j2").render(doc=doc, regressions=list(regressions))
+
+
+def matrix_html(doc: Mapping[str, Any], regressions: Sequence[str] = ()) -> str:
+    # Autoescape here: cell names, reasons and versions come from specs and tool output.
+    env = templates()
+    env.autoescape = True
+    keys = {r.split(" passed before")[0] for r in regressions}
+    return env.get_template("matrix.html.j2").render(
+        doc=doc, regressions=list(regressions), regression_keys=keys
+    )
+
+
+def matrix_junit(doc: Mapping[str, Any]) -> str:
+    """JUnit XML: one testsuite, one testcase per cell x column (what CI test tabs read)."""
+    from xml.etree import ElementTree as ET
+
+    cells = doc.get("cells", [])
+    cases = [(c, col) for c in cells for col in doc.get("columns", [])]
+    failures = sum(1 for c, col in cases if c["columns"].get(col) in ("failed", "error"))
+    skipped = sum(
+        1 for c, col in cases if c["columns"].get(col) not in ("passed", "failed", "error")
+    )
+    suites = ET.Element(
+        "testsuites",
+        name=f"cudaenv matrix {doc.get('name')}",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+    )
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=str(doc.get("name")),
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+        timestamp=str(doc.get("created", "")),
+    )
+    for cell, col in cases:
+        status = cell["columns"].get(col, "-")
+        case = ET.SubElement(suite, "testcase", classname=cell["name"], name=col, time="0")
+        check = next(
+            (c for c in (cell.get("verify") or {}).get("checks", []) if c["name"] == col), None
+        )
+        if check is not None:
+            case.set("time", str(check.get("seconds", 0)))
+        message = (check or {}).get("summary") or cell.get("reason") or status
+        if status in ("failed", "error"):
+            ET.SubElement(case, "failure", message=str(message)[:500], type=status).text = str(
+                message
+            )
+        elif status != "passed":
+            ET.SubElement(case, "skipped", message=f"{status}: {message}"[:500])
+    ET.indent(suites)
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    )
