@@ -34,6 +34,8 @@ class LockedFile:
     sha256: str
     size: int | None = None
     upload_time: str | None = None
+    # Kept only for packages a spec pins to an index: the exact file on that index.
+    url: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,7 @@ class LockedPackage:
     marker: str | None = None
     wheels: tuple[LockedFile, ...] = ()
     sdist: LockedFile | None = None
+    index: str | None = None  # the index the spec pins this package to
 
     @property
     def hashes(self) -> tuple[str, ...]:
@@ -76,7 +79,12 @@ class Lock:
         for pkg in self.packages:
             marker = f" ; {pkg.marker}" if pkg.marker else ""
             hashes = " ".join(f"--hash=sha256:{h}" for h in pkg.hashes)
-            lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
+            pinned = next((f.url for f in pkg.wheels if f.url), None)
+            if pkg.index and pinned:
+                # The exact file of the pinned index: no other index is asked for it.
+                lines.append(f"{pkg.name} @ {pinned}{marker} {hashes}")
+            else:
+                lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
         return "\n".join(lines) + "\n"
 
     def content_hash(self) -> str:
@@ -103,7 +111,9 @@ def _file(entry: dict[str, Any], where: str) -> LockedFile:
         name = url.rsplit("/", 1)[-1]
     size = entry.get("size")
     upload = entry.get("upload-time")
+    raw_url = entry.get("url")
     return LockedFile(
+        url=raw_url if isinstance(raw_url, str) else None,
         name=name,
         sha256=hashes["sha256"],
         size=size if isinstance(size, int) else None,
@@ -132,6 +142,7 @@ def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]
         if not wheels and sdist is None:
             raise ResolveError(f"{here} ({entry['name']}): no wheel or sdist to install")
         marker = entry.get("marker")
+        index = entry.get("index")
         out.append(
             LockedPackage(
                 name=entry["name"],
@@ -139,6 +150,7 @@ def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]
                 marker=marker if isinstance(marker, str) else None,
                 wheels=wheels,
                 sdist=sdist,
+                index=index if isinstance(index, str) else None,
             )
         )
     return tuple(sorted(out, key=lambda p: p.name))
@@ -146,6 +158,8 @@ def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]
 
 def _file_table(f: LockedFile) -> dict[str, Any]:
     table: dict[str, Any] = {"name": f.name}
+    if f.url:
+        table["url"] = f.url
     if f.upload_time:
         try:
             table["upload-time"] = dt.datetime.fromisoformat(f.upload_time)
@@ -169,6 +183,8 @@ def dumps(lock: Lock) -> str:
         table: dict[str, Any] = {"name": pkg.name, "version": pkg.version}
         if pkg.marker:
             table["marker"] = pkg.marker
+        if pkg.index:
+            table["index"] = pkg.index
         if pkg.sdist:
             table["sdist"] = _file_table(pkg.sdist)
         if pkg.wheels:

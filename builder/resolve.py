@@ -8,6 +8,7 @@ sides.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -189,7 +190,7 @@ def uv_compile(
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
         d = Path(tmp)
-        (d / "requirements.in").write_text("\n".join(requirements) + "\n")
+        source = _request_file(d, spec, requirements)
         out = d / "pylock.resolved.toml"
         if seed is not None and seed.is_file():
             # uv prefers the versions already in its output file (as `uv pip compile -o` on an
@@ -199,7 +200,7 @@ def uv_compile(
             proc.uv_bin(),
             "pip",
             "compile",
-            str(d / "requirements.in"),
+            str(source),
             "--python-version",
             spec.python,
             "--python-platform",
@@ -257,6 +258,39 @@ def index_unreachable(output: str) -> str | None:
         if any(m.lower() in line.lower() for m in _NETWORK_MARKERS):
             return line.strip().removeprefix("error:").removeprefix("Caused by:").strip()[:200]
     return None
+
+
+def _request_file(d: Path, spec: EnvSpec, requirements: Sequence[str]) -> Path:
+    """requirements.in, or a pyproject.toml when the spec pins packages to indexes: uv honours
+    per-package index pins (explicit indexes + tool.uv.sources) only there."""
+    if not spec.indexes:
+        path = d / "requirements.in"
+        path.write_text("\n".join(requirements) + "\n")
+        return path
+    urls = sorted({url for _, url in spec.indexes})
+    names = {url: f"pinned-{i}" for i, url in enumerate(urls)}
+    lines = [
+        "[project]",
+        'name = "cudaenv-resolve"',
+        'version = "0"',
+        f"dependencies = {json.dumps(list(requirements))}",
+    ]
+    for url in urls:
+        lines += [
+            "",
+            "[[tool.uv.index]]",
+            f"name = {json.dumps(names[url])}",
+            f"url = {json.dumps(url)}",
+            "explicit = true",
+        ]
+    lines += ["", "[tool.uv.sources]"]
+    lines += [
+        f"{json.dumps(pkg)} = {{ index = {json.dumps(names[url])} }}"
+        for pkg, url in sorted(spec.indexes)
+    ]
+    path = d / "pyproject.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _uv_message(output: str) -> str:
@@ -388,6 +422,7 @@ def resolve(
             )
     constraints = [f"{name}=={version}" for name, version in sorted(pins.items())]
     final = final_compile(spec, requirements, constraints, ())
+    final = Resolution(packages=pin_sources(spec, final.packages), seconds=final.seconds)
     problems = policy_problems(spec, final.packages, pins)
     if problems:
         raise ResolveError(_refusal(spec, problems))
@@ -409,6 +444,35 @@ def resolve(
         notes=tuple(notes),
     )
     return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
+
+
+def pin_sources(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[LockedPackage, ...]:
+    """Keep file URLs only where the spec pins a package to an index (that host is the spec's
+    own choice); every other file is named and hashed and fetched through the machine's index
+    configuration. A pinned package that did not come from its index is refused."""
+    pinned = dict(spec.indexes)
+    out = []
+    for pkg in packages:
+        index = pinned.get(canonicalize_name(pkg.name))
+        if index is None:
+            out.append(
+                replace(
+                    pkg,
+                    index=None,
+                    wheels=tuple(replace(f, url=None) for f in pkg.wheels),
+                    sdist=replace(pkg.sdist, url=None) if pkg.sdist else None,
+                )
+            )
+            continue
+        urls = [f.url for f in (*pkg.wheels, *([pkg.sdist] if pkg.sdist else [])) if f.url]
+        if not urls or not all(
+            u.startswith(index + "/") or u.startswith(index.rsplit("/simple", 1)[0]) for u in urls
+        ):
+            raise ResolveError(
+                f"{spec.name}: {pkg.name} must come from {index} but resolved to {urls or 'no file URL'}"
+            )
+        out.append(replace(pkg, index=index))
+    return tuple(out)
 
 
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:

@@ -42,6 +42,7 @@ TOP_KEYS = (
     "archs",
     "env",
     "verify",
+    "indexes",
 )
 TOOLCHAIN_KEYS = ("source", "components", "path")
 TOOLCHAIN_SOURCES = ("wheels", "system")
@@ -137,6 +138,9 @@ class EnvSpec:
     archs: tuple[str, ...] = ("12.0f",)
     env: tuple[tuple[str, str], ...] = ()
     verify: tuple[str, ...] = CHECKS
+    # package -> the only index it may come from (uv explicit index + source, then the exact
+    # file URL and hash in the lock): a same-named package elsewhere cannot be substituted.
+    indexes: tuple[tuple[str, str], ...] = ()
 
     @property
     def cuda_major(self) -> int:
@@ -166,6 +170,8 @@ class EnvSpec:
                 "components": sorted(self.toolchain.components),
             },
         }
+        if self.indexes:  # only when set, so locks of specs without it stay valid
+            doc["indexes"] = dict(sorted(self.indexes))
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
@@ -619,6 +625,31 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
             problems.add(
                 entry.mark, "env", f"expected a mapping of variables, got {_kind(entry.value)}"
             )
+    indexes: list[tuple[str, str]] = []
+    if "indexes" in data:
+        entry = data["indexes"]
+        if isinstance(entry.value, dict):
+            for key, sub in entry.value.items():
+                sub_path = f"indexes.{key}"
+                where = sub.key_mark or sub.mark
+                if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", key):
+                    problems.add(where, sub_path, "not a package name")
+                    continue
+                url = sub.value
+                if not isinstance(url, str) or not re.match(r"^(https?|file)://\S+$", url):
+                    problems.add(
+                        sub.mark,
+                        sub_path,
+                        f"expected an index URL (https://.../simple), got {_kind(url)}",
+                    )
+                    continue
+                indexes.append((str(canonicalize_name(key)), url.rstrip("/")))
+        else:
+            problems.add(
+                entry.mark,
+                "indexes",
+                f"expected a mapping of package -> index URL, got {_kind(entry.value)}",
+            )
     verify: list[str] = []
     if "verify" in data:
         for text, sub, sub_path in _strings(data["verify"], "verify", problems, "check names"):
@@ -645,6 +676,7 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: _Problems)
         archs=tuple(archs) if "archs" in data else ("12.0f",),
         env=tuple(env),
         verify=tuple(verify) if "verify" in data else CHECKS,
+        indexes=tuple(indexes),
         source=path,
     )
 

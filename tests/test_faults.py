@@ -318,3 +318,86 @@ def test_offline_build_from_a_wheelhouse(tmp_path: Path) -> None:
 
 def test_shipped_specs_are_the_ones_tested() -> None:
     assert (ENVSPECS / "toolchain-cu130.yaml").exists()
+
+
+# --------------------------------------------------------------------------- supply chain
+
+
+def local_index(root: Path, name: str, version: str, body: str) -> str:
+    """A PEP 503 index on disk holding one pure-Python wheel; returns its file:// URL."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": body,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: cudaenv-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        )
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    wheel = root / "simple" / name / f"{name}-{version}-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (wheel.parent / "index.html").write_text(
+        f'<html><body><a href="{wheel.name}#sha256={sha}">{wheel.name}</a></body></html>'
+    )
+    (root / "simple" / "index.html").write_text(
+        f'<html><body><a href="{name}/">{name}</a></body></html>'
+    )
+    return (root / "simple").as_uri()
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None:
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    url = local_index(tmp_path / "idx", "six", "1.16.0", "WHERE = 'the pinned index'\n")
+    base = (ws / TOOLCHAIN).read_text()
+    write(
+        ws / "envspecs" / "pinned.yaml",
+        base.replace("name: toolchain-cu130", "name: pinned")
+        + f"packages: [six==1.16.0]\nindexes: {{six: {url}}}\n",
+    )
+    write(
+        ws / "envspecs" / "open.yaml",
+        base.replace("name: toolchain-cu130", "name: open") + "packages: [six==1.16.0]\n",
+    )
+    cudaenv("build", "envspecs/pinned.yaml", cwd=ws)
+    cudaenv("build", "envspecs/open.yaml", cwd=ws)
+    pinned = lock.read(ws / "envspecs" / "locks" / "pylock.pinned.toml").get("six")
+    opened = lock.read(ws / "envspecs" / "locks" / "pylock.open.toml").get("six")
+    assert pinned is not None and opened is not None
+    assert pinned.index == url
+    assert pinned.wheels[0].url == f"{url}/six/six-1.16.0-py3-none-any.whl"
+    assert opened.index is None and opened.wheels[0].url is None  # no index host committed
+    assert pinned.hashes != opened.hashes  # the same name on the public index is another file
+    code = "import six; print(getattr(six, 'WHERE', 'public six'))"
+    got = subprocess.run(
+        [ws / ".envs" / "pinned" / "bin" / "python", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert got.stdout.strip() == "the pinned index"
+    got = subprocess.run(
+        [ws / ".envs" / "open" / "bin" / "python", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert got.stdout.strip() == "public six"
+    # A file swapped on the pinned index after locking is refused at install, naming it.
+    local_index(tmp_path / "idx", "six", "1.16.0", "WHERE = 'swapped'\n")
+    done = cudaenv("build", "envspecs/pinned.yaml", "--force", cwd=ws, check=False)
+    assert done.returncode == 4, done.stderr
+    assert "six" in done.stderr and "hash" in done.stderr.lower()
