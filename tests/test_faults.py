@@ -101,6 +101,60 @@ def test_an_unreachable_index_is_one_line_exit_3(tmp_path: Path) -> None:
     assert lines[0].endswith("`cudaenv build --offline --wheelhouse DIR`")
 
 
+def test_an_index_that_times_out_is_one_line_exit_3(tmp_path: Path) -> None:
+    """A server on loopback that accepts and never answers: uv's timeout, then one line."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                held.append(conn)  # never answer
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        ws = workspace(tmp_path, "toolchain-cu130.yaml")
+        (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+        index = f"http://127.0.0.1:{port}/simple"
+        started = time.monotonic()
+        done = cudaenv(
+            "lock",
+            TOOLCHAIN,
+            cwd=ws,
+            check=False,
+            env={
+                "UV_INDEX_URL": index,
+                "UV_DEFAULT_INDEX": index,
+                "UV_HTTP_TIMEOUT": "2",
+                "UV_HTTP_RETRIES": "0",
+                "UV_CACHE_DIR": str(tmp_path / "cache"),
+            },
+        )
+        assert time.monotonic() - started < 120
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        server.close()
+    assert done.returncode == 3, done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1
+    assert lines[0].startswith("error: toolchain-cu130: the package index did not answer (")
+
+
 def test_a_missing_python_is_one_line_exit_6(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     text = (ws / TOOLCHAIN).read_text().replace('python: "3.12"', 'python: "3.99"')
