@@ -25,6 +25,9 @@ from packaging.version import InvalidVersion, Version
 
 from builder.errors import SpecError
 
+# libyaml's safe loader when PyYAML has it (10x faster, same marks); the pure one otherwise.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 MAX_SPEC_BYTES = 256 * 1024
 MAX_DEPTH = 32
 MAX_NODES = 20_000
@@ -322,7 +325,7 @@ def _compose(path: Path, display: str, problems: _Problems) -> Item | None:
         problems.add(Mark(display, line, col), "", f"not UTF-8 (byte 0x{raw[exc.start]:02x})")
         return None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         m = exc.problem_mark or exc.context_mark
         mark = Mark(display, m.line + 1, m.column + 1) if m else Mark(display, 1, 1)
