@@ -317,6 +317,23 @@ class Bench:
             goal="≤ 1.1",
             met=ratio <= 1.1,
         )
+        startup = Timing()
+        for _ in range(self.runs):
+            startup.samples.append(
+                timed(
+                    lambda: sh(
+                        [sys.executable, "-c", "import builder.cli"], env={"PYTHONPATH": str(REPO)}
+                    )
+                )
+            )
+        relock.figures["python start + cudaenv imports"] = startup.to_json()
+        if not relock.met:
+            relock.note = (
+                f"cudaenv's uv call is the same command as the anchor; the difference "
+                f"({ta.median - tb.median:.2f} s) is cudaenv's own Python: interpreter start and "
+                f"imports take {startup.median:.2f} s of it, the rest is reading the spec and "
+                "writing the lock"
+            )
         return [plan_case, relock]
 
     def verify(self) -> Case:
@@ -538,6 +555,7 @@ def render_png(doc: dict[str, Any], out: Path) -> None:
             fontsize=8,
         )
     ax.axvline(1.0, color="#555", linewidth=0.8)
+    ax.set_xlim(0, max(c["ratio"] for c in cases) * 1.6)
     ax.set_xlabel("ratio (lower is better)")
     ax.set_title(f"cudaenv vs its anchors, {doc['date']}")
     ax.invert_yaxis()

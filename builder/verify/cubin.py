@@ -37,7 +37,7 @@ def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
                 + (done.stderr.strip().splitlines() or ["?"])[-1],
             )
     dists = sorted(tool_dir.glob("nvidia_cuda_cuobjdump-*.dist-info"))
-    version = dists[-1].name.split("-")[1] if dists else "?"
+    version = dists[-1].name.removesuffix(".dist-info").split("-")[1] if dists else "?"
     return exe, f"{exe} (nvidia-cuda-cuobjdump {version})"
 
 
