@@ -59,6 +59,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
         previous = None if args.upgrade else out
         plan = resolve.resolve(s, command=_command(["lock", str(path)]), previous=previous)
         lock.write(plan.lock, out)
+        for note in plan.lock.notes:
+            _progress(f"note: {note}")
         _progress(
             f"wrote {out}: {len(plan.lock.packages)} packages, torch {plan.lock.torch or '-'} "
             f"(CUDA {plan.lock.torch_cuda or '-'}), cuda-toolkit {plan.lock.toolkit or '-'} "

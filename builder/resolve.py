@@ -471,6 +471,16 @@ def resolve(
     problems = policy_problems(spec, final.packages, pins)
     if problems:
         raise ResolveError(_refusal(spec, problems))
+    names = {canonicalize_name(p.name) for p in final.packages}
+    if (
+        spec.toolchain.source == "wheels"
+        and "flashinfer-python" in names
+        and "nvidia-curand" not in names
+    ):
+        notes.append(
+            "FlashInfer's sampling kernels include <curand.h> but no nvidia-curand is in the set: "
+            "add 'curand' to toolchain.components (torch 2.15 no longer pulls it)"
+        )
     for pkg in final.packages:
         major = channels.major_suffix(pkg.name)
         if major is not None and major != spec.cuda_major:

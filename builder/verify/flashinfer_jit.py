@@ -3,9 +3,23 @@ own cache (FLASHINFER_WORKSPACE_BASE = var/flashinfer); an unchanged env reuses 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+
+# Header -> the cuda-toolkit component (extra) that ships it. torch 2.15 stopped pulling
+# nvidia-curand, and FlashInfer's sampling.cuh includes <curand.h>.
+HEADER_COMPONENT = (
+    ("curand", "curand"),
+    ("cublas", "cublas"),
+    ("cusparse", "cusparse"),
+    ("cufft", "cufft"),
+    ("cusolver", "cusolver"),
+    ("nvrtc", "nvrtc"),
+    ("nvtx3/", "nvtx"),
+    ("cupti", "cupti"),
+)
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
@@ -25,17 +39,30 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     if facts.flashinfer_error or "error" in jit or "library" not in jit:
         error = str(jit.get("error") or facts.flashinfer_error or "no JIT result")
         hint = ""
+        fix = "check the toolchain check first; rebuild the env with `cudaenv build SPEC`"
         if "cannot find -lcudart" in error or "cannot find -lcuda" in error:
             hint = (
                 " (CUDA_HOME lacks lib64/libcudart.so or lib64/stubs/libcuda.so: flashinfer#5064)"
             )
+        missing = re.search(r"fatal error: ([\w/.]+\.h): No such file", error)
+        if missing:
+            header = missing.group(1)
+            component = next(
+                (c for prefix, c in HEADER_COMPONENT if header.startswith(prefix)), None
+            )
+            hint = f" (the toolkit has no {header})"
+            if component:
+                fix = (
+                    f"add '{component}' to the spec's toolchain.components (it ships {header}), "
+                    "then `cudaenv lock SPEC` and `cudaenv build SPEC`"
+                )
         return CheckResult(
             name="flashinfer-jit",
             status=FAILED,
             summary=f"FlashInfer's sampling module did not build{hint}",
             evidence=(*evidence, ("error", error[-3000:])),
             seconds=seconds,
-            fix="check the toolchain check first; rebuild the env with `cudaenv build SPEC`",
+            fix=fix,
         )
     library = Path(str(jit["library"]))
     evidence.append(("library", str(library)))
