@@ -299,8 +299,12 @@ def test_sampling_check_plumbing_with_a_fake_gpu(
 
 
 def test_flashinfer_jit_names_the_component_a_missing_header_needs() -> None:
-    error = "sampling.cuh:21:10: fatal error: curand.h: No such file or directory\n#include <curand.h>"
+    error = (
+        "sampling.cuh:21:10: fatal error: curand.h: No such file or directory\n#include <curand.h>"
+    )
     result = flashinfer_jit.check(TARGET, facts(jit={"error": error, "seconds": 24.0}))
     assert result.status == FAILED
-    assert result.summary == "FlashInfer's sampling module did not build (the toolkit has no curand.h)"
+    assert (
+        result.summary == "FlashInfer's sampling module did not build (the toolkit has no curand.h)"
+    )
     assert result.fix.startswith("add 'curand' to the spec's toolchain.components")
