@@ -207,7 +207,7 @@ def test_toolchain_fails_without_nvcc_even_if_flashinfer_falls_back() -> None:
 
 def test_flashinfer_jit_verdicts() -> None:
     assert flashinfer_jit.check(TARGET, facts()).status == PASSED
-    outside = facts(jit={"library": "/root/.cache/flashinfer/sampling.so", "reused": True})
+    outside = facts(jit={"library": "/home/user/.cache/flashinfer/sampling.so", "reused": True})
     assert flashinfer_jit.check(TARGET, outside).status == FAILED
     link = facts(jit={"error": "ld: cannot find -lcudart", "seconds": 3.0})
     result = flashinfer_jit.check(TARGET, link)
