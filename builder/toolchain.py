@@ -65,7 +65,11 @@ def templates() -> jinja2.Environment:
 
 
 def _load_template(name: str) -> str:
-    return resources.files("builder.templates").joinpath(name).read_text()
+    try:
+        return resources.files("builder.templates").joinpath(name).read_text()
+    except ModuleNotFoundError:
+        # Run from a source tree on PYTHONPATH (not installed): templates/ sits beside builder/.
+        return (Path(__file__).resolve().parent.parent / "templates" / name).read_text()
 
 
 def site_packages(venv: Path) -> Path:

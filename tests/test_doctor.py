@@ -382,3 +382,13 @@ def test_cli_json_and_exit_codes(
     assert done.returncode == 1
     assert done.stdout.splitlines()[0].startswith(f"no nvcc at {tmp_path / 'empty'}/bin/nvcc")
     assert "Traceback" not in done.stderr
+
+
+def test_deep_on_an_env_without_torch_or_flashinfer_is_healthy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bare = FakeEnv(tmp_path)
+    monkeypatch.setenv("CUDA_HOME", str(fake_nvcc(tmp_path / "cuda-13.0", "13.0")))
+    facts, findings, _ = doctor.probe(str(bare.python), deep=True)
+    assert facts is not None
+    assert problems(findings) == []

@@ -251,6 +251,8 @@ def deep() -> dict[str, object]:
         except Exception as exc:
             t["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
         out["torch"] = t
+    except ImportError as exc:
+        out["torch"] = {"installed": False, "error": str(exc)}
     except Exception as exc:
         out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
     try:
