@@ -25,8 +25,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-LOCK_DIR = Path("envspecs") / "locks"
-
 
 @dataclass(frozen=True, kw_only=True)
 class LockedFile:
@@ -93,10 +91,6 @@ class Lock:
         for pkg in self.packages:
             h.update(f"{pkg.name}=={pkg.version};{','.join(sorted(pkg.hashes))}\n".encode())
         return "sha256:" + h.hexdigest()
-
-
-def lock_path(spec_name: str, root: Path | None = None) -> Path:
-    return (root or Path.cwd()) / LOCK_DIR / f"pylock.{spec_name}.toml"
 
 
 def _file(entry: dict[str, Any], where: str) -> LockedFile:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import platform
-import shlex
 import shutil
 import sys
 import tempfile
@@ -22,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -533,11 +531,3 @@ def pin_sources(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[Locke
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:
     head = f"{spec.name} ({spec.source}): refused by the matching policy, nothing was installed:"
     return head + "".join(f"\n  - {p}" for p in problems)
-
-
-def requested_names(spec: EnvSpec) -> list[str]:
-    return [canonicalize_name(Requirement(r).name) for r in spec.packages]
-
-
-def shell_command(argv: Sequence[str]) -> str:
-    return shlex.join(argv)
