@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from flashinfer_light import import_flashinfer_jit
+from flashinfer_light import cuda_facts
 
 # Bounds every nvcc/compiler call: an nvcc that hangs (a dead NFS mount, a wrapper waiting on a
 # license server) becomes a fact, not a hung doctor.
@@ -255,19 +255,7 @@ def deep() -> dict[str, object]:
         out["torch"] = {"installed": False, "error": str(exc)}
     except Exception as exc:
         out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-    try:
-        cpp_ext, how = import_flashinfer_jit("cpp_ext")
-        fi: dict[str, object] = {"import": how}
-        try:
-            fi["cuda_path"] = str(cpp_ext.get_cuda_path())
-            fi["cuda_version"] = str(cpp_ext.get_cuda_version())
-        except Exception as exc:
-            fi["error"] = "%s: %s" % (type(exc).__name__, exc)
-        out["flashinfer"] = fi
-    except ImportError as exc:
-        out["flashinfer"] = {"installed": False, "error": str(exc)}
-    except Exception as exc:
-        out["flashinfer"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    out["flashinfer"] = cuda_facts()
     out["seconds"] = time.monotonic() - started
     return out
 

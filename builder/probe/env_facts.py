@@ -12,31 +12,21 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
-from flashinfer_light import import_flashinfer_jit
+from doctor_probe import nvcc_info, which
+from flashinfer_light import cuda_facts, import_flashinfer_jit
 
 
 def nvcc_release(cuda_home: str) -> dict[str, object]:
-    nvcc = os.path.join(cuda_home, "bin", "nvcc")
-    out: dict[str, object] = {"path": nvcc}
-    if not os.path.exists(nvcc):
+    info = nvcc_info(cuda_home)
+    out: dict[str, object] = {"path": info["nvcc"]}
+    if not info["exists"]:
         out["error"] = "no bin/nvcc"
-        return out
-    try:
-        text = subprocess.run(
-            [nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        return out
-    m = re.search(r"release (\d+\.\d+),", text)
-    if m:
-        out["release"] = m.group(1)
-    else:
-        out["error"] = f"no 'release X.Y' in: {text.strip()[:200]!r}"
+    for key in ("release", "error"):
+        if key in info:
+            out[key] = info[key]
     return out
 
 
@@ -79,20 +69,8 @@ def torch_facts() -> dict[str, object]:
 
 
 def flashinfer_facts(jit: bool) -> dict[str, object]:
-    try:
-        cpp_ext, how = import_flashinfer_jit("cpp_ext")
-        from flashinfer.version import __version__ as version
-    except ImportError as exc:
-        return {"installed": False, "error": str(exc)}
-    except Exception as exc:
-        return {"installed": True, "error": f"{type(exc).__name__}: {exc}"}
-    out: dict[str, object] = {"installed": True, "version": version, "import": how}
-    try:
-        out["cuda_path"] = str(cpp_ext.get_cuda_path())
-        out["cuda_version"] = str(cpp_ext.get_cuda_version())
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    if jit:
+    out: dict[str, object] = cuda_facts()
+    if jit and "version" in out:  # imported; the JIT runs even if get_cuda_* failed
         out["jit"] = jit_sampling()
     return out
 
@@ -131,7 +109,7 @@ def main() -> int:
                 "FLASHINFER_WORKSPACE_BASE",
             )
         },
-        "path_nvcc": _which("nvcc"),
+        "path_nvcc": which("nvcc"),
         "cuda_home": cuda_home,
         "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
         "cudart": cudart(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
@@ -140,14 +118,6 @@ def main() -> int:
     facts["flashinfer"] = flashinfer_facts(jit)
     print(json.dumps(facts))
     return 0
-
-
-def _which(name: str) -> str | None:
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
 
 
 if __name__ == "__main__":

@@ -46,3 +46,21 @@ def import_flashinfer_jit(module: str) -> tuple[Any, str]:
             if previous is not None:
                 sys.modules[name] = previous
         return importlib.import_module(f"flashinfer.jit.{module}"), "import flashinfer"
+
+
+def cuda_facts() -> dict[str, object]:
+    """FlashInfer's own get_cuda_path() / get_cuda_version(), or why they could not be asked."""
+    try:
+        cpp_ext, how = import_flashinfer_jit("cpp_ext")
+        from flashinfer.version import __version__ as version
+    except ImportError as exc:
+        return {"installed": False, "error": str(exc)}
+    except Exception as exc:  # a broken install is a fact, not a crash
+        return {"installed": True, "error": "%s: %s" % (type(exc).__name__, exc)}
+    out: dict[str, object] = {"installed": True, "version": version, "import": how}
+    try:
+        out["cuda_path"] = str(cpp_ext.get_cuda_path())
+        out["cuda_version"] = str(cpp_ext.get_cuda_version())
+    except Exception as exc:
+        out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    return out
