@@ -63,6 +63,13 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def fast(session: nox.Session) -> None:
+    """Unit tests only: no network, no full builds; well under a minute."""
+    _install(session, "test")
+    session.run("pytest", "-m", "not network and not e2e", *session.posargs)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Time cudaenv against raw uv and pip; writes benchmarks/results.{json,md,png}.
     Not part of the tests: the full run downloads the default stack cold twice and runs a

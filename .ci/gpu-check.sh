@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The one prepared GPU check for a session lent the device machine; CI never runs it.
-#   run(command="bash .ci/gpu-check.sh", timeout_s=420)
-# There: one H200 (SM 9.0), driver 580, python3 3.12 with torch 2.11+cu130 (and pyyaml, jinja2,
+# The GPU check, run by hand on a machine with an NVIDIA GPU (CI machines have none):
+#   bash .ci/gpu-check.sh      (reports land in $OUT, default /tmp/cudaenv-gpu-out)
+# It was written for a box with one H200 (SM 9.0), driver 580, python3 3.12 with torch 2.11+cu130 (and pyyaml, jinja2,
 # packaging, pytest, hypothesis), nvcc 13.0 in /usr/local/cuda, and no package index. So this
 # verifies that interpreter (`--python`) with the machine's toolkit: our kernel compiled for the
 # GPU's arch and run against the reference, the doctor's view, and the gpu tests. FlashInfer is

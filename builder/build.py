@@ -16,7 +16,6 @@ import ctypes.util
 import datetime as dt
 import errno
 import fcntl
-import json
 import logging
 import os
 import platform
@@ -27,16 +26,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, interpreters, proc, toolchain
+from builder import __version__, archs, interpreters, manifest, proc, toolchain
+from builder.archs import Arch
 from builder.errors import BuildError
 from builder.lock import Lock
-from builder.spec import Arch, EnvSpec
+from builder.manifest import Manifest
+from builder.paths import ENVS_DIR
+from builder.spec import EnvSpec
 
 log = logging.getLogger("cudaenv")
 
-MANIFEST = "cudaenv.json"
-MANIFEST_SCHEMA = 1
-ENVS_DIR = Path(".envs")
 
 Progress = Callable[[str], None]
 
@@ -44,8 +43,7 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True, kw_only=True)
 class BuildResult:
     path: Path
-    manifest: dict[str, object]
-    stages: tuple[tuple[str, float], ...]
+    manifest: Manifest
     reused: bool = False
 
 
@@ -58,21 +56,22 @@ class Source:
     offline: bool = False
 
 
-def up_to_date(target: Path, spec: EnvSpec, lock: Lock) -> dict[str, object] | None:
+def up_to_date(
+    target: Path, spec: EnvSpec, lock: Lock, env_archs: tuple[Arch, ...]
+) -> Manifest | None:
     """The manifest of ``target`` when it was built from exactly this lock, spec and archs."""
-    try:
-        manifest = read_manifest(target)
-    except BuildError:
+    found = manifest.try_read(target)
+    if found is None:
         return None
     same = (
-        manifest.get("lock_hash") == lock.content_hash()
-        and manifest.get("fingerprint") == spec.fingerprint()
-        and manifest.get("archs") == env_archs(spec)
-        and manifest.get("env") == dict(spec.env)
-        and manifest.get("cudaenv") == __version__
+        found.lock_hash == lock.content_hash()
+        and found.fingerprint == spec.fingerprint()
+        and found.archs == env_archs
+        and found.env == spec.env
+        and found.cudaenv == __version__
         and (target / "bin" / "python").exists()
     )
-    return manifest if same else None
+    return found if same else None
 
 
 def fault_point(name: str, progress: Progress) -> None:
@@ -101,50 +100,6 @@ def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path) -> None:
         raise BuildError(
             f"{lock_file} is for {lock.platform}; this machine is {platform.machine()}"
         )
-
-
-# --------------------------------------------------------------------------- GPUs
-
-
-def visible_gpu_archs(cuda: str) -> list[str]:
-    """Compute capability of each visible GPU, normalised as FlashInfer does: ``9.0a``,
-    ``10.0a``, ``12.0f`` (``12.0a`` below CUDA 12.9). Empty without a driver."""
-    smi = proc.which("nvidia-smi")
-    if not smi:
-        return []
-    try:
-        done = proc.run(
-            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20, check=False
-        )
-    except (proc.CommandFailed, OSError):
-        return []
-    out: list[str] = []
-    for line in done.stdout.split():
-        try:
-            major, minor = (int(x) for x in line.strip().split("."))
-        except ValueError:
-            continue
-        out.append(normalise_arch(major, minor, cuda))
-    return out
-
-
-def normalise_arch(major: int, minor: int, cuda: str) -> str:
-    cmaj, cmin = (int(x) for x in cuda.split("."))
-    if major >= 12 and (cmaj, cmin) >= (12, 9):
-        return f"{major}.{minor}f"
-    if major >= 9:
-        return f"{major}.{minor}a"
-    return f"{major}.{minor}"
-
-
-def env_archs(spec: EnvSpec) -> list[str]:
-    """The spec's archs plus every visible GPU's (DESIGN.md: pinning only the spec's list
-    would compile 12.0f alone on an H100 box and fail there with "no kernel image")."""
-    archs = list(spec.archs)
-    for arch in visible_gpu_archs(spec.cuda):
-        if arch not in archs:
-            archs.append(arch)
-    return [str(Arch.parse(a)) for a in archs]
 
 
 # --------------------------------------------------------------------------- atomic swap
@@ -219,14 +174,6 @@ def env_lock(target: Path, progress: Progress) -> Iterator[None]:
 # --------------------------------------------------------------------------- build
 
 
-def _uv_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
-    # Hard links from uv's cache where the filesystem allows: a warm build is ~2.5 s (FACTS §6).
-    env.setdefault("UV_LINK_MODE", "hardlink")
-    return env
-
-
 def build(
     spec: EnvSpec,
     lock: Lock,
@@ -239,12 +186,9 @@ def build(
 ) -> BuildResult:
     source = source or Source()
     check_lock(spec, lock, lock_file)
-    stages: list[tuple[str, float]] = []
 
     def stage(name: str, started: float) -> None:
-        took = time.monotonic() - started
-        stages.append((name, took))
-        progress(f"{name}: {took:.1f} s")
+        progress(f"{name}: {time.monotonic() - started:.1f} s")
 
     if spec.toolchain.source == "system":
         t = time.monotonic()
@@ -259,12 +203,13 @@ def build(
     with env_lock(target, progress):
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
-        current = up_to_date(target, spec, lock)
+        env_archs = archs.env_archs(spec.archs, spec.cuda)
+        current = up_to_date(target, spec, lock, env_archs)
         if current is not None and not force:
             progress(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
             )
-            return BuildResult(path=target, manifest=current, stages=tuple(stages), reused=True)
+            return BuildResult(path=target, manifest=current, reused=True)
         t = time.monotonic()
         interp = interpreters.find(spec.python, allow_download=not source.offline)
         stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
@@ -275,7 +220,9 @@ def build(
         tmp.chmod(0o777 & ~umask)
         try:
             try:
-                result = _build_into(spec, lock, interp, tmp, target, stage, progress, source)
+                result = _build_into(
+                    spec, lock, interp, tmp, target, env_archs, stage, progress, source
+                )
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     raise BuildError(_no_space(tmp)) from exc
@@ -291,7 +238,7 @@ def build(
             # CLI), the previous env is untouched; only our own tree goes.
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return BuildResult(path=target, manifest=result, stages=tuple(stages))
+    return BuildResult(path=target, manifest=result)
 
 
 def _build_into(
@@ -300,17 +247,18 @@ def _build_into(
     interp: interpreters.Interpreter,
     tmp: Path,
     target: Path,
+    env_archs: tuple[Arch, ...],
     stage: Callable[[str, float], None],
     progress: Progress,
     source: Source,
-) -> dict[str, object]:
+) -> Manifest:
     uv = proc.uv_bin()
     t = time.monotonic()
     # --relocatable: built here, used at `target` after the swap (entry points and activate
     # find their env at run time instead of baking the temporary path in).
     proc.run(
         [uv, "venv", "--quiet", "--relocatable", "--python", str(interp.path), str(tmp / "venv")],
-        env=_uv_env(),
+        env=proc.uv_env(),
     )
     venv = tmp / "venv"
     # The venv lives one level down only while building so the tmp dir holds nothing else;
@@ -324,7 +272,7 @@ def _build_into(
     req.parent.mkdir(parents=True, exist_ok=True)
     req.write_text(lock.requirements_txt())
     progress(
-        f"installing {len(lock.packages)} packages from {lock_file_name(spec)} (hashes required)"
+        f"installing {len(lock.packages)} packages from the lock of {spec.name} (hashes required)"
     )
     try:
         argv = [uv, "pip", "sync", "--require-hashes", "--python", str(tmp / "bin" / "python")]
@@ -333,7 +281,7 @@ def _build_into(
             argv += ["--no-index", "--find-links", str(source.wheelhouse)]
         if source.offline:
             argv.append("--offline")
-        proc.run([*argv, str(req)], env=_uv_env(), stream=True)
+        proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         if "No space left on device" in exc.output:
             raise BuildError(_no_space(tmp)) from exc
@@ -347,37 +295,34 @@ def _build_into(
         overlay = toolchain.wheel_overlay(tmp, spec)
     else:
         overlay = toolchain.system_overlay(tmp, spec)
-    archs = env_archs(spec)
     fault_point("hooks", progress)
-    toolchain.write_hooks(tmp, spec, archs)
+    toolchain.write_hooks(tmp, spec, env_archs)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
     _check_hook(tmp)
-    manifest: dict[str, object] = {
-        "schema_version": MANIFEST_SCHEMA,
-        "name": spec.name,
-        "spec": str(spec.source),
-        "fingerprint": spec.fingerprint(),
-        "lock_hash": lock.content_hash(),
-        "python": interp.version,
-        "cuda": spec.cuda,
-        "torch": lock.torch,
-        "torch_cuda": lock.torch_cuda,
-        "toolkit": lock.toolkit,
-        "nvcc": overlay.nvcc_release,
-        "toolchain_source": spec.toolchain.source,
-        "archs": archs,
-        "spec_archs": list(spec.archs),
-        "packages": {p.name: p.version for p in lock.packages},
-        "env": dict(spec.env),
-        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cudaenv": __version__,
-        "path": str(target),
-    }
-    out = tmp / MANIFEST
-    out.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    built = Manifest(
+        name=spec.name,
+        spec=str(spec.source),
+        fingerprint=spec.fingerprint(),
+        lock_hash=lock.content_hash(),
+        python=interp.version,
+        cuda=spec.cuda,
+        torch=lock.torch,
+        torch_cuda=lock.torch_cuda,
+        toolkit=lock.toolkit,
+        nvcc=overlay.nvcc_release,
+        toolchain_source=spec.toolchain.source,
+        archs=env_archs,
+        spec_archs=spec.archs,
+        packages=tuple((p.name, p.version) for p in lock.packages),
+        env=spec.env,
+        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cudaenv=__version__,
+        path=str(target),
+    )
+    manifest.write(built, tmp)
     stage("manifest and hook self-check", t)
-    return manifest
+    return built
 
 
 def _no_space(tmp: Path) -> str:
@@ -387,10 +332,6 @@ def _no_space(tmp: Path) -> str:
         "free); free space there or pass --env-dir on a larger filesystem. Nothing was "
         "replaced: the previous env, if any, is intact"
     )
-
-
-def lock_file_name(spec: EnvSpec) -> str:
-    return f"pylock.{spec.name}.toml"
 
 
 def _check_hook(venv: Path) -> None:
@@ -405,13 +346,3 @@ def _check_hook(venv: Path) -> None:
     got = done.stdout.strip()
     if os.path.realpath(got) != os.path.realpath(venv / "cuda-home"):
         raise BuildError(f"{venv}: the start-up hook did not set CUDA_HOME (got {got!r})")
-
-
-def read_manifest(env_dir: Path) -> dict[str, object]:
-    try:
-        data = json.loads((env_dir / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise BuildError(f"{env_dir}: no readable {MANIFEST}; not an env built by cudaenv") from exc
-    if not isinstance(data, dict):
-        raise BuildError(f"{env_dir}/{MANIFEST}: not a JSON object")
-    return data

@@ -8,34 +8,15 @@ never kept in a table.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-# cuda-toolkit extra -> the CUDA 13 package it pins. CUDA 13 dropped the -cu13 suffix
-# (the old -cu13 names are deprecated stubs, FACTS §2).
-CU13_COMPONENT_PACKAGES = {
-    "nvcc": "nvidia-cuda-nvcc",
-    "cudart": "nvidia-cuda-runtime",
-    "crt": "nvidia-cuda-crt",
-    "nvvm": "nvidia-nvvm",
-    "cccl": "nvidia-cuda-cccl",
-    "cublas": "nvidia-cublas",
-    "cufft": "nvidia-cufft",
-    "curand": "nvidia-curand",
-    "cusolver": "nvidia-cusolver",
-    "cusparse": "nvidia-cusparse",
-    "nvjitlink": "nvidia-nvjitlink",
-    "nvrtc": "nvidia-cuda-nvrtc",
-    "cupti": "nvidia-cuda-cupti",
-    "nvtx": "nvidia-nvtx",
-    "cuobjdump": "nvidia-cuda-cuobjdump",
-    "nvdisasm": "nvidia-cuda-nvdisasm",
-}
+from builder import proc
+from builder.paths import cache_dir
 
 # Packages whose version IS the CUDA version (major.minor.build): they tell the CUDA minor
 # of a set. Library packages (cufft 12.0.x ships with CUDA 13.0) do not, so rule 2 compares
@@ -108,11 +89,6 @@ def multi_major_by_design(name: str) -> bool:
     return canonicalize_name(name).startswith(MULTI_MAJOR_BY_DESIGN)
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaenv"
-
-
 def read_cached_pins(key: str) -> dict[str, str] | None:
     path = cache_dir() / "channels" / f"{key}.json"
     try:
@@ -126,10 +102,36 @@ def read_cached_pins(key: str) -> dict[str, str] | None:
 
 def write_cached_pins(key: str, pins: dict[str, str]) -> None:
     path = cache_dir() / "channels" / f"{key}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(pins, sort_keys=True, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache that cannot be written only costs a re-query
+    # A cache that cannot be written only costs a re-query.
+    with contextlib.suppress(OSError):
+        proc.atomic_write_text(path, json.dumps(pins, sort_keys=True, indent=1))
+
+
+# A header a compile could not find -> the cuda-toolkit component (extra) that ships it.
+# torch 2.15 stopped pulling nvidia-curand, and FlashInfer's sampling.cuh includes <curand.h>;
+# CUB, Thrust and libcu++ come with CCCL.
+HEADER_COMPONENT = (
+    ("cub/", "cccl"),
+    ("thrust/", "cccl"),
+    ("cuda/", "cccl"),
+    ("nv/", "cccl"),
+    ("curand", "curand"),
+    ("cublas", "cublas"),
+    ("cusparse", "cusparse"),
+    ("cufft", "cufft"),
+    ("cusolver", "cusolver"),
+    ("nvrtc", "nvrtc"),
+    ("nvtx3/", "nvtx"),
+    ("cupti", "cupti"),
+)
+
+
+def missing_header(error: str) -> tuple[str, str | None] | None:
+    """(header, the component that ships it) when a compile failed on a missing header."""
+    m = re.search(r"(?:fatal error|catastrophic error): (?:cannot open source file )?\"?"
+                  r"([\w/.+-]+\.(?:h|hpp|cuh))\"?(?:: No such file)?", error)  # fmt: skip
+    if not m:
+        return None
+    header = m.group(1)
+    component = next((c for prefix, c in HEADER_COMPONENT if header.startswith(prefix)), None)
+    return header, component

@@ -1,4 +1,4 @@
-"""argparse front end: the only place that prints errors and exits."""
+"""The command line: argparse, and the only place that prints errors and exits."""
 
 from __future__ import annotations
 
@@ -12,29 +12,52 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from builder import __version__, lock, resolve, spec
+from builder import __version__, archs, lock, resolve, spec
+from builder.errors import (
+    BuildError,
+    CommandFailed,
+    CudaenvError,
+    ReportError,
+    SpecError,
+    ToolMissing,
+    UsageError,
+    VerifyFailed,
+)
 
 if TYPE_CHECKING:
-    from builder import verify
+    from builder import report, verify
+    from builder.manifest import Manifest
 
 # build, verify, report, doctor and export pull in jinja2 and more: they are imported by the
 # commands that use them, so `cudaenv lock` and `plan` start in a few milliseconds.
-from builder.errors import BuildError, CudaenvError, SpecError, VerifyFailed
-from builder.proc import CommandFailed
 
 log = logging.getLogger("cudaenv")
 
+DESCRIPTION = """\
+cudaenv puts a matched CUDA toolchain next to torch, FlashInfer and sglang in an isolated
+venv, from one declarative spec file, and proves it works by compiling and running real
+kernels.
+
+SPEC is a spec file (envspecs/NAME.yaml): the torch / CUDA / FlashInfer / sglang combination,
+the Python, the toolkit components and the GPU archs. Wherever a SPEC is taken, FILE:CELL
+names one cell of a matrix file instead (envspecs/matrix/release.yaml:sm12.0f), as CI
+runners get it from `cudaenv matrix FILE --emit github`.
+
+Exit codes: 0 ok; 1 other; 2 bad input (spec, matrix, report, argument); 3 refused or
+unresolvable set; 4 build failed; 5 a check failed; 6 a tool is missing; 130 interrupted.
+"""
+
+QUIET_PROGRESS = False
+
 
 def _progress(msg: str) -> None:
-    print(f"cudaenv: {msg}", file=sys.stderr, flush=True)
-
-
-def _lock_file(s: spec.EnvSpec) -> Path:
-    return s.source.parent / "locks" / f"pylock.{s.name}.toml"
+    if not QUIET_PROGRESS:
+        print(f"cudaenv: {msg}", file=sys.stderr, flush=True)
 
 
 def _command(argv: Sequence[str]) -> str:
@@ -43,12 +66,16 @@ def _command(argv: Sequence[str]) -> str:
 
 def _load_spec(arg: Path | str) -> spec.EnvSpec:
     """A spec path, or MATRIX.yaml:CELL for one cell of a matrix (what CI runners get)."""
-    text = str(arg)
-    if ":" in text:
-        from builder import matrix
+    from builder import matrix
 
-        return spec.load(matrix.resolve_spec_arg(text))
+    cell = matrix.split_cell_arg(str(arg))
+    if cell is not None:
+        return spec.load(matrix.load(cell[0]).cell(cell[1]).spec_path)
     return spec.load(arg)
+
+
+def _lock_file(s: spec.EnvSpec) -> Path:
+    return lock.lock_path(s.source, s.name)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
@@ -56,8 +83,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
         s = _load_spec(path)
         _progress(f"resolving {s.name} ({path}) with uv")
         out = _lock_file(s)
-        previous = None if args.upgrade else out
-        plan = resolve.resolve(s, command=_command(["lock", str(path)]), previous=previous)
+        plan = resolve.resolve(
+            s, command=_command(["lock", str(path)]), previous=None if args.upgrade else out
+        )
         lock.write(plan.lock, out)
         for note in plan.lock.notes:
             _progress(f"note: {note}")
@@ -75,8 +103,7 @@ def _current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
         current = lock.read(path)
         if current.fingerprint == s.fingerprint():
             return current, f"{path} (up to date)"
-        if not fresh:
-            return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
+        return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
     return resolve.resolve(s).lock, "a fresh resolution"
 
 
@@ -92,7 +119,7 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
             "cuda-toolkit",
             lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-"),
         ),
-        ("archs", " ".join(s.archs)),
+        ("archs", archs.flashinfer_spelling(s.archs)),
     ]
     interesting = ("nvidia-", "cuda-toolkit", "flashinfer", "sglang", "sgl-kernel", "triton")
     for p in lk.packages:
@@ -113,129 +140,277 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ensure_lock(s: spec.EnvSpec, path: Path | str, *, offline: bool, relock: bool) -> lock.Lock:
+    """The spec's lock: resolved first when missing (or, with ``relock``, when stale)."""
+    lock_file = _lock_file(s)
+    if lock_file.exists():
+        lk = lock.read(lock_file)
+        if not relock or lk.fingerprint == s.fingerprint():
+            return lk
+        why = "is stale"
+    else:
+        why = "does not exist"
+    if offline:
+        raise BuildError(f"{lock_file} {why} and --offline cannot resolve one")
+    _progress(f"{lock_file} {why}: resolving and writing it first")
+    plan = resolve.resolve(
+        s, command=_command(["lock", str(path)]), previous=lock_file if relock else None
+    )
+    lock.write(plan.lock, lock_file)
+    return plan.lock
+
+
+@dataclass
+class _Stage:
+    """Where `build --verify --record` is, for the record written at the end."""
+
+    name: str = "resolve"
+    recorded: bool = False
+
+
 def cmd_build(args: argparse.Namespace) -> int:
+    stage = _Stage()
+    try:
+        return _build(args, stage)
+    except (CudaenvError, KeyboardInterrupt) as exc:
+        if args.record and not stage.recorded:
+            _write_record(Path(args.record), stage.name, exc)
+        raise
+
+
+def _write_record(
+    path: Path,
+    stage: str,
+    exc: CudaenvError | KeyboardInterrupt | None,
+    verified: report.VerifyReport | None = None,
+) -> None:
+    from builder import report
+    from builder.errors import STATUS_OF_EXIT
+
+    if exc is None:
+        code, reason = 0, ""
+    elif isinstance(exc, KeyboardInterrupt):
+        code, reason = 130, "interrupted"
+    else:
+        assert isinstance(exc, CudaenvError)
+        code = _exit_code(exc)
+        reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else str(exc)
+    status = STATUS_OF_EXIT.get(code, "error")
+    if isinstance(exc, VerifyFailed | ToolMissing) and stage == "verify":
+        status = "failed"
+    record = report.BuildRecord(
+        stage=stage, status=status, reason=reason, exit_code=code, verify=verified
+    )
+    report.write_json(record, path)
+
+
+def _build(args: argparse.Namespace, stage: _Stage) -> int:
     from builder import build, export
 
+    if args.env_dir and len(args.specs) > 1:
+        raise UsageError("--env-dir takes one spec")
     for path in args.specs:
+        stage.name = "resolve"
         s = _load_spec(path)
+        lk = _ensure_lock(s, path, offline=args.offline, relock=args.relock)
+        stage.name = "build"
         lock_file = _lock_file(s)
-        if not lock_file.exists():
-            if args.offline:
-                raise BuildError(f"{lock_file} does not exist and --offline cannot resolve one")
-            _progress(f"{lock_file} does not exist: resolving and writing it first")
-            plan = resolve.resolve(s, command=_command(["lock", str(path)]))
-            lock.write(plan.lock, lock_file)
-        lk = lock.read(lock_file)
         started = time.monotonic()
         _progress(
             f"building {s.name}: python {s.python}, torch {lk.torch or '-'}, CUDA {s.cuda} "
-            f"({s.toolchain.source} toolchain), archs {' '.join(s.archs)}"
+            f"({s.toolchain.source} toolchain), archs {archs.flashinfer_spelling(s.archs)}"
         )
         env_dir = Path(args.env_dir) if args.env_dir else None
         wheelhouse = Path(args.wheelhouse).absolute() if args.wheelhouse else None
         if wheelhouse is not None:
             export.check_wheelhouse(lk, wheelhouse)  # before anything is built
-        source = build.Source(wheelhouse=wheelhouse, offline=args.offline)
         result = build.build(
             s,
             lk,
             lock_file=lock_file,
             env_dir=env_dir,
             force=args.force,
-            source=source,
+            source=build.Source(wheelhouse=wheelhouse, offline=args.offline),
             progress=_progress,
         )
         verb = "reused" if result.reused else "built"
         _progress(f"{verb} {result.path} in {time.monotonic() - started:.1f} s")
         print(result.path)
         if args.verify:
-            verify_args = argparse.Namespace(
-                spec=path,
-                python=None,
-                env_dir=str(result.path),
-                checks=None,
-                archs=None,
-                report=args.report,
-                markdown=None,
-            )
-            cmd_verify(verify_args)
+            stage.name = "verify"
+            target = spec_target(s, result.path, lk, result.manifest)
+            verified = verify_and_report(target, result.manifest, report_path=args.report)
+            if args.record:
+                _write_record(Path(args.record), stage.name, _verdict(verified), verified)
+                stage.recorded = True
+            _raise_verdict(verified)
+        elif args.record:
+            _write_record(Path(args.record), stage.name, None)
     return 0
 
 
-def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, dict[str, object] | None]:
-    from builder import build, channels, verify
+# --------------------------------------------------------------------------- verify
 
+
+def _parse_archs(text: str) -> tuple[archs.Arch, ...]:
+    try:
+        return archs.parse_list(text)
+    except ValueError as exc:
+        raise UsageError(f"--archs {text!r}: {exc}") from exc
+
+
+def spec_target(
+    s: spec.EnvSpec,
+    env_dir: Path,
+    lk: lock.Lock | None,
+    manifest: Manifest,
+    *,
+    checks: tuple[str, ...] | None = None,
+    archs_override: tuple[archs.Arch, ...] | None = None,
+    fresh: bool = False,
+) -> verify.Target:
+    """What verifying the env of ``s`` at ``env_dir`` means. The env must be the one this spec
+    (and its current lock) describes: an env built from another spec of the same name, or
+    from an older lock, is refused with the rebuild command."""
+    from builder import verify
+
+    rebuild = f"rebuild it: `cudaenv build {s.source}`"
+    if manifest.fingerprint != s.fingerprint():
+        raise VerifyFailed(
+            f"{env_dir} was built from another spec than {s.source} (spec {manifest.spec}, "
+            f"fingerprint {manifest.fingerprint[:19]}... != {s.fingerprint()[:19]}...); {rebuild}"
+        )
+    if lk is not None and manifest.lock_hash != lk.content_hash():
+        raise VerifyFailed(
+            f"{env_dir} was built from another lock than {_lock_file(s)} (lock "
+            f"{manifest.lock_hash[:19]}... != {lk.content_hash()[:19]}...); {rebuild}"
+        )
+    return verify.Target(
+        python=env_dir / "bin" / "python",
+        archs=archs_override or manifest.archs,
+        work=env_dir / "var" / "cudaenv",
+        env_dir=env_dir,
+        expected_cuda=s.cuda,
+        spec_name=s.name,
+        checks=checks or s.verify,
+        fresh=fresh,
+    )
+
+
+def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, Manifest | None]:
+    from builder import build, interpreters, manifest, verify
+    from builder.paths import cache_dir
+
+    checks = verify.parse_checks(args.checks) if args.checks else None
+    archs_override = _parse_archs(args.archs) if args.archs else None
     if args.spec is None and args.python is None:
-        raise CudaenvError("verify needs a SPEC or --python PATH")
+        raise UsageError("verify needs a SPEC or --python PATH (see `cudaenv verify --help`)")
     if args.spec is not None:
+        if args.python is not None:
+            raise UsageError("verify takes a SPEC or --python PATH, not both")
         s = _load_spec(args.spec)
         env_dir = (Path(args.env_dir) if args.env_dir else build.default_env_dir(s)).absolute()
-        if not (env_dir / build.MANIFEST).exists():
+        if not manifest.exists(env_dir):
             raise BuildError(f"{env_dir} is not built; run `cudaenv build {args.spec}` first")
-        manifest = build.read_manifest(env_dir)
-        raw_archs = manifest.get("archs")
-        archs = tuple(str(a) for a in raw_archs) if isinstance(raw_archs, list) else s.archs
-        checks = s.verify
-        return verify.Target(
-            python=env_dir / "bin" / "python",
-            archs=tuple(args.archs.split()) if args.archs else archs,
-            work=env_dir / "var" / "cudaenv",
-            env_dir=env_dir,
-            expected_cuda=s.cuda,
-            spec_name=s.name,
-            checks=tuple(args.checks.split(",")) if args.checks else checks,
-        ), manifest
-    python = Path(args.python)
-    if not python.exists():
-        raise CudaenvError(f"{python}: no such interpreter")
+        found = manifest.read(env_dir)
+        lock_file = _lock_file(s)
+        lk = lock.read(lock_file) if lock_file.exists() else None
+        target = spec_target(
+            s,
+            env_dir,
+            lk,
+            found,
+            checks=checks,
+            archs_override=archs_override,
+            fresh=args.fresh,
+        )
+        return target, found
+    python = interpreters.python_arg(args.python)
     root = python.absolute().parent.parent
-    found = build.read_manifest(root) if (root / build.MANIFEST).exists() else None
-    archs_text = args.archs or os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "12.0f"
+    found_manifest = manifest.try_read(root)
+    if archs_override is None:
+        from_env = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+        archs_override = (
+            found_manifest.archs
+            if found_manifest
+            else (_parse_archs(from_env) if from_env else archs.DEFAULT_ARCHS)
+        )
     key = hashlib.sha256(str(python.absolute()).encode()).hexdigest()[:12]
-    extra = (("FLASHINFER_CUDA_ARCH_LIST", archs_text),)
+    extra = (("FLASHINFER_CUDA_ARCH_LIST", archs.flashinfer_spelling(archs_override)),)
     return verify.Target(
         python=python,
-        archs=tuple(str(spec.Arch.parse(a)) for a in archs_text.split()),
-        work=channels.cache_dir() / "verify" / key,
-        env_dir=root if found else None,
-        checks=tuple(args.checks.split(",")) if args.checks else spec.CHECKS,
+        archs=archs_override,
+        work=cache_dir() / "verify" / key,
+        env_dir=root if found_manifest else None,
+        checks=checks or verify.CHECKS,
         extra_env=extra,
-    ), found
+        fresh=args.fresh,
+    ), found_manifest
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def verify_and_report(
+    target: verify.Target,
+    found: Manifest | None,
+    *,
+    report_path: str | None = None,
+    markdown_path: str | None = None,
+) -> report.VerifyReport:
+    """Run the target's checks, print the summary, write the reports; the verdict is the
+    caller's (:func:`_raise_verdict`)."""
     from builder import report, verify
 
-    target, manifest = _verify_target(args)
     started = time.monotonic()
     facts, results = verify.run_checks(target, target.checks, _progress)
-    rep = report.verify_report(target, facts, results, time.monotonic() - started, manifest)
+    rep = report.verify_report(target, facts, results, time.monotonic() - started, found)
     print(report.terminal(rep))
     outputs = []
-    if args.report:
-        outputs.append(Path(args.report))
+    if report_path:
+        outputs.append(Path(report_path))
     elif target.env_dir is not None:
         outputs.append(target.env_dir / "var" / "cudaenv" / "verify.json")
     for out in outputs:
         report.write_json(rep, out)
         _progress(f"report: {out}")
     md = report.markdown(rep)
-    if args.markdown:
-        Path(args.markdown).write_text(md)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with Path(summary).open("a") as fh:
-            fh.write(md + "\n")
-    failed = [c.name for c in results if c.status == verify.FAILED]
-    if failed:
-        raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    if markdown_path:
+        from builder.proc import atomic_write_text
+
+        atomic_write_text(Path(markdown_path), md)
+    report.append_step_summary(md)
+    return rep
+
+
+def _verdict(rep: report.VerifyReport) -> CudaenvError | None:
+    failed = [c for c in rep.checks if c.status == "failed"]
+    if not failed:
+        return None
+    missing = [c for c in failed if c.missing_tool]
+    if missing:
+        c = missing[0]
+        return ToolMissing(f"{c.name}: no {c.missing_tool}: {c.fix}")
+    return VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
+
+
+def _raise_verdict(rep: report.VerifyReport) -> None:
+    verdict = _verdict(rep)
+    if verdict is not None:
+        raise verdict
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    target, found = _verify_target(args)
+    rep = verify_and_report(target, found, report_path=args.report, markdown_path=args.markdown)
+    _raise_verdict(rep)
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from builder import doctor
+# --------------------------------------------------------------------------- doctor, export
 
-    python = args.python or doctor.default_python()
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from builder import doctor, interpreters
+
+    python = interpreters.python_arg(args.python) if args.python else doctor.default_python()
     facts, findings, seconds = doctor.probe(python, deep=args.deep)
     if args.json:
         print(json.dumps(doctor.to_json(python, facts, findings, seconds), indent=2))
@@ -256,126 +431,241 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_matrix_outputs(doc: dict[str, object], out: Path, regressions: list[str]) -> None:
-    from builder import matrix, report
+# --------------------------------------------------------------------------- matrix, report
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "matrix.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "matrix.html").write_text(report.matrix_html(doc, regressions))
-    md = report.matrix_markdown(doc, regressions)
-    (out / "matrix.md").write_text(md)
-    (out / "junit.xml").write_text(report.matrix_junit(doc))
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with Path(summary).open("a") as fh:
-            fh.write(md + "\n")
-    del matrix
-    _progress(f"reports: {out}/matrix.json, matrix.html, matrix.md, junit.xml")
+
+def _read_baseline(path: str) -> report.MatrixReport:
+    from builder import report
+
+    rep = report.read_report(Path(path))
+    if not isinstance(rep, report.MatrixReport):
+        raise ReportError(
+            f"{path}: --baseline needs a matrix report (matrix.json), not a verify report"
+        )
+    return rep
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from builder import matrix
+    from builder import matrix, report
 
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: run at least one cell at a time")
+    # Checked before any cell runs: a typo must not cost a matrix run.
+    baseline = _read_baseline(args.baseline) if args.baseline else None
     mx = matrix.load(Path(args.file))
     if args.emit == "github":
         # One line: what `echo "matrix=$(...)" >> "$GITHUB_OUTPUT"` needs.
         print(json.dumps(matrix.github_matrix(mx), separators=(",", ":")))
         return 0
-    out = Path(args.out or (Path(".envs") / ".matrix" / mx.name / "report"))
+    out = Path(args.out) if args.out else mx.root / "report"
     _progress(f"matrix {mx.name}: {len(mx.cells)} cells, {args.jobs} at a time; logs in {out}/logs")
     results = matrix.run(mx, out, jobs=args.jobs, fail_fast=args.fail_fast, progress=_progress)
-    doc = matrix.matrix_report(mx.name, results, out)
-    regressions: list[str] = []
-    if args.baseline:
-        regressions = matrix.regressions(json.loads(Path(args.baseline).read_text()), doc)
-    _write_matrix_outputs(doc, out, regressions)
+    rep = matrix.matrix_report(mx.name, results, out)
+    found = report.regressions(baseline, rep) if baseline else []
+    written = report.write_matrix_outputs(rep, out, found)
+    _progress("reports: " + ", ".join(str(p) for p in written))
     print(f"matrix {mx.name}: " + ", ".join(f"{r.cell.name}={r.status}" for r in results))
-    if args.baseline:
-        for r in regressions:
+    if baseline is not None:
+        for r in found:
             print(f"regression: {r}")
-        return 1 if regressions else 0
-    return 0 if doc["status"] == "passed" else 1
+        return 1 if found else 0
+    return 0 if rep.status == "passed" else 1
 
 
 def cmd_report_merge(args: argparse.Namespace) -> int:
-    from builder import matrix
+    from builder import report
 
-    docs = [json.loads(Path(p).read_text()) for p in args.reports]
-    doc = matrix.merge(docs, name=args.name)
-    _write_matrix_outputs(doc, Path(args.out), [])
+    reports = [report.read_report(Path(p)) for p in args.reports]
+    merged = report.merge(reports, name=args.name)
+    written = report.write_matrix_outputs(merged, Path(args.out))
+    _progress("reports: " + ", ".join(str(p) for p in written))
     return 0
 
 
+# --------------------------------------------------------------------------- the parser
+
+
+def _sub(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    example: str,
+) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help=summary,
+        description=f"{description}\n\nexample:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Accepted after the subcommand too (`cudaenv build --debug SPEC`); SUPPRESS keeps a value
+    # given before the subcommand.
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    return p
+
+
+SPEC_HELP = "a spec file (envspecs/NAME.yaml), or MATRIX.yaml:CELL"
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cudaenv", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="cudaenv",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
     p.add_argument("--debug", action="store_true", help="log every command; tracebacks on errors")
-    sub = p.add_subparsers(dest="command", required=True)
-    lk = sub.add_parser("lock", help="resolve specs and write envspecs/locks/pylock.NAME.toml")
-    lk.add_argument("specs", nargs="+", type=Path)
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (CI logs)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lk = _sub(
+        sub,
+        "lock",
+        "resolve specs and write their PEP 751 locks",
+        "Resolve each spec with uv under the matching policy (torch's CUDA = the spec's, every "
+        "toolkit component of that CUDA minor, one CUDA major, FlashInfer companions matched) "
+        "and write locks/pylock.NAME.toml beside it. A set the policy refuses exits 3.",
+        "cudaenv lock envspecs/default.yaml",
+    )
+    lk.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
     lk.add_argument(
         "--upgrade",
         action="store_true",
         help="resolve afresh instead of preferring the versions of the current lock",
     )
     lk.set_defaults(func=cmd_lock)
-    pl = sub.add_parser("plan", help="print what a spec resolves to, without installing")
-    pl.add_argument("spec", type=Path)
+
+    pl = _sub(
+        sub,
+        "plan",
+        "print what a spec resolves to, without installing",
+        "Show the versions the spec's lock (or a fresh resolution) installs: torch and its "
+        "CUDA, the toolkit pin, the NVIDIA wheels, FlashInfer, sglang. Nothing is installed.",
+        "cudaenv plan envspecs/default.yaml",
+    )
+    pl.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     pl.add_argument("--fresh", action="store_true", help="resolve even if the lock is up to date")
     pl.set_defaults(func=cmd_plan)
-    bd = sub.add_parser("build", help="build the env of each spec from its lock")
-    bd.add_argument("specs", nargs="+", type=Path)
+
+    bd = _sub(
+        sub,
+        "build",
+        "build the env of each spec from its lock",
+        "Install the spec's lock (hash-checked) into a venv built beside .envs/NAME and swapped "
+        "in whole when complete, then wire cuda-home/ and the start-up hook. A failed or "
+        "interrupted build leaves the previous env intact. A missing lock is resolved first.",
+        "cudaenv build --verify envspecs/default.yaml",
+    )
+    bd.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
     bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
     bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
     bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
     bd.add_argument("--report", help="with --verify: write the JSON report here")
+    bd.add_argument(
+        "--record",
+        help="write a JSON build record here (stage, status, reason, exit code, verify report)",
+    )
+    bd.add_argument(
+        "--relock", action="store_true", help="re-resolve the lock first when it is stale"
+    )
     bd.add_argument(
         "--wheelhouse", help="install only from this directory (made by `cudaenv export`)"
     )
     bd.add_argument(
         "--offline", action="store_true", help="no network: uv --offline, no Python download"
     )
-    ex = sub.add_parser(
-        "export", help="download every locked file (hash-checked) for offline builds"
+    bd.set_defaults(func=cmd_build)
+
+    ex = _sub(
+        sub,
+        "export",
+        "download every locked file (hash-checked) for offline builds",
+        "Fill a wheelhouse with every file of the spec's lock, each sha256 checked, for "
+        "`cudaenv build --offline --wheelhouse DIR` on a machine without an index.",
+        "cudaenv export envspecs/default.yaml --wheelhouse /srv/wheels",
     )
-    ex.add_argument("spec", type=Path)
+    ex.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     ex.add_argument("--wheelhouse", required=True, help="directory to fill")
     ex.set_defaults(func=cmd_export)
-    bd.set_defaults(func=cmd_build)
-    vf = sub.add_parser("verify", help="prove an env works: compile and run real kernels")
-    vf.add_argument("spec", nargs="?", type=Path, help="a spec whose env cudaenv built")
-    vf.add_argument("--python", help="verify this interpreter's env instead (any env)")
+
+    vf = _sub(
+        sub,
+        "verify",
+        "prove an env works: compile and run real kernels",
+        "Run the checks (toolchain, kernel-compile, flashinfer-jit, cubin, sampling) on a spec's "
+        "built env, or on any interpreter with --python. A check that cannot run here (no GPU) "
+        "says skipped with the reason. A failed check exits 5; a missing tool 6.",
+        "cudaenv verify envspecs/default.yaml --checks toolchain,kernel-compile",
+    )
+    vf.add_argument("spec", nargs="?", type=Path, metavar="SPEC", help=SPEC_HELP)
+    vf.add_argument("--python", help="verify this interpreter (or env directory) instead")
     vf.add_argument("--env-dir", help="where the spec's env is (default .envs/NAME)")
-    vf.add_argument("--checks", help=f"comma separated, of: {','.join(spec.CHECKS)}")
-    vf.add_argument("--archs", help='space separated, e.g. "9.0a 12.0f" (default: the env\'s)')
+    vf.add_argument("--checks", help="comma or space separated, of: " + ", ".join(spec.CHECKS))
+    vf.add_argument(
+        "--archs", help='comma or space separated, e.g. "9.0a,12.0f" (default: the env\'s)'
+    )
+    vf.add_argument("--fresh", action="store_true", help="rebuild what a check would reuse")
     vf.add_argument("--report", help="write the JSON report here")
     vf.add_argument("--markdown", help="write the Markdown report here")
     vf.set_defaults(func=cmd_verify)
-    dr = sub.add_parser("doctor", help="find the root cause of a split CUDA toolchain in any env")
+
+    dr = _sub(
+        sub,
+        "doctor",
+        "find the root cause of a split CUDA toolchain in any env",
+        "Probe an interpreter (a venv, conda env or system Python; no import of torch unless "
+        "--deep) and name what is wrong first: a JIT nvcc that is not torch's CUDA, mixed "
+        "toolkit minors, a stale JIT cache, a missing host compiler, ... with the fix. Exits 1 "
+        "when it finds an error.",
+        "cudaenv doctor --python .venv/bin/python",
+    )
     dr.add_argument(
-        "--python", help="the interpreter to diagnose (default: $VIRTUAL_ENV's, else python3)"
+        "--python",
+        help="the interpreter or env directory to diagnose (default: $VIRTUAL_ENV's, else python3)",
     )
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
     dr.set_defaults(func=cmd_doctor)
-    mx = sub.add_parser("matrix", help="build and verify every cell of a matrix file")
-    mx.add_argument("file", help="envspecs/matrix/NAME.yaml")
+
+    mx = _sub(
+        sub,
+        "matrix",
+        "build and verify every cell of a matrix file",
+        "Expand a matrix file (specs: or base: + axes:) into cells, build and verify each, -j at "
+        "a time, and write matrix.json, matrix.html, matrix.md and junit.xml. A cell the policy "
+        "refuses is shown as refused; a failing cell never stops the others.",
+        "cudaenv matrix envspecs/matrix/release.yaml -j 2 --baseline old/matrix.json",
+    )
+    mx.add_argument("file", metavar="FILE", help="a matrix file (envspecs/matrix/NAME.yaml)")
     mx.add_argument("-j", "--jobs", type=int, default=2, help="cells at once (default 2)")
-    mode = mx.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--keep-going", action="store_true", default=True, help="run every cell (default)"
-    )
-    mode.add_argument(
-        "--fail-fast", action="store_true", help="stop starting cells after a failure"
-    )
+    mx.add_argument("--fail-fast", action="store_true", help="stop starting cells after a failure")
     mx.add_argument("--out", help="report directory (default .envs/.matrix/NAME/report)")
     mx.add_argument("--baseline", help="an earlier matrix.json: exit non-zero for regressions only")
     mx.add_argument("--emit", choices=["github"], help="print a GitHub Actions strategy.matrix")
     mx.set_defaults(func=cmd_matrix)
-    rp = sub.add_parser("report", help="work with reports")
-    rsub = rp.add_subparsers(dest="report_command", required=True)
-    mg = rsub.add_parser("merge", help="join verify/matrix JSON reports into one matrix report")
-    mg.add_argument("reports", nargs="+")
+
+    rp = _sub(
+        sub,
+        "report",
+        "work with reports",
+        "Join reports written on several machines into one matrix report.",
+        "cudaenv report merge runner-*/verify.json --out merged",
+    )
+    rsub = rp.add_subparsers(dest="report_command", required=True, metavar="COMMAND")
+    mg = _sub(
+        rsub,
+        "merge",
+        "join verify/matrix JSON reports into one matrix report",
+        "Each verify report becomes a cell, each matrix report adds its cells; the merged "
+        "matrix.json, matrix.html, matrix.md and junit.xml go to --out.",
+        "cudaenv report merge a/verify.json b/matrix.json --out merged",
+    )
+    mg.add_argument("reports", nargs="+", metavar="REPORT")
     mg.add_argument("--out", default="merged-report", help="directory for the merged reports")
     mg.add_argument("--name", default="merged")
     mg.set_defaults(func=cmd_report_merge)
@@ -387,32 +677,37 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _exit_code(exc: CudaenvError) -> int:
+    return exc.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global QUIET_PROGRESS
     parser = make_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    QUIET_PROGRESS = bool(getattr(args, "quiet", False))
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING,
+        level=logging.DEBUG if debug else logging.WARNING,
         format="cudaenv: %(message)s",
     )
-    if getattr(args, "env_dir", None) and len(getattr(args, "specs", [])) > 1:
-        parser.error("--env-dir takes one spec")
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         rc: int = args.func(args)
         return rc
     except CudaenvError as exc:
-        if args.debug:
+        if debug:
             raise
         if isinstance(exc, SpecError):
             for problem in exc.problems:
                 print(f"error: {problem}", file=sys.stderr)
             print(
-                f"error: {len(exc.problems)} problem(s) in the spec; nothing was done",
+                f"error: {len(exc.problems)} problem(s) in the {exc.what}; nothing was done",
                 file=sys.stderr,
             )
         else:
             print(f"error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, CommandFailed) else exc.exit_code
+        return _exit_code(exc)
     except KeyboardInterrupt:
         print("error: interrupted; the previous env (if any) is untouched", file=sys.stderr)
         return 130
@@ -420,3 +715,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["CommandFailed", "main", "make_parser"]

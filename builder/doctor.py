@@ -20,16 +20,22 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder import channels, proc
-from builder.build import MANIFEST, normalise_arch
+from builder import archs, channels, manifest, proc
 from builder.errors import CudaenvError
+from builder.manifest import Manifest
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
+PYTHON_FIX = "check that this is a working Python 3.9+"
+HANG_FIX = "run with --debug and look at what hangs"
 # CUDA major -> the oldest driver branch that runs it (minor-version compatibility, FACTS §5).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+# FlashInfer's own gate: "Failed to get device capability: SM 12.x requires CUDA >= 12.9".
+SM12_MIN_CUDA = (12, 9)
+# Bumped from 1 when "facts" became typed values instead of the report's display strings.
+JSON_SCHEMA_VERSION = 2
 
 
 # --------------------------------------------------------------------------- facts
@@ -45,6 +51,17 @@ class CudaHome:
     error: str | None = None
     max_gcc: int | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "path": self.path,
+            "nvcc": self.nvcc,
+            "exists": self.exists,
+            "release": self.release,
+            "error": self.error,
+            "max_gcc": self.max_gcc,
+        }
+
 
 @dataclass(frozen=True, kw_only=True)
 class JitEntry:
@@ -53,12 +70,13 @@ class JitEntry:
     op: str
     cuda_home: str | None
 
-
-@dataclass(frozen=True, kw_only=True)
-class Gpu:
-    index: int
-    name: str
-    capability: str
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "archs": self.archs,
+            "op": self.op,
+            "cuda_home": self.cuda_home,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,15 +94,17 @@ class Facts:
     cuda_homes: tuple[CudaHome, ...]
     toolkits: tuple[CudaHome, ...]
     driver: str | None
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[archs.Gpu, ...]  # listed by cudaenv (archs.visible_gpus), not by the probe
+    gpus_note: str | None  # why no GPU is listed, when none is
     jit_root: str
     jit_entries: tuple[JitEntry, ...]
     cxx: str | None
     cxx_banner: str
+    cxx_error: str | None
     gcc_major: int | None
     deep: Mapping[str, Any] | None
     errors: Mapping[str, str]
-    manifest: Mapping[str, Any] | None
+    manifest: Manifest | None
     seconds: float
 
     @property
@@ -97,7 +117,17 @@ class Facts:
         return self.dists.get("flashinfer-python")
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> Facts:
+    def from_json(
+        cls,
+        doc: Mapping[str, Any],
+        manifest: Manifest | None,
+        *,
+        gpus: Sequence[archs.Gpu] = (),
+        gpus_note: str | None = None,
+    ) -> Facts:
+        """The probe's JSON (from a foreign interpreter: every key may be missing) plus what
+        cudaenv itself knows: the env's manifest and the visible GPUs."""
+
         def sub(key: str) -> Mapping[str, Any]:
             v = doc.get(key)
             return v if isinstance(v, dict) else {}
@@ -121,15 +151,6 @@ class Facts:
 
         py, plat, torch, drv, jit, cxx = (
             sub(k) for k in ("python", "platform", "torch", "driver", "jit_cache", "host_compiler")
-        )
-        gpus = tuple(
-            Gpu(
-                index=int(g.get("index", 0)),
-                name=str(g.get("name", "")),
-                capability=str(g.get("capability", "")),
-            )
-            for g in drv.get("gpus", [])
-            if isinstance(g, dict)
         )
         entries = tuple(
             JitEntry(
@@ -160,17 +181,67 @@ class Facts:
             cuda_homes=homes(doc.get("cuda_homes")),
             toolkits=homes(doc.get("toolkits")),
             driver=drv.get("version"),
-            gpus=gpus,
+            gpus=tuple(gpus),
+            gpus_note=gpus_note,
             jit_root=str(jit.get("root", "")),
             jit_entries=entries,
             cxx=cxx.get("path"),
             cxx_banner=str(cxx.get("banner", "")),
+            cxx_error=None if cxx.get("error") is None else str(cxx["error"]),
             gcc_major=cxx.get("gcc_major") if isinstance(cxx.get("gcc_major"), int) else None,
             deep=deep if isinstance(deep, dict) else None,
             errors={str(k): str(v) for k, v in errors.items()},
             manifest=manifest,
             seconds=float(doc.get("seconds", 0.0) or 0.0),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """Typed values for ``doctor --json``; lists keep the lookup order (``cuda_homes[0]``
+        is the toolkit FlashInfer's and torch's JIT use)."""
+        return {
+            "python": {
+                "executable": self.python,
+                "version": self.python_version,
+                "prefix": self.prefix,
+            },
+            "glibc": self.glibc or None,
+            "torch": {
+                "installed": self.torch_installed,
+                "version": self.torch_version,
+                "cuda": self.torch_cuda,
+                "error": self.torch_error,
+            },
+            "flashinfer": self.flashinfer,
+            "distributions": dict(sorted(self.dists.items())),
+            "cuda_homes": [h.to_json() for h in self.cuda_homes],
+            "toolkits": [h.to_json() for h in self.toolkits],
+            "env": dict(self.env),
+            "driver": self.driver,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "capability": g.capability_text if g.capability else None,
+                }
+                for g in self.gpus
+            ],
+            "gpus_note": self.gpus_note,
+            "jit_cache": {
+                "root": self.jit_root,
+                "entries": [e.to_json() for e in self.jit_entries],
+            },
+            "host_compiler": {
+                "path": self.cxx,
+                "banner": self.cxx_banner or None,
+                "gcc_major": self.gcc_major,
+                "error": self.cxx_error,
+            },
+            "manifest": self.manifest.to_json() if self.manifest is not None else None,
+            "deep": dict(self.deep) if self.deep is not None else None,
+            "errors": dict(self.errors),
+            "probe_seconds": round(self.seconds, 3),
+        }
 
 
 # --------------------------------------------------------------------------- findings
@@ -203,6 +274,10 @@ def _minor(version: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def _dotted(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
 def _home_text(home: CudaHome) -> str:
     if home.source.startswith("$"):
         return f"{home.source[1:]}={home.path}"
@@ -217,11 +292,10 @@ def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
             if tk.release == want:
                 fixes.append(f"export CUDA_HOME={tk.path}")
                 break
-    if facts.manifest:
-        spec = facts.manifest.get("spec", "SPEC")
+    if facts.manifest is not None:
         fixes.append(
             f"this env was built by cudaenv: run its own python without CUDAENV_NO_HOOK, or "
-            f"rebuild it: `cudaenv build {spec}`"
+            f"rebuild it: `cudaenv build {facts.manifest.spec}`"
         )
     elif want:
         pin = facts.dists.get("cuda-toolkit")
@@ -295,24 +369,25 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
     if Path(home.path).name == "usr":
         evidence.append("a distro /usr/bin/nvcc makes FlashInfer and torch use /usr as CUDA_HOME")
     intent = sm12_intent(facts)
-    if intent and _minor(release) is not None and _minor(release) < (12, 9):  # type: ignore[operator]
+    jm = _minor(release)
+    if intent and jm is not None and jm < SM12_MIN_CUDA:
         torch_part = f" but torch is built for CUDA {torch_cuda}" if torch_cuda else ""
         out.append(
             Finding(
                 code="sm12x-nvcc-too-old",
                 severity=ERROR,
                 cause=f"FlashInfer's JIT uses nvcc {release} (from {where}){torch_part}; "
-                "SM 12.x needs 12.9+",
+                f"SM 12.x needs {_dotted(SM12_MIN_CUDA)}+",
                 evidence=(
                     *evidence,
                     f"SM 12.x intent: {intent}",
                     'FlashInfer then logs "Failed to get device capability: SM 12.x requires '
                     'CUDA >= 12.9" and builds no kernel',
                 ),
-                fix=_matched_fixes(facts, torch_cuda or "12.9"),
+                fix=_matched_fixes(facts, torch_cuda or _dotted(SM12_MIN_CUDA)),
             )
         )
-    tm, jm = _minor(torch_cuda), _minor(release)
+    tm = _minor(torch_cuda)
     if tm and jm and tm != jm:
         major = tm[0] != jm[0]
         out.append(
@@ -336,8 +411,8 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
 def sm12_intent(facts: Facts) -> str:
     reasons = []
     for gpu in facts.gpus:
-        if gpu.capability.startswith("12."):
-            reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability}")
+        if gpu.capability is not None and gpu.capability[0] == 12:
+            reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability_text}")
     for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
         value = facts.env.get(var) or ""
         if any(a.strip().startswith("12.") for a in re.split(r"[ ;,]+", value)):
@@ -384,7 +459,8 @@ def rule_wheels(facts: Facts) -> list[Finding]:
         if major is not None:
             majors.setdefault(major, []).append(f"{name} {version}")
     if len(majors) > 1:
-        keep = _minor(facts.torch_cuda)[0] if _minor(facts.torch_cuda) else max(majors)  # type: ignore[index]
+        torch_minor = _minor(facts.torch_cuda)
+        keep = torch_minor[0] if torch_minor else max(majors)
         drop = sorted(n.split()[0] for m, names in majors.items() if m != keep for n in names)
         out.append(
             Finding(
@@ -553,27 +629,51 @@ def rule_glibc(facts: Facts) -> list[Finding]:
 
 
 def rule_gpu_archs(facts: Facts) -> list[Finding]:
-    if not facts.manifest or not facts.gpus:
+    """A visible GPU no arch of the env's list runs on. A GPU whose capability is unknown is
+    not reported: nothing says it is missing."""
+    built = facts.manifest
+    if built is None:
         return []
-    archs = facts.manifest.get("archs") or []
-    nvcc = str(facts.manifest.get("nvcc") or facts.manifest.get("cuda") or "13.0")
-    missing = []
-    for gpu in facts.gpus:
-        major, minor = (int(x) for x in gpu.capability.split("."))
-        arch = normalise_arch(major, minor, nvcc)
-        if arch not in archs:
-            missing.append((gpu, arch))
+    missing = [gpu for gpu in facts.gpus if archs.uncovered(built.archs, gpu)]
     if not missing:
         return []
+    first = missing[0]
     return [
         Finding(
             code="gpu-arch-missing",
             severity=WARNING,
-            cause=f"GPU {missing[0][0].name} (SM {missing[0][0].capability}) is not in this env's arch "
-            f"list ({' '.join(archs)}): FlashInfer would build no kernel for it",
-            evidence=tuple(f"GPU {g.index} {g.name}: {a}" for g, a in missing),
+            cause=f"GPU {first.name} (SM {first.capability_text}) is not in this env's arch "
+            f"list ({archs.flashinfer_spelling(built.archs)}): FlashInfer would build no "
+            "kernel for it",
+            # Spelled as FlashInfer would target it with the env's nvcc.
+            evidence=tuple(f"GPU {g.index} {g.name}: {g.arch(built.nvcc)}" for g in missing),
+            fix=(f"rebuild so the arch list picks it up: `cudaenv build {built.spec}`",),
+        )
+    ]
+
+
+def rule_no_host_compiler(facts: Facts) -> list[Finding]:
+    """nvcc hands every host-side file to a C++ compiler: without one no JIT build works."""
+    wants_jit = facts.flashinfer or facts.torch_installed or facts.jit_home is not None
+    probed = "host_compiler" not in facts.errors  # a crashed step is rule_probe's finding
+    if not wants_jit or not probed or (facts.cxx is not None and facts.cxx_error is None):
+        return []
+    what = (
+        f"the host C++ compiler {facts.cxx} does not run ({facts.cxx_error})"
+        if facts.cxx
+        else f"no host C++ compiler ({facts.cxx_error or 'none found'})"
+    )
+    return [
+        Finding(
+            code="no-host-compiler",
+            severity=ERROR,
+            cause=f"{what}: nvcc needs one, so every JIT compile (FlashInfer, torch "
+            "cpp_extension) fails",
+            evidence=(f"CXX={facts.env.get('CXX') or '(unset)'}",),
             fix=(
-                f"rebuild so the arch list picks it up: `cudaenv build {facts.manifest.get('spec', 'SPEC')}`",
+                "install a C++ compiler: `apt-get install g++` (or your distro's equivalent)",
+                "or point at one: `export CXX=/path/to/g++` or "
+                "`export NVCC_PREPEND_FLAGS='-ccbin /path/to/g++'`",
             ),
         )
     ]
@@ -611,6 +711,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_driver,
     rule_jit_cache,
     rule_host_compiler,
+    rule_no_host_compiler,
     rule_glibc,
     rule_gpu_archs,
 )
@@ -623,6 +724,7 @@ ROOT_FIRST = (
     "no-nvcc",
     "jit-toolkit-mismatch",
     "glibc-too-new-for-cuda",
+    "no-host-compiler",
     "host-compiler-unsupported",
     "mixed-toolkit-minors",
     "multiple-cuda-majors",
@@ -632,6 +734,7 @@ ROOT_FIRST = (
     "gpu-arch-missing",
     "old-jit-cache",
     "no-driver",
+    "rule-crashed",  # a doctor bug, not the env's: after every finding about the env
 )
 # root -> the symptoms it explains (grouped under it when both fire).
 EXPLAINS = {
@@ -641,8 +744,26 @@ EXPLAINS = {
 }
 
 
+def _apply(rule: Callable[[Facts], list[Finding]], facts: Facts) -> list[Finding]:
+    """One rule; a rule that raises becomes a Finding so the others still report."""
+    try:
+        return rule(facts)
+    except Exception as exc:  # any bug in one rule must not hide the other findings
+        return [
+            Finding(
+                code="rule-crashed",
+                severity=ERROR,
+                cause=f"the doctor's rule {rule.__name__} crashed: {type(exc).__name__}: {exc}",
+                fix=(
+                    "the findings above are still valid; report this cudaenv bug with the "
+                    "output of `cudaenv doctor --json`",
+                ),
+            )
+        ]
+
+
 def diagnose(facts: Facts) -> list[Finding]:
-    found = [f for rule in RULES for f in rule(facts)]
+    found = [f for rule in RULES for f in _apply(rule, facts)]
     by_code = {f.code: f for f in found}
     grouped: list[Finding] = []
     absorbed: set[str] = set()
@@ -667,57 +788,44 @@ def default_python() -> str:
     return proc.which("python3") or "python3"
 
 
-def probe(python: str, *, deep: bool) -> tuple[Facts | None, list[Finding], float]:
+def _probe_failed(cause: str, *fix: str) -> Finding:
+    return Finding(code="probe-failed", severity=ERROR, cause=cause, fix=fix)
+
+
+def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding], float]:
     """Run the probe; a probe that cannot run becomes a Finding, not a traceback."""
     # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
     script = str(resources.files("builder.probe").joinpath("doctor_probe.py"))
     started = time.monotonic()
-    argv = [python, script, *(["--deep"] if deep else [])]
+    argv = [os.fspath(python), script, *(["--deep"] if deep else [])]
     try:
         done = proc.run(argv, check=False, timeout=DEEP_TIMEOUT if deep else PROBE_TIMEOUT)
     except proc.CommandFailed as exc:
-        return (
-            None,
-            [
-                Finding(
-                    code="probe-failed",
-                    severity=ERROR,
-                    cause=f"the probe did not finish in {exc.output.strip().splitlines()[-1]}",
-                    fix=("run with --debug and look at what hangs",),
-                )
-            ],
-            0.0,
-        )
+        limit = f"{exc.timed_out:g} s" if exc.timed_out is not None else "time"
+        return None, [_probe_failed(f"the probe did not finish in {limit}", HANG_FIX)], 0.0
     except CudaenvError as exc:
-        return None, [Finding(code="probe-failed", severity=ERROR, cause=str(exc))], 0.0
-    seconds = time.monotonic() - started
+        return None, [_probe_failed(str(exc), PYTHON_FIX)], 0.0
+    except OSError as exc:
+        # proc.run maps only FileNotFoundError: a file without the exec bit (PermissionError),
+        # a directory or an unknown binary format (ENOEXEC) arrive here.
+        cause = f"{os.fspath(python)} cannot be run: {exc.strerror or exc}"
+        return None, [_probe_failed(cause, PYTHON_FIX)], 0.0
     line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     try:
         doc = json.loads(line)
-    except ValueError:
+        prefix = str(doc["python"]["prefix"])
+    except (ValueError, KeyError, TypeError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return (
-            None,
-            [
-                Finding(
-                    code="probe-failed",
-                    severity=ERROR,
-                    cause=f"{python} could not run the probe (exit {done.returncode}): "
-                    + " | ".join(tail),
-                    fix=("check that this is a working Python 3.9+",),
-                )
-            ],
-            seconds,
+        cause = (
+            f"{os.fspath(python)} could not run the probe (exit {done.returncode}): "
+            + " | ".join(tail)
         )
-    prefix = Path(str(doc.get("python", {}).get("prefix", "")))
-    manifest = None
-    if (prefix / MANIFEST).exists():
-        try:
-            manifest = json.loads((prefix / MANIFEST).read_text())
-        except (OSError, ValueError):
-            manifest = None
-    facts = Facts.from_json(doc, manifest)
-    return facts, diagnose(facts), seconds
+        return None, [_probe_failed(cause, PYTHON_FIX)], time.monotonic() - started
+    # GPUs are listed here, in cudaenv, by the one query every command uses (archs.py).
+    gpus, gpus_note = archs.visible_gpus()
+    built = manifest.try_read(Path(prefix)) if prefix else None
+    facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note)
+    return facts, diagnose(facts), time.monotonic() - started
 
 
 def facts_table(facts: Facts) -> list[tuple[str, str]]:
@@ -751,7 +859,7 @@ def facts_table(facts: Facts) -> list[tuple[str, str]]:
         rows.append(("shell CUDA_HOME", (shell or "(unset)") + " (overridden by this env's hook)"))
     rows.append(("driver", facts.driver or "no driver"))
     for gpu in facts.gpus:
-        rows.append((f"GPU {gpu.index}", f"{gpu.name} SM {gpu.capability}"))
+        rows.append((f"GPU {gpu.index}", f"{gpu.name} SM {gpu.capability_text}"))
     rows.append(("JIT cache", f"{facts.jit_root} ({len(facts.jit_entries)} op(s))"))
     rows.append(("host C++", facts.cxx_banner or "none"))
     nv = sorted(
@@ -780,13 +888,13 @@ def facts_table(facts: Facts) -> list[tuple[str, str]]:
     return rows
 
 
-def render(python: str, facts: Facts | None, findings: Sequence[Finding]) -> str:
+def render(python: Path | str, facts: Facts | None, findings: Sequence[Finding]) -> str:
     lines: list[str] = []
     errors = [f for f in findings if f.severity == ERROR]
     if findings and findings[0].severity != INFO:
         lines.append(findings[0].cause)
     else:
-        lines.append(f"healthy: no error or warning for {python}")
+        lines.append(f"healthy: no error or warning for {os.fspath(python)}")
     for f in findings:
         lines.append("")
         lines.append(f"[{f.severity}] {f.code}: {f.cause}")
@@ -809,13 +917,13 @@ def render(python: str, facts: Facts | None, findings: Sequence[Finding]) -> str
 
 
 def to_json(
-    python: str, facts: Facts | None, findings: Sequence[Finding], seconds: float
+    python: Path | str, facts: Facts | None, findings: Sequence[Finding], seconds: float
 ) -> dict[str, Any]:
     return {
-        "schema_version": 1,
-        "python": python,
+        "schema_version": JSON_SCHEMA_VERSION,
+        "python": os.fspath(python),
         "healthy": not any(f.severity == ERROR for f in findings),
         "findings": [f.to_json() for f in findings],
-        "facts": dict(facts_table(facts)) if facts else {},
+        "facts": facts.to_json() if facts is not None else None,
         "seconds": round(seconds, 3),
     }

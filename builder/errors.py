@@ -1,6 +1,12 @@
-"""The one exception tree. Library code raises these; only ``cli.py`` prints and exits."""
+"""The one exception tree. Library code raises these; only ``cli.py`` prints and exits.
+
+Each class carries the exit code the CLI returns for it (documented in the README).
+"""
 
 from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
 
 
 class CudaenvError(Exception):
@@ -9,14 +15,28 @@ class CudaenvError(Exception):
     exit_code = 1
 
 
-class SpecError(CudaenvError):
-    """A spec file is unreadable or invalid. Carries every problem found, each located."""
+class UsageError(CudaenvError):
+    """A command-line argument is wrong (a bad ``--archs``, a path that is no interpreter)."""
 
     exit_code = 2
 
-    def __init__(self, problems: list[str]) -> None:
+
+class SpecError(CudaenvError):
+    """A spec or matrix file is unreadable or invalid. Carries every problem found, each
+    located; ``what`` names the kind of file for the closing line."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Sequence[str], what: str = "spec") -> None:
         self.problems = list(problems)
+        self.what = what
         super().__init__("\n".join(self.problems))
+
+
+class ReportError(CudaenvError):
+    """A report or manifest JSON file is missing, not JSON, or not of a known schema."""
+
+    exit_code = 2
 
 
 class ResolveError(CudaenvError):
@@ -41,3 +61,36 @@ class ToolMissing(CudaenvError):
     """A tool the builder needs (uv, a Python, a C compiler, nvcc) is not on this machine."""
 
     exit_code = 6
+
+
+class CommandFailed(CudaenvError):
+    """A command exited non-zero or ran past its timeout. A stage that runs a command maps
+    this to its own error class (and so its exit code); unmapped, it exits 1."""
+
+    exit_code = 1
+
+    def __init__(
+        self, argv: Sequence[str], returncode: int, output: str, *, timed_out: float | None = None
+    ) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output = output
+        self.timed_out = timed_out
+        tail = "\n".join(output.strip().splitlines()[-30:])
+        head = (
+            f"command timed out after {timed_out:g} s"
+            if timed_out is not None
+            else f"command failed (exit {returncode})"
+        )
+        super().__init__(f"{head}: {shlex.join(self.argv)}\n{tail}".rstrip())
+
+
+# Exit code -> what the matrix grid calls a cell that ended with it.
+STATUS_OF_EXIT = {
+    0: "passed",
+    UsageError.exit_code: "error",
+    ResolveError.exit_code: "refused",
+    BuildError.exit_code: "failed",
+    VerifyFailed.exit_code: "failed",
+    ToolMissing.exit_code: "error",
+}

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import proc
-from builder.errors import ToolMissing
+from builder.errors import ToolMissing, UsageError
+from builder.paths import cache_dir
 
 _PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 
@@ -36,6 +37,49 @@ def _version_of(path: str) -> str | None:
         return None
     out = done.stdout.strip()
     return out if done.returncode == 0 and re.match(r"^\d+\.\d+\.\d+$", out) else None
+
+
+def python_arg(text: str) -> Path:
+    """A ``--python`` argument: an interpreter, or an env directory (its ``bin/python``).
+
+    Anything else is a one-line UsageError saying why. The interpreter is run once, because an
+    executable file is not yet a Python (``/bin/true``, a pyenv shim of an uninstalled
+    version). The path is returned as given, not resolved: a venv's ``bin/python`` is a
+    symlink to its base interpreter, and the resolved path would diagnose the base, not the env.
+    """
+
+    def refuse(why: str) -> UsageError:
+        return UsageError(f"{text}: not a Python interpreter ({why})")
+
+    path = Path(text).expanduser()
+    on_path = proc.which(text) if os.sep not in text else None
+    if on_path and not path.exists():  # a bare name (`--python python3.12`), as exec finds it
+        path = Path(on_path)
+    if path.is_dir():
+        if not (path / "bin" / "python").exists():
+            raise refuse("a directory without bin/python")
+        path = path / "bin" / "python"
+    if not path.exists():
+        raise refuse("no such file")
+    if not path.is_file():
+        raise refuse("not a file")
+    if not os.access(path, os.X_OK):
+        raise refuse("not executable")
+    try:
+        # Empty stdin: an executable that reads it (cat-like) must not wait on the terminal.
+        done = proc.run([path, "-c", _PROBE], check=False, timeout=20, input_text="")
+    except proc.CommandFailed as exc:
+        raise refuse(f"it did not answer within {exc.timed_out or 20:g} s") from exc
+    except (ToolMissing, OSError) as exc:
+        raise refuse(f"it cannot be run: {exc}") from exc
+    out = done.stdout.strip()
+    if done.returncode == 0 and re.match(r"^\d+\.\d+\.\d+$", out):
+        return path
+    if done.returncode == 0:
+        raise refuse("it ran but printed no Python version")
+    said = (done.stderr.strip() or out).splitlines()[-1:]
+    detail = f": {said[0][:200]}" if said else ""
+    raise refuse(f"it does not run as Python: exit {done.returncode}{detail}")
 
 
 def _candidates(minor: str) -> list[tuple[str, str]]:
@@ -81,8 +125,7 @@ def _candidates(minor: str) -> list[tuple[str, str]]:
 
 
 def _cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaenv" / "pythons.json"
+    return cache_dir() / "pythons.json"
 
 
 def _cached(minor: str) -> Interpreter | None:
@@ -112,10 +155,7 @@ def _remember(found: Interpreter) -> None:
             "found_by": found.found_by,
             "stat": [st.st_ino, st.st_size, st.st_mtime_ns],
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, path)
+        proc.atomic_write_text(path, json.dumps(doc, indent=1))
     except (OSError, ValueError):
         pass  # only a cache
 

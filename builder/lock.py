@@ -11,7 +11,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BuildError, ResolveError
+from builder.proc import atomic_write_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,12 +64,6 @@ class Lock:
     packages: tuple[LockedPackage, ...]
     command: str = ""
     notes: tuple[str, ...] = ()
-
-    def get(self, name: str) -> LockedPackage | None:
-        for pkg in self.packages:
-            if pkg.name == name:
-                return pkg
-        return None
 
     def requirements_txt(self) -> str:
         """``name==version --hash=...`` lines for ``uv pip sync --require-hashes``."""
@@ -232,11 +226,14 @@ def _environment_marker(platform: str) -> str:
 
 
 def write(lock: Lock, path: Path) -> None:
-    """Atomically (temp file + os.replace), so an interrupted lock never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(dumps(lock))
-    os.replace(tmp, path)
+    """Atomically, so an interrupted lock never leaves half a file."""
+    atomic_write_text(path, dumps(lock))
+
+
+def lock_path(spec_source: Path, name: str) -> Path:
+    """Where the lock of the spec ``name`` read from ``spec_source`` lives: ``locks/`` beside
+    the spec file."""
+    return spec_source.parent / "locks" / f"pylock.{name}.toml"
 
 
 def read(path: Path) -> Lock:
@@ -276,7 +273,3 @@ def read(path: Path) -> Lock:
         packages=packages,
         notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
     )
-
-
-def names(packages: Iterable[LockedPackage]) -> dict[str, str]:
-    return {p.name: p.version for p in packages}

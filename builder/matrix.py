@@ -1,21 +1,25 @@
 """Release matrices: expand a matrix file into cells, run them, aggregate one report.
 
 A matrix file is either a list of spec files (``specs:``) or a base spec plus axes, with
-``exclude:`` / ``include:`` as in CI matrices. Each cell gets a stable name from its axis
-values and a generated spec (``extends:`` the base) under ``.envs/.matrix/MATRIX/``. Cells
-run as ``cudaenv build --verify`` subprocesses, several at once (``-j``): uv's cache is shared
-(envs are hard links into it) and an unchanged cell reuses its env and JIT cache.
+``exclude:`` / ``include:`` as in CI matrices. It is read with the same located YAML reader
+as specs (builder/yamldoc.py): every problem is reported at once as ``FILE:LINE:COL: key:
+message``, unknown keys and axes with a "did you mean".
+
+Everything a matrix makes lives under ``.envs/.matrix/MATRIX/``: each cell's generated spec
+(``extends:`` the base) and its lock (the matrix's own: re-resolved when the base changes),
+each cell's env (``envs/CELL``, so two matrices, or two specs of one name in different
+folders, never share an env), and the reports. Cells run as ``cudaenv build --verify``
+subprocesses through builder/proc.py, several at once (``-j``); each writes a structured
+build record (report.BuildRecord) that the grid is made from. uv's cache is shared (envs are
+hard links into it) and an unchanged cell reuses its env and JIT cache.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import datetime as dt
 import itertools
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from builder import archs, jsondoc, proc, report
 from builder import spec as specs
-from builder.errors import SpecError
+from builder.archs import Arch
+from builder.errors import STATUS_OF_EXIT, CudaenvError, ReportError, SpecError
+from builder.paths import MATRIX_DIR
+from builder.yamldoc import Item, Mark, Problems, compose, display, kind, suggest
 
 AXES = ("torch", "cuda", "python", "flashinfer", "sglang", "archs")
 MATRIX_KEYS = ("name", "specs", "base", "axes", "exclude", "include", "runners")
@@ -41,9 +49,8 @@ SHORT = {
     "archs": "sm",
 }
 PACKAGE_OF = {"flashinfer": "flashinfer-python", "sglang": "sglang"}
-MATRIX_DIR = Path(".envs") / ".matrix"
-CHECK_COLUMNS = ("resolve", "build", *specs.CHECKS)
-EXIT_STATUS = {0: "passed", 2: "error", 3: "refused", 4: "failed", 5: "failed", 6: "error"}
+DEFAULT_RUNNER = "ubuntu-latest"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +58,9 @@ class Cell:
     name: str
     spec_path: Path
     values: tuple[tuple[str, str], ...] = ()
-    archs: tuple[str, ...] = ()
+    archs: tuple[Arch, ...] = ()
     runs_on: tuple[str, ...] = ()
+    generated: bool = False  # a spec the matrix wrote (its lock is the matrix's own)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,18 +68,22 @@ class Matrix:
     name: str
     source: Path
     cells: tuple[Cell, ...]
+    root: Path  # .envs/.matrix/NAME: generated specs, locks, envs, reports
 
     def cell(self, name: str) -> Cell:
         for c in self.cells:
             if c.name == name:
                 return c
         raise SpecError(
-            [f"{self.source}:1:1: no cell {name!r}; cells: {', '.join(c.name for c in self.cells)}"]
+            [
+                f"{display(self.source)}:1:1: no cell {name!r}; cells: "
+                + ", ".join(c.name for c in self.cells)
+            ],
+            what="matrix file",
         )
 
-
-def _err(path: Path, where: str, message: str) -> SpecError:
-    return SpecError([f"{path}:1:1: {where}: {message}"])
+    def env_dir(self, cell: Cell) -> Path:
+        return self.root / "envs" / cell.name
 
 
 def _text(value: object) -> str:
@@ -90,30 +102,119 @@ def cell_name(values: Mapping[str, object]) -> str:
     return name[:100] or "cell"
 
 
-def load(path: Path, out_root: Path | None = None) -> Matrix:
-    """Expand a matrix file; writes each cell's generated spec. Raises SpecError."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise _err(path, "matrix", f"cannot read: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise _err(path, "matrix", "a matrix file is a YAML mapping")
-    unknown = [k for k in raw if k not in MATRIX_KEYS]
-    if unknown:
-        raise _err(path, unknown[0], f"unknown key; expected one of: {', '.join(MATRIX_KEYS)}")
-    name = str(raw.get("name") or path.stem)
-    runners = raw.get("runners") or {}
-    if not isinstance(runners, dict):
-        raise _err(path, "runners", "expected a mapping of arch -> runner labels")
-    out_dir = (out_root or MATRIX_DIR) / name
-    cells: list[Cell] = []
-    if "specs" in raw:
-        for i, item in enumerate(raw["specs"] or []):
-            spec_path = (path.parent / str(item)).resolve()
+def _plain(item: Item) -> Any:
+    """An Item tree as plain Python values (axis values are compared and written out)."""
+    if isinstance(item.value, list):
+        return [_plain(i) for i in item.value]
+    if isinstance(item.value, dict):
+        return {k: _plain(v) for k, v in item.value.items()}
+    return item.value
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _Loader:
+    """One matrix file -> cells, collecting every located problem before failing."""
+
+    def __init__(self, path: Path, out_root: Path | None) -> None:
+        self.path = path
+        self.out_root = out_root or MATRIX_DIR
+        self.problems = Problems()
+
+    def add(self, item: Item, where: str, message: str, *, key: bool = False) -> None:
+        mark = (item.key_mark or item.mark) if key else item.mark
+        self.problems.add(mark, where, message)
+
+    def load(self) -> Matrix:
+        root = compose(self.path, self.problems, what="matrix file")
+        if root is None or not isinstance(root.value, dict):
+            raise SpecError(self.problems.messages(), what="matrix file")
+        data: dict[str, Item] = root.value
+        for key, item in data.items():
+            if key not in MATRIX_KEYS:
+                self.add(item, key, suggest(key, MATRIX_KEYS), key=True)
+        name = self.path.stem
+        if "name" in data:
+            given = data["name"].value
+            if isinstance(given, str) and _NAME_RE.match(given) and ".." not in given:
+                name = given
+            else:
+                self.add(data["name"], "name", f"expected a directory-safe name, got {kind(given)}")
+        runners = self._runners(data.get("runners"))
+        out_dir = self.out_root / name
+        cells: list[Cell] = []
+        if "specs" in data:
+            cells += self._spec_cells(data["specs"], runners)
+        if "base" in data:
+            cells += self._axis_cells(data, runners, out_dir)
+        elif "axes" in data:
+            self.add(data["axes"], "axes", "axes need a `base:` spec to vary")
+        if not cells and not self.problems:
+            self.problems.add(root.mark, "", "a matrix needs `specs:` or `base:` with `axes:`")
+        seen: dict[str, Cell] = {}
+        for cell in cells:
+            if cell.name in seen:
+                self.problems.add(
+                    Mark(display(self.path), 1, 1),
+                    "cells",
+                    f"two cells are named {cell.name!r} ({display(seen[cell.name].spec_path)} "
+                    f"and {display(cell.spec_path)}); give the specs different names",
+                )
+            seen[cell.name] = cell
+        if self.problems:
+            raise SpecError(self.problems.messages(), what="matrix file")
+        return Matrix(name=name, source=self.path, cells=tuple(cells), root=out_dir)
+
+    def _runners(self, item: Item | None) -> dict[str, tuple[str, ...]]:
+        if item is None:
+            return {}
+        if not isinstance(item.value, dict):
+            self.add(
+                item,
+                "runners",
+                f"expected a mapping of arch -> runner labels, got {kind(item.value)}",
+            )
+            return {}
+        out: dict[str, tuple[str, ...]] = {}
+        for key, sub in item.value.items():
+            where = f"runners.{key}"
+            if key != "default":
+                try:
+                    key = str(Arch.parse(key))
+                except ValueError as exc:
+                    self.add(sub, where, f"{exc} (or 'default')", key=True)
+                    continue
+            labels = sub.value if isinstance(sub.value, list) else [sub]
+            texts = [str(_plain(x)) for x in labels if isinstance(x, Item)]
+            if not isinstance(sub.value, list) or not texts:
+                self.add(sub, where, f"expected a list of runner labels, got {kind(sub.value)}")
+                continue
+            out[key] = tuple(texts)
+        return out
+
+    def _spec_cells(self, item: Item, runners: Mapping[str, Sequence[str]]) -> list[Cell]:
+        if not isinstance(item.value, list) or not item.value:
+            self.add(
+                item, "specs", f"expected a non-empty list of spec files, got {kind(item.value)}"
+            )
+            return []
+        cells = []
+        for i, sub in enumerate(item.value):
+            if not isinstance(sub.value, str) or not sub.value:
+                self.add(sub, f"specs[{i}]", f"expected a spec file path, got {kind(sub.value)}")
+                continue
+            spec_path = (self.path.parent / sub.value).resolve()
+            if not spec_path.is_file():
+                self.add(sub, f"specs[{i}]", f"no such spec file: {sub.value}")
+                continue
             try:
                 s = specs.load(spec_path)
             except SpecError as exc:
-                raise SpecError([f"{path}:1:1: specs[{i}]: {p}" for p in exc.problems]) from exc
+                self.add(sub, f"specs[{i}]", f"{sub.value} is not a valid spec (below)")
+                for problem in exc.problems:
+                    self.problems.items.append(("~", 0, 0, problem))
+                continue
             cells.append(
                 Cell(
                     name=s.name,
@@ -123,74 +224,157 @@ def load(path: Path, out_root: Path | None = None) -> Matrix:
                     runs_on=runs_on(runners, s.archs),
                 )
             )
-    if "base" not in raw:
-        if not cells:
-            raise _err(path, "matrix", "needs `specs:` or `base:` with `axes:`")
-        return Matrix(name=name, source=path, cells=tuple(cells))
-    base_path = (path.parent / str(raw["base"])).resolve()
-    base = specs.load(base_path)
-    combos = expand(path, raw.get("axes") or {}, raw.get("exclude") or [], raw.get("include") or [])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seen: set[str] = {c.name for c in cells}
-    for values in combos:
-        cname = cell_name(values)
-        if cname in seen:
-            continue
-        seen.add(cname)
-        spec_path = write_cell_spec(out_dir, cname, base, base_path, values)
-        archs = tuple(values["archs"]) if isinstance(values.get("archs"), list) else base.archs
-        cells.append(
-            Cell(
-                name=cname,
-                spec_path=spec_path,
-                values=tuple((k, _text(v)) for k, v in values.items()),
-                archs=archs,
-                runs_on=runs_on(runners, archs),
+        return cells
+
+    def _axis_cells(
+        self, data: dict[str, Item], runners: Mapping[str, Sequence[str]], out_dir: Path
+    ) -> list[Cell]:
+        base_item = data["base"]
+        if not isinstance(base_item.value, str) or not base_item.value:
+            self.add(base_item, "base", f"expected a spec file path, got {kind(base_item.value)}")
+            return []
+        base_path = (self.path.parent / base_item.value).resolve()
+        if not base_path.is_file():
+            self.add(base_item, "base", f"no such spec file: {base_item.value}")
+            return []
+        try:
+            base = specs.load(base_path)
+        except SpecError as exc:
+            self.add(base_item, "base", f"{base_item.value} is not a valid spec (below)")
+            for problem in exc.problems:
+                self.problems.items.append(("~", 0, 0, problem))
+            return []
+        combos = self._expand(data.get("axes"), data.get("exclude"), data.get("include"))
+        if self.problems:
+            return []
+        cells = []
+        seen: set[str] = set()
+        for values in combos:
+            cname = cell_name(values)
+            if cname in seen:
+                continue
+            seen.add(cname)
+            spec_path = write_cell_spec(out_dir, cname, base, base_path, values)
+            cell_archs = base.archs
+            if "archs" in values:
+                raw = values["archs"] if isinstance(values["archs"], list) else [values["archs"]]
+                cell_archs = tuple(Arch.parse(str(a)) for a in raw)
+            cells.append(
+                Cell(
+                    name=cname,
+                    spec_path=spec_path,
+                    values=tuple((k, _text(v)) for k, v in values.items()),
+                    archs=cell_archs,
+                    runs_on=runs_on(runners, cell_archs),
+                    generated=True,
+                )
             )
-        )
-    return Matrix(name=name, source=path, cells=tuple(cells))
+        return cells
 
+    def _axis_value(self, axis: str, item: Item, where: str) -> Any:
+        value = _plain(item)
+        if axis == "archs":
+            subs = item.value if isinstance(item.value, list) else [item]
+            for j, sub in enumerate(subs):
+                try:
+                    Arch.parse(str(sub.value))
+                except ValueError as exc:
+                    self.add(sub, f"{where}[{j}]" if sub is not item else where, str(exc))
+            return [str(_plain(sub)) for sub in subs]
+        if isinstance(value, (dict, list)) or value is None or isinstance(value, bool):
+            self.add(item, where, f"expected a version, got {kind(item.value)}")
+            return None
+        if isinstance(value, float) and axis in ("cuda", "python"):
+            self.add(item, where, f'expected a quoted version like "13.0", got the number {value}')
+            return None
+        return str(value)
 
-def expand(
-    path: Path, axes: Mapping[str, Any], exclude: Sequence[Any], include: Sequence[Any]
-) -> list[dict[str, Any]]:
-    if not isinstance(axes, dict):
-        raise _err(path, "axes", "expected a mapping of axis -> values")
-    lists: list[list[dict[str, Any]]] = []
-    for axis, values in axes.items():
-        keys = str(axis).split("+")
-        for key in keys:
-            if key not in AXES:
-                raise _err(path, f"axes.{axis}", f"unknown axis {key!r}; axes: {', '.join(AXES)}")
-        if not isinstance(values, list) or not values:
-            raise _err(path, f"axes.{axis}", "expected a non-empty list")
-        options = []
-        for i, value in enumerate(values):
-            if len(keys) > 1:
-                if not isinstance(value, dict) or sorted(value) != sorted(keys):
-                    raise _err(
-                        path, f"axes.{axis}[{i}]", f"expected a mapping with keys {', '.join(keys)}"
+    def _check_keys(self, item: Item, where: str, keys: Sequence[str]) -> bool:
+        ok = True
+        assert isinstance(item.value, dict)
+        for key, sub in item.value.items():
+            if key not in keys:
+                self.add(sub, f"{where}.{key}", suggest(key, keys, what="axis"), key=True)
+                ok = False
+        return ok
+
+    def _expand(
+        self, axes: Item | None, exclude: Item | None, include: Item | None
+    ) -> list[dict[str, Any]]:
+        if axes is None or not isinstance(axes.value, dict) or not axes.value:
+            where = axes if axes is not None else None
+            if where is not None:
+                self.add(
+                    where, "axes", f"expected a mapping of axis -> values, got {kind(where.value)}"
+                )
+            return []
+        lists: list[list[dict[str, Any]]] = []
+        for axis, values in axes.value.items():
+            keys = axis.split("+")
+            bad = [k for k in keys if k not in AXES]
+            for k in bad:
+                self.add(values, f"axes.{axis}", suggest(k, AXES, what="axis"), key=True)
+            if bad:
+                continue
+            if not isinstance(values.value, list) or not values.value:
+                self.add(
+                    values, f"axes.{axis}", f"expected a non-empty list, got {kind(values.value)}"
+                )
+                continue
+            options = []
+            for i, value in enumerate(values.value):
+                at = f"axes.{axis}[{i}]"
+                if len(keys) > 1:
+                    if not isinstance(value.value, dict) or sorted(value.value) != sorted(keys):
+                        self.add(value, at, f"expected a mapping with keys {', '.join(keys)}")
+                        continue
+                    options.append(
+                        {k: self._axis_value(k, value.value[k], f"{at}.{k}") for k in keys}
                     )
-                options.append({k: value[k] for k in keys})
+                else:
+                    options.append({keys[0]: self._axis_value(keys[0], value, at)})
+            lists.append(options)
+        combos = [
+            dict(kv for part in product for kv in part.items())
+            for product in itertools.product(*lists)
+        ]
+        rules: list[dict[str, Any]] = []
+        for i, (rule, rule_map) in enumerate(self._mappings(exclude, "exclude")):
+            if self._check_keys(rule, f"exclude[{i}]", AXES):
+                rules.append(
+                    {k: self._axis_value(k, v, f"exclude[{i}].{k}") for k, v in rule_map.items()}
+                )
+        combos = [
+            c
+            for c in combos
+            if not any(all(_text(c.get(k)) == _text(v) for k, v in r.items()) for r in rules)
+        ]
+        for i, (extra, extra_map) in enumerate(self._mappings(include, "include")):
+            if self._check_keys(extra, f"include[{i}]", AXES):
+                combos.append(
+                    {k: self._axis_value(k, v, f"include[{i}].{k}") for k, v in extra_map.items()}
+                )
+        return combos
+
+    def _mappings(self, item: Item | None, key: str) -> list[tuple[Item, dict[str, Item]]]:
+        if item is None or item.value is None:
+            return []
+        if not isinstance(item.value, list):
+            self.add(item, key, f"expected a list of mappings, got {kind(item.value)}")
+            return []
+        out = []
+        for i, sub in enumerate(item.value):
+            if isinstance(sub.value, dict):
+                out.append((sub, sub.value))
             else:
-                options.append({keys[0]: value})
-        lists.append(options)
-    combos = [
-        dict(kv for part in product for kv in part.items()) for product in itertools.product(*lists)
-    ]
-    for i, rule in enumerate(exclude):
-        if not isinstance(rule, dict):
-            raise _err(path, f"exclude[{i}]", "expected a mapping")
-    combos = [
-        c
-        for c in combos
-        if not any(all(_text(c.get(k)) == _text(v) for k, v in rule.items()) for rule in exclude)
-    ]
-    for i, extra in enumerate(include):
-        if not isinstance(extra, dict) or any(k not in AXES for k in extra):
-            raise _err(path, f"include[{i}]", f"expected a mapping of axes ({', '.join(AXES)})")
-        combos.append(dict(extra))
-    return combos
+                self.add(sub, f"{key}[{i}]", f"expected a mapping of axes, got {kind(sub.value)}")
+        return out
+
+
+def load(path: Path, out_root: Path | None = None) -> Matrix:
+    """Expand a matrix file; writes each cell's generated spec. Raises SpecError with every
+    located problem of the file (and of the specs it names)."""
+    return _Loader(path, out_root).load()
 
 
 def write_cell_spec(
@@ -201,45 +385,49 @@ def write_cell_spec(
         if key in values:
             doc[key] = str(values[key])
     if "archs" in values:
-        doc["archs"] = [
-            str(a)
-            for a in (values["archs"] if isinstance(values["archs"], list) else [values["archs"]])
-        ]
+        raw = values["archs"] if isinstance(values["archs"], list) else [values["archs"]]
+        doc["archs"] = [str(a) for a in raw]
     packages = list(base.packages)
     for axis, package in PACKAGE_OF.items():
         if axis in values:
             pin = f"{package}=={values[axis]}"
-            replaced = [
-                pin if canonicalize_name(Requirement(p).name) == package else p for p in packages
-            ]
+            replaced = [pin if _req_name(p) == package else p for p in packages]
             packages = replaced if pin in replaced else [*packages, pin]
     if packages != list(base.packages):
         doc["packages"] = packages
     path = out_dir / f"{name}.yaml"
     text = "# Generated by cudaenv matrix; do not edit.\n" + yaml.safe_dump(doc, sort_keys=False)
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        proc.atomic_write_text(path, text)
     return path
 
 
-def runs_on(runners: Mapping[str, Any], archs: Sequence[str]) -> tuple[str, ...]:
+def _req_name(text: str) -> str:
+    try:
+        return str(canonicalize_name(Requirement(text).name))
+    except InvalidRequirement:
+        return text
+
+
+def runs_on(runners: Mapping[str, Sequence[str]], cell_archs: Sequence[Arch]) -> tuple[str, ...]:
     labels: list[str] = []
-    for arch in archs:
-        for label in runners.get(arch, []) or []:
-            if str(label) not in labels:
-                labels.append(str(label))
+    for arch in cell_archs:
+        for label in runners.get(str(arch), ()):
+            if label not in labels:
+                labels.append(label)
     if not labels:
-        labels = [str(x) for x in runners.get("default", ["ubuntu-latest"])]
+        labels = list(runners.get("default", (DEFAULT_RUNNER,)))
     return tuple(labels)
 
 
-def resolve_spec_arg(arg: str) -> Path:
-    """``MATRIX.yaml:CELL`` -> that cell's generated spec; anything else is a spec path."""
-    if ":" in arg:
-        file, _, cell = arg.rpartition(":")
-        if file.endswith((".yaml", ".yml")) and Path(file).is_file() and cell:
-            return load(Path(file)).cell(cell).spec_path
-    return Path(arg)
+def split_cell_arg(arg: str) -> tuple[Path, str] | None:
+    """``MATRIX.yaml:CELL`` -> (matrix file, cell), else None (a plain spec path)."""
+    if ":" not in arg:
+        return None
+    file, _, cell = arg.rpartition(":")
+    if file.endswith((".yaml", ".yml")) and Path(file).is_file() and cell:
+        return Path(file), cell
+    return None
 
 
 # --------------------------------------------------------------------------- running
@@ -248,50 +436,53 @@ def resolve_spec_arg(arg: str) -> Path:
 @dataclass(frozen=True, kw_only=True)
 class CellResult:
     cell: Cell
-    status: str  # passed | failed | refused | error | not run
+    status: str  # one of report.CELL_STATUSES
     reason: str
     seconds: float
     log: Path | None
-    report: Mapping[str, Any] | None = None
+    verify: report.VerifyReport | None = None
 
 
-def run_cell(cell: Cell, out: Path) -> CellResult:
+def cell_argv(matrix: Matrix, cell: Cell, record: Path) -> list[str]:
+    argv = [sys.executable, "-m", "builder.cli", "build", "--verify", str(cell.spec_path)]
+    argv += ["--env-dir", str(matrix.env_dir(cell).absolute()), "--record", str(record)]
+    if cell.generated:
+        # The cell's lock is the matrix's own: re-resolve it when the base spec changed.
+        argv.append("--relock")
+    return argv
+
+
+def run_cell(matrix: Matrix, cell: Cell, out: Path) -> CellResult:
     out = out.absolute()
     log_path = out / "logs" / f"{cell.name}.log"
-    report_path = out / "cells" / f"{cell.name}.json"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.unlink(missing_ok=True)
+    record_path = out / "cells" / f"{cell.name}.json"
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    record_path.unlink(missing_ok=True)
     started = time.monotonic()
-    with log_path.open("w") as fh:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "builder.cli",
-                "build",
-                "--verify",
-                str(cell.spec_path),
-                "--report",
-                str(report_path),
-            ],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            check=False,
+    try:
+        done = proc.run(cell_argv(matrix, cell, record_path), check=False, log_file=log_path)
+        code = done.returncode
+    except CudaenvError as exc:
+        return CellResult(
+            cell=cell, status="error", reason=str(exc)[:600], seconds=0.0, log=log_path
         )
     seconds = time.monotonic() - started
-    text = log_path.read_text(errors="replace")
-    errors = [ln[len("error: ") :] for ln in text.splitlines() if ln.startswith("error: ")]
-    status = EXIT_STATUS.get(done.returncode, "error")
-    reason = "; ".join(errors)[:600] or ("" if status == "passed" else f"exit {done.returncode}")
-    if status == "refused":
-        reason = (
-            " ".join(ln.strip() for ln in text.splitlines() if ln.strip().startswith("- "))[:600]
-            or reason
+    try:
+        rec = report.BuildRecord.from_json(
+            jsondoc.load(record_path, "build record"), str(record_path)
         )
-    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    except ReportError:
+        # The cell died before it could say why (killed, a crash): the exit code is all.
+        status = STATUS_OF_EXIT.get(code, "error")
+        reason = f"exit {code} without a build record; see {log_path.name}"
+        return CellResult(cell=cell, status=status, reason=reason, seconds=seconds, log=log_path)
     return CellResult(
-        cell=cell, status=status, reason=reason, seconds=seconds, log=log_path, report=report
+        cell=cell,
+        status=rec.status,
+        reason=rec.reason[:600],
+        seconds=seconds,
+        log=log_path,
+        verify=rec.verify,
     )
 
 
@@ -305,7 +496,7 @@ def run(
 ) -> list[CellResult]:
     results: dict[str, CellResult] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell, cell, out): cell for cell in matrix.cells}
+        futures = {pool.submit(run_cell, matrix, cell, out): cell for cell in matrix.cells}
         for fut in concurrent.futures.as_completed(futures):
             cell = futures[fut]
             result = fut.result()
@@ -324,100 +515,24 @@ def run(
     return [results[c.name] for c in matrix.cells]
 
 
-# --------------------------------------------------------------------------- the report
-
-
-def cell_checks(status: str, report: Mapping[str, Any] | None) -> dict[str, str]:
-    """Status per grid column: resolve, build, then each verification check."""
-    checks = {c["name"]: c["status"] for c in (report or {}).get("checks", [])}
-    cols = {"resolve": "passed", "build": "passed"}
-    if status == "refused":
-        cols = {"resolve": "refused", "build": "not run"}
-    elif status in ("error", "not run") and not checks:
-        cols = {"resolve": status, "build": "not run"}
-    elif status == "failed" and not checks:
-        cols["build"] = "failed"
-    for name in specs.CHECKS:
-        cols[name] = checks.get(name, "not run" if status != "passed" else "-")
-    return cols
-
-
-def matrix_report(name: str, results: Sequence[CellResult], out: Path) -> dict[str, Any]:
-    cells = []
-    for r in results:
-        cells.append(
-            {
-                "name": r.cell.name,
-                "spec": str(r.cell.spec_path),
-                "status": r.status,
-                "reason": r.reason,
-                "values": dict(r.cell.values),
-                "archs": list(r.cell.archs),
-                "runs_on": list(r.cell.runs_on),
-                "seconds": round(r.seconds, 1),
-                "log": os.path.relpath(r.log, out) if r.log else None,
-                "columns": cell_checks(r.status, r.report),
-                "verify": r.report,
-            }
+def matrix_report(name: str, results: Sequence[CellResult], out: Path) -> report.MatrixReport:
+    cells = tuple(
+        report.CellReport(
+            name=r.cell.name,
+            spec=str(r.cell.spec_path),
+            status=r.status,
+            reason=r.reason,
+            values=r.cell.values,
+            archs=r.cell.archs,
+            runs_on=r.cell.runs_on,
+            seconds=r.seconds,
+            log=os.path.relpath(r.log, out.absolute()) if r.log else None,
+            columns=report.columns_of(r.status, r.verify),
+            verify=r.verify,
         )
-    return aggregate(name, cells)
-
-
-def aggregate(name: str, cells: list[dict[str, Any]]) -> dict[str, Any]:
-    bad = [c for c in cells if c["status"] not in ("passed", "refused")]
-    return {
-        "schema_version": 1,
-        "kind": "matrix",
-        "name": name,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "status": "failed" if bad else "passed",
-        "columns": list(CHECK_COLUMNS),
-        "cells": cells,
-    }
-
-
-def merge(docs: Sequence[Mapping[str, Any]], name: str = "merged") -> dict[str, Any]:
-    """Join verify reports (one per CI runner) and matrix reports into one matrix report."""
-    cells: dict[str, dict[str, Any]] = {}
-    for doc in docs:
-        if doc.get("kind") == "matrix":
-            for c in doc.get("cells", []):
-                cells[c["name"]] = dict(c)
-        elif doc.get("kind") == "verify":
-            cname = str(doc.get("spec") or doc.get("python"))
-            status = "failed" if doc.get("status") == "failed" else "passed"
-            cells[cname] = {
-                "name": cname,
-                "spec": doc.get("spec"),
-                "status": status,
-                "reason": "",
-                "values": {},
-                "archs": doc.get("archs", []),
-                "runs_on": [],
-                "seconds": doc.get("seconds", 0),
-                "log": None,
-                "columns": cell_checks(status, doc),
-                "verify": dict(doc),
-            }
-        else:
-            raise SpecError([f"report merge: not a cudaenv report (kind={doc.get('kind')!r})"])
-    return aggregate(name, list(cells.values()))
-
-
-def regressions(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """(cell, column) that passed in ``old`` and do not now."""
-    before = {c["name"]: c for c in old.get("cells", [])}
-    out = []
-    for cell in new.get("cells", []):
-        prev = before.get(cell["name"])
-        if not prev:
-            continue
-        for col, status in prev.get("columns", {}).items():
-            if status == "passed" and cell.get("columns", {}).get(col) != "passed":
-                out.append(
-                    f"{cell['name']}: {col} passed before, {cell.get('columns', {}).get(col, 'missing')} now"
-                )
-    return out
+        for r in results
+    )
+    return report.MatrixReport(name=name, created=report._now(), cells=cells)
 
 
 def github_matrix(matrix: Matrix) -> dict[str, Any]:
@@ -426,10 +541,13 @@ def github_matrix(matrix: Matrix) -> dict[str, Any]:
             {
                 "cell": c.name,
                 "spec": f"{matrix.source}:{c.name}"
-                if c.values and c.values[0][0] != "spec"
+                if c.generated
                 else os.path.relpath(c.spec_path),
                 "runs-on": list(c.runs_on),
             }
             for c in matrix.cells
         ]
     }
+
+
+__all__ = ["AXES", "Cell", "CellResult", "Matrix", "archs", "load", "run"]

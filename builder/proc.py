@@ -6,6 +6,7 @@ does). Tests replace :func:`run` or drive it with real tiny processes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -15,26 +16,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import CudaenvError, ToolMissing
+from builder.errors import CommandFailed, ToolMissing
+
+__all__ = ["CommandFailed", "Completed", "atomic_write_text", "run", "uv_bin", "uv_env", "which"]
 
 log = logging.getLogger("cudaenv")
-
-
-class CommandFailed(CudaenvError):
-    """A command exited non-zero or ran past its timeout."""
-
-    exit_code = 1
-
-    def __init__(self, argv: Sequence[str], returncode: int, output: str) -> None:
-        self.argv = list(argv)
-        self.returncode = returncode
-        self.output = output
-        tail = "\n".join(output.strip().splitlines()[-30:])
-        super().__init__(f"command failed (exit {returncode}): {shlex.join(self.argv)}\n{tail}")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -67,16 +60,21 @@ def run(
     timeout: float | None = None,
     stream: bool = False,
     input_text: str | None = None,
+    log_file: Path | None = None,
 ) -> Completed:
     """Run ``argv`` (never through a shell).
 
     ``stream`` passes the child's stderr through to ours (used for uv's progress), stdout is
-    always captured. ``check`` raises :class:`CommandFailed` with the output tail.
+    always captured. ``log_file`` sends stdout and stderr, merged, to that file as they come
+    (a matrix cell's log, readable while it runs); the result then holds no output.
+    ``check`` raises :class:`CommandFailed` with the output tail.
     """
     args = [os.fspath(a) for a in argv]
     log.debug("$ %s", shlex.join(args))
     if stream:
         return _run_streaming(args, env=env, cwd=cwd, check=check, timeout=timeout)
+    if log_file is not None:
+        return _run_logged(args, env=env, cwd=cwd, check=check, timeout=timeout, log_file=log_file)
     try:
         proc = subprocess.run(
             args,
@@ -94,14 +92,51 @@ def run(
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, str) else ""
-        raise CommandFailed(args, -1, f"{out}\ntimed out after {timeout} s") from exc
+        # The output so far comes as bytes even in text mode (CPython's _communicate).
+        out, err = (
+            b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            for b in (exc.stdout, exc.stderr)
+        )
+        raise CommandFailed(args, -1, f"{out}\n{err}", timed_out=timeout) from exc
     done = Completed(
         argv=tuple(args), returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr or ""
     )
     if check and proc.returncode != 0:
         raise CommandFailed(args, proc.returncode, done.stdout + "\n" + done.stderr)
     return done
+
+
+def _run_logged(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    check: bool,
+    timeout: float | None,
+    log_file: Path,
+) -> Completed:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("w") as fh:
+        try:
+            proc = subprocess.run(
+                args,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+                preexec_fn=_PREEXEC,
+            )
+        except FileNotFoundError as exc:
+            raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise CommandFailed(args, -1, f"see {log_file}", timed_out=timeout) from exc
+    if check and proc.returncode != 0:
+        tail = log_file.read_text(errors="replace")[-4000:]
+        raise CommandFailed(args, proc.returncode, tail)
+    return Completed(argv=tuple(args), returncode=proc.returncode, stdout="", stderr="")
 
 
 def _run_streaming(
@@ -112,7 +147,12 @@ def _run_streaming(
     check: bool,
     timeout: float | None,
 ) -> Completed:
-    """Echo the child's stderr live (uv's progress) and keep it for the error message."""
+    """Echo the child's stderr live (uv's progress) and keep it for the error message.
+
+    The timeout is a deadline on the whole run, enforced while the child still holds its
+    pipes open: both pipes are read by threads and the main thread only waits, so a child
+    that keeps stderr open past the deadline is killed there (not when it closes the pipe).
+    """
     try:
         child = subprocess.Popen(
             args,
@@ -129,25 +169,41 @@ def _run_streaming(
     err_lines: list[str] = []
     out_parts: list[str] = []
     assert child.stderr is not None and child.stdout is not None
-    import threading
+    out_pipe, err_pipe = child.stdout, child.stderr
 
     def pump_out() -> None:
-        assert child.stdout is not None
-        out_parts.append(child.stdout.read())
+        out_parts.append(out_pipe.read())
 
-    reader = threading.Thread(target=pump_out, daemon=True)
-    reader.start()
-    try:
-        for line in child.stderr:
+    def pump_err() -> None:
+        for line in err_pipe:
             err_lines.append(line)
             sys.stderr.write(line)
             sys.stderr.flush()
-        child.wait(timeout=timeout)
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for reader in readers:
+        reader.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        child.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired as exc:
+        child.kill()
+        child.wait()
+        _join(readers, until=time.monotonic() + 1)
+        raise CommandFailed(
+            args, -1, "".join(out_parts) + "\n" + "".join(err_lines), timed_out=timeout
+        ) from exc
     except BaseException:
         child.kill()
         child.wait()
         raise
-    reader.join(timeout=5)
+    # The child is gone; a grandchild that inherited the pipes may hold them a little longer:
+    # 5 s, or up to the deadline, past which the run timed out (as subprocess.run's would).
+    _join(readers, until=time.monotonic() + 5 if deadline is None else deadline)
+    if deadline is not None and any(reader.is_alive() for reader in readers):
+        raise CommandFailed(
+            args, -1, "".join(out_parts) + "\n" + "".join(err_lines), timed_out=timeout
+        )
     done = Completed(
         argv=tuple(args),
         returncode=child.returncode,
@@ -157,6 +213,35 @@ def _run_streaming(
     if check and child.returncode != 0:
         raise CommandFailed(args, child.returncode, done.stdout + "\n" + done.stderr)
     return done
+
+
+def _join(threads: Sequence[threading.Thread], *, until: float) -> None:
+    """Join each thread, all against one deadline (not one timeout each)."""
+    for thread in threads:
+        thread.join(timeout=max(until - time.monotonic(), 0))
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half
+    (temp file in the same directory + fsync + ``os.replace``, as pypa/build writes its
+    reports). Creates the parent directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # mkstemp makes 0600; a report or lock is as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        Path(tmp).chmod(0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink()
+        raise
+    return path
 
 
 def which(name: str, path: str | None = None) -> str | None:
@@ -183,3 +268,13 @@ def uv_bin() -> str:
     if found:
         return found
     raise ToolMissing(f"uv: not found; install it with `{sys.executable} -m pip install uv`")
+
+
+def uv_env() -> dict[str, str]:
+    """The environment every uv call gets: never a managed-Python download (it fails slowly
+    offline, FACTS §7), and hard links from uv's cache where the filesystem allows (a warm
+    build is ~2.5 s, FACTS §6). A user's own setting of either wins."""
+    env = dict(os.environ)
+    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    env.setdefault("UV_LINK_MODE", "hardlink")
+    return env

@@ -1,4 +1,9 @@
-"""The Report model and its renderings (templates/): JSON, a terminal table, Markdown."""
+"""The report models (a verify run, a build record, a matrix) and their renderings.
+
+Each model is a frozen dataclass with ``to_json``/``from_json`` and a ``schema_version``
+checked on read (builder/jsondoc.py), so a report from another cudaenv is a one-line error.
+Renderings (terminal, Markdown, HTML, JUnit) read the models; the templates get the JSON form.
+"""
 
 from __future__ import annotations
 
@@ -10,46 +15,88 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import __version__
+from builder import __version__, archs, jsondoc
+from builder.archs import Arch
+from builder.errors import ReportError
+from builder.jsondoc import Reader
+from builder.manifest import Manifest
+from builder.proc import atomic_write_text
 from builder.toolchain import templates
-from builder.verify import FAILED, CheckResult, EnvFacts, Target
+from builder.verify import CHECKS, FAILED, PASSED, CheckResult, EnvFacts, Target
 
 SCHEMA_VERSION = 1
+# The grid's columns: the two stages before verification, then each check.
+COLUMNS = ("resolve", "build", *CHECKS)
+# A cell's status, and what counts as a failure of the matrix ("refused" is a policy verdict
+# on a combination, shown but not a failure).
+CELL_STATUSES = ("passed", "failed", "refused", "error", "not run")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- verify
 
 
 @dataclass(frozen=True, kw_only=True)
-class Report:
-    kind: str
+class VerifyReport:
     spec: str | None
     env: str | None
     python: str
     lock_hash: str | None
-    archs: tuple[str, ...]
+    archs: tuple[Arch, ...]
     versions: tuple[tuple[str, str], ...]
     checks: tuple[CheckResult, ...]
     seconds: float
     created: str
+    cudaenv: str = __version__
 
     @property
     def status(self) -> str:
-        return FAILED if any(c.status == FAILED for c in self.checks) else "passed"
+        return FAILED if any(c.status == FAILED for c in self.checks) else PASSED
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
-            "kind": self.kind,
-            "cudaenv": __version__,
+            "kind": "verify",
+            "cudaenv": self.cudaenv,
             "created": self.created,
             "spec": self.spec,
             "env": self.env,
             "python": self.python,
             "lock_hash": self.lock_hash,
-            "archs": list(self.archs),
+            "archs": archs.texts(self.archs),
             "versions": dict(self.versions),
             "status": self.status,
             "seconds": round(self.seconds, 3),
             "checks": [c.to_json() for c in self.checks],
         }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> VerifyReport:
+        r = Reader(doc, where, "verify report", SCHEMA_VERSION)
+        return cls._from_reader(r)
+
+    @classmethod
+    def _from_reader(cls, r: Reader) -> VerifyReport:
+        if r.text("kind") != "verify":
+            raise r.error(f"kind is {r.text('kind')!r}, not 'verify'", "kind")
+        return cls(
+            spec=r.opt_text("spec"),
+            env=r.opt_text("env"),
+            python=r.text("python"),
+            lock_hash=r.opt_text("lock_hash"),
+            archs=r.archs("archs"),
+            versions=tuple(r.text_map("versions").items()),
+            checks=tuple(CheckResult.from_json(c) for c in r.subs("checks")),
+            seconds=r.num("seconds"),
+            created=r.text("created"),
+            cudaenv=r.text("cudaenv"),
+        )
 
 
 def verify_report(
@@ -57,8 +104,8 @@ def verify_report(
     facts: EnvFacts,
     results: Sequence[CheckResult],
     seconds: float,
-    manifest: Mapping[str, object] | None,
-) -> Report:
+    manifest: Manifest | None,
+) -> VerifyReport:
     versions = [
         ("python", f"{facts.python_version} ({facts.python})"),
         (
@@ -70,30 +117,254 @@ def verify_report(
         ("flashinfer", facts.flashinfer_version or "-"),
         ("CUDA_HOME", facts.cuda_home or "-"),
     ]
-    lock_hash = manifest.get("lock_hash") if manifest else None
-    return Report(
-        kind="verify",
+    return VerifyReport(
         spec=target.spec_name,
         env=str(target.env_dir) if target.env_dir else None,
         python=str(target.python),
-        lock_hash=str(lock_hash) if lock_hash else None,
+        lock_hash=manifest.lock_hash if manifest else None,
         archs=target.archs,
         versions=tuple(versions),
         checks=tuple(results),
         seconds=seconds,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=_now(),
     )
 
 
-def write_json(report: Report, path: Path) -> None:
+# --------------------------------------------------------------------------- build record
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildRecord:
+    """What ``cudaenv build --verify --record FILE`` ran into, for the matrix to read instead
+    of scraping a log: the stage it ended in, the grid status, the reason, the exit code."""
+
+    stage: str  # "resolve", "build" or "verify": the last stage that ran
+    status: str  # one of CELL_STATUSES
+    reason: str
+    exit_code: int
+    verify: VerifyReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "build",
+            "stage": self.stage,
+            "status": self.status,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+            "verify": self.verify.to_json() if self.verify else None,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> BuildRecord:
+        r = Reader(doc, where, "build record", SCHEMA_VERSION)
+        if r.text("kind") != "build":
+            raise r.error(f"kind is {r.text('kind')!r}, not 'build'", "kind")
+        sub = r.opt_sub("verify")
+        return cls(
+            stage=r.text("stage"),
+            status=_status(r, "status"),
+            reason=r.text("reason"),
+            exit_code=int(r.num("exit_code")),
+            verify=VerifyReport._from_reader(sub) if sub else None,
+        )
+
+
+def _status(r: Reader, key: str) -> str:
+    value = r.text(key)
+    if value not in CELL_STATUSES:
+        raise r.error(f"unknown status {value!r}; expected one of {', '.join(CELL_STATUSES)}", key)
+    return value
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellReport:
+    name: str
+    spec: str | None
+    status: str
+    reason: str
+    values: tuple[tuple[str, str], ...]
+    archs: tuple[Arch, ...]
+    runs_on: tuple[str, ...]
+    seconds: float
+    log: str | None
+    columns: tuple[tuple[str, str], ...]  # column -> status, in COLUMNS order
+    verify: VerifyReport | None
+
+    def column(self, name: str) -> str:
+        return dict(self.columns).get(name, "-")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "status": self.status,
+            "reason": self.reason,
+            "values": dict(self.values),
+            "archs": archs.texts(self.archs),
+            "runs_on": list(self.runs_on),
+            "seconds": round(self.seconds, 1),
+            "log": self.log,
+            "columns": dict(self.columns),
+            "verify": self.verify.to_json() if self.verify else None,
+        }
+
+    @classmethod
+    def from_reader(cls, r: Reader) -> CellReport:
+        sub = r.opt_sub("verify")
+        return cls(
+            name=r.text("name"),
+            spec=r.opt_text("spec"),
+            status=_status(r, "status"),
+            reason=r.text("reason"),
+            values=tuple(r.text_map("values").items()),
+            archs=r.archs("archs"),
+            runs_on=r.texts("runs_on"),
+            seconds=r.num("seconds", 0.0),
+            log=r.opt_text("log"),
+            columns=tuple(r.text_map("columns").items()),
+            verify=VerifyReport._from_reader(sub) if sub else None,
+        )
+
+
+def columns_of(status: str, verify: VerifyReport | None) -> tuple[tuple[str, str], ...]:
+    """Status per grid column: resolve, build, then each verification check. A check the
+    spec does not run is ``-``; one a stopped cell never reached is ``not run``."""
+    checks = {c.name: c.status for c in verify.checks} if verify else {}
+    cols = {"resolve": "passed", "build": "passed"}
+    if status == "refused":
+        cols = {"resolve": "refused", "build": "not run"}
+    elif status in ("error", "not run") and not checks:
+        cols = {"resolve": status, "build": "not run"}
+    elif status == "failed" and not checks:
+        cols["build"] = "failed"
+    for name in CHECKS:
+        cols[name] = checks.get(name, "not run" if status != "passed" else "-")
+    return tuple(cols.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixReport:
+    name: str
+    created: str
+    cells: tuple[CellReport, ...]
+    columns: tuple[str, ...] = COLUMNS
+
+    @property
+    def status(self) -> str:
+        bad = [c for c in self.cells if c.status not in ("passed", "refused")]
+        return "failed" if bad else "passed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "matrix",
+            "name": self.name,
+            "created": self.created,
+            "status": self.status,
+            "columns": list(self.columns),
+            "cells": [c.to_json() for c in self.cells],
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> MatrixReport:
+        r = Reader(doc, where, "matrix report", SCHEMA_VERSION)
+        if r.text("kind") != "matrix":
+            raise r.error(f"kind is {r.text('kind')!r}, not 'matrix'", "kind")
+        return cls(
+            name=r.text("name"),
+            created=r.text("created"),
+            cells=tuple(CellReport.from_reader(c) for c in r.subs("cells")),
+            columns=r.texts("columns"),
+        )
+
+
+AnyReport = VerifyReport | MatrixReport
+
+
+def read_report(path: Path) -> AnyReport:
+    """A verify or matrix report file; ReportError (exit 2) for anything else."""
+    doc = jsondoc.load(path, "report")
+    where = str(path)
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind == "verify":
+        return VerifyReport.from_json(doc, where)
+    if kind == "matrix":
+        return MatrixReport.from_json(doc, where)
+    raise ReportError(
+        f"{path}: not a cudaenv verify or matrix report (kind is {kind!r}); reports are "
+        "written by `cudaenv verify --report` and `cudaenv matrix`"
+    )
+
+
+def merge(reports: Sequence[AnyReport], name: str = "merged") -> MatrixReport:
+    """Join verify reports (one per CI runner) and matrix reports into one matrix report;
+    a later cell of the same name replaces an earlier one."""
+    cells: dict[str, CellReport] = {}
+    for rep in reports:
+        if isinstance(rep, MatrixReport):
+            cells.update((c.name, c) for c in rep.cells)
+            continue
+        cname = rep.spec or rep.python
+        status = rep.status
+        cells[cname] = CellReport(
+            name=cname,
+            spec=rep.spec,
+            status=status,
+            reason="",
+            values=(),
+            archs=rep.archs,
+            runs_on=(),
+            seconds=rep.seconds,
+            log=None,
+            columns=columns_of(status, rep),
+            verify=rep,
+        )
+    return MatrixReport(name=name, created=_now(), cells=tuple(cells.values()))
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Regression:
+    cell: str
+    column: str
+    before: str
+    now: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell}: {self.column}"
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.before} before, {self.now} now"
+
+
+def regressions(old: MatrixReport, new: MatrixReport) -> list[Regression]:
+    """(cell, column) that passed in ``old`` and do not now; a cell gone from ``new`` is one."""
+    current = {c.name: c for c in new.cells}
+    out = []
+    for prev in old.cells:
+        cell = current.get(prev.name)
+        for col, status in prev.columns:
+            if status != "passed":
+                continue
+            now = cell.column(col) if cell else "missing"
+            if now != "passed":
+                out.append(Regression(cell=prev.name, column=col, before=status, now=now))
+    return out
+
+
+# --------------------------------------------------------------------------- renderings
+
+
+def write_json(report: VerifyReport | MatrixReport | BuildRecord, path: Path) -> Path:
     """Atomically: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    return atomic_write_text(path, json.dumps(report.to_json(), indent=2) + "\n")
 
 
-def terminal(report: Report) -> str:
+def terminal(report: VerifyReport) -> str:
     rows = [(c.name, c.status.upper(), f"{c.seconds:.1f}s", c.summary) for c in report.checks]
     w0 = max([len(r[0]) for r in rows] + [5])
     w1 = max([len(r[1]) for r in rows] + [6])
@@ -108,65 +379,55 @@ def terminal(report: Report) -> str:
     return "\n".join(lines)
 
 
-def markdown(report: Report) -> str:
+def markdown(report: VerifyReport) -> str:
     return templates().get_template("verify.md.j2").render(report=report.to_json())
 
 
-def matrix_markdown(doc: Mapping[str, Any], regressions: Sequence[str] = ()) -> str:
-    return templates().get_template("matrix.md.j2").render(doc=doc, regressions=list(regressions))
+def matrix_markdown(report: MatrixReport, regressions: Sequence[Regression] = ()) -> str:
+    return (
+        templates()
+        .get_template("matrix.md.j2")
+        .render(doc=report.to_json(), regressions=[str(r) for r in regressions])
+    )
 
 
-def matrix_html(doc: Mapping[str, Any], regressions: Sequence[str] = ()) -> str:
+def matrix_html(report: MatrixReport, regressions: Sequence[Regression] = ()) -> str:
     # Autoescape here: cell names, reasons and versions come from specs and tool output.
     env = templates()
     env.autoescape = True
-    keys = {r.split(" passed before")[0] for r in regressions}
     return env.get_template("matrix.html.j2").render(
-        doc=doc, regressions=list(regressions), regression_keys=keys
+        doc=report.to_json(),
+        regressions=[str(r) for r in regressions],
+        regression_keys={r.key for r in regressions},
     )
 
 
-def matrix_junit(doc: Mapping[str, Any]) -> str:
+def matrix_junit(report: MatrixReport) -> str:
     """JUnit XML: one testsuite, one testcase per cell x column (what CI test tabs read)."""
     from xml.etree import ElementTree as ET
 
-    cells = doc.get("cells", [])
-    cases = [(c, col) for c in cells for col in doc.get("columns", [])]
-    failures = sum(1 for c, col in cases if c["columns"].get(col) in ("failed", "error"))
-    skipped = sum(
-        1 for c, col in cases if c["columns"].get(col) not in ("passed", "failed", "error")
-    )
-    suites = ET.Element(
-        "testsuites",
-        name=f"cudaenv matrix {doc.get('name')}",
-        tests=str(len(cases)),
-        failures=str(failures),
-        errors="0",
-        skipped=str(skipped),
-    )
+    cases = [(c, col) for c in report.cells for col in report.columns]
+    failures = sum(1 for c, col in cases if c.column(col) in ("failed", "error"))
+    skipped = sum(1 for c, col in cases if c.column(col) not in ("passed", "failed", "error"))
+    counts = {
+        "tests": str(len(cases)),
+        "failures": str(failures),
+        "errors": "0",
+        "skipped": str(skipped),
+    }
+    suites = ET.Element("testsuites", {"name": f"cudaenv matrix {report.name}", **counts})
     suite = ET.SubElement(
-        suites,
-        "testsuite",
-        name=str(doc.get("name")),
-        tests=str(len(cases)),
-        failures=str(failures),
-        errors="0",
-        skipped=str(skipped),
-        timestamp=str(doc.get("created", "")),
+        suites, "testsuite", {"name": report.name, "timestamp": report.created, **counts}
     )
     for cell, col in cases:
-        status = cell["columns"].get(col, "-")
-        case = ET.SubElement(suite, "testcase", classname=cell["name"], name=col, time="0")
-        check = next(
-            (c for c in (cell.get("verify") or {}).get("checks", []) if c["name"] == col), None
-        )
+        status = cell.column(col)
+        case = ET.SubElement(suite, "testcase", classname=cell.name, name=col, time="0")
+        check = cell.verify.check(col) if cell.verify else None
         if check is not None:
-            case.set("time", str(check.get("seconds", 0)))
-        message = (check or {}).get("summary") or cell.get("reason") or status
+            case.set("time", str(round(check.seconds, 3)))
+        message = (check.summary if check else "") or cell.reason or status
         if status in ("failed", "error"):
-            ET.SubElement(case, "failure", message=str(message)[:500], type=status).text = str(
-                message
-            )
+            ET.SubElement(case, "failure", message=message[:500], type=status).text = message
         elif status == "-":
             ET.SubElement(case, "skipped", message="not among this spec's checks")
         elif status != "passed":
@@ -175,3 +436,26 @@ def matrix_junit(doc: Mapping[str, Any]) -> str:
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
     )
+
+
+def write_matrix_outputs(
+    report: MatrixReport, out: Path, regressions: Sequence[Regression] = ()
+) -> list[Path]:
+    """matrix.json, matrix.html, matrix.md and junit.xml in ``out``, each written atomically;
+    the Markdown is also appended to ``$GITHUB_STEP_SUMMARY`` when set."""
+    md = matrix_markdown(report, regressions)
+    written = [
+        write_json(report, out / "matrix.json"),
+        atomic_write_text(out / "matrix.html", matrix_html(report, regressions)),
+        atomic_write_text(out / "matrix.md", md),
+        atomic_write_text(out / "junit.xml", matrix_junit(report)),
+    ]
+    append_step_summary(md)
+    return written
+
+
+def append_step_summary(markdown_text: str, environ: Mapping[str, str] | None = None) -> None:
+    summary = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a") as fh:
+            fh.write(markdown_text + "\n")

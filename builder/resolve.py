@@ -8,10 +8,10 @@ sides.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import os
 import platform
 import shutil
 import sys
@@ -24,7 +24,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import channels, interpreters, proc
+from builder import archs, channels, interpreters, proc
 from builder.errors import ResolveError, ToolMissing
 from builder.lock import (
     Lock,
@@ -33,7 +33,8 @@ from builder.lock import (
     packages_to_json,
     parse_packages,
 )
-from builder.spec import Arch, EnvSpec
+from builder.paths import cache_dir
+from builder.spec import EnvSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,32 +55,9 @@ def lock_platform() -> str:
 # --------------------------------------------------------------------------- policy
 
 
-def arch_problems(cuda: str, archs: Sequence[str]) -> list[str]:
-    """Rule 5: each requested arch is supported by that CUDA (FACTS §4, nvcc release notes)."""
-    v = Version(cuda)
-    problems = []
-    for text in archs:
-        arch = Arch.parse(text)
-        need: Version | None = None
-        if arch.suffix == "f":
-            # Family-specific targets (sm_XXXf) arrived with CUDA 12.9.
-            need = Version("12.9")
-        elif arch.major == 12 and arch.minor == 0:
-            need = Version("12.8")
-        elif arch.major == 12 or (arch.major == 10 and arch.minor >= 3) or arch.major == 11:
-            need = Version("12.9")
-        elif arch.major == 10:
-            need = Version("12.8")
-        if need is not None and v < need:
-            problems.append(f"arch {arch} needs CUDA >= {need} but the spec asks {cuda}")
-        if v.major >= 13 and (arch.major, arch.minor) < (7, 5):
-            problems.append(f"arch {arch}: CUDA 13 dropped targets below SM 7.5")
-    return problems
-
-
 def spec_problems(spec: EnvSpec) -> list[str]:
     """What the spec alone already breaks, before any resolver call."""
-    problems = arch_problems(spec.cuda, spec.archs)
+    problems = archs.cuda_problems(spec.cuda, spec.archs)
     if spec.toolchain.source == "wheels" and not channels.has_pip_nvcc(spec.cuda_major):
         problems.append(
             f"CUDA {spec.cuda} has no nvcc on PyPI (nvidia-cuda-nvcc-cu12 ships only ptxas, "
@@ -175,13 +153,6 @@ class Resolution:
 Compiler = Callable[[EnvSpec, Sequence[str], Sequence[str], Sequence[str]], Resolution]
 
 
-def _uv_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # A resolution never needs a managed Python download; it fails slowly offline (FACTS §7).
-    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
-    return env
-
-
 def uv_compile(
     spec: EnvSpec,
     requirements: Sequence[str],
@@ -227,7 +198,7 @@ def uv_compile(
             (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
             argv += ["--overrides", str(d / "overrides.txt")]
         try:
-            proc.run(argv, env=_uv_env(), timeout=1800)
+            proc.run(argv, env=proc.uv_env(), timeout=1800)
         except proc.CommandFailed as exc:
             unreachable = index_unreachable(exc.output)
             if unreachable:
@@ -250,24 +221,19 @@ def uv_compile(
 def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
     """uv's PEP 751 output, parsed; memoised by content (TOML in pure Python costs ~40 ms for
     the default stack, JSON ~3 ms), so an unchanged re-lock is as fast as raw uv."""
-    memo = channels.cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.json"
+    memo = cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.json"
     try:
         return packages_from_json(json.loads(memo.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         pass
     packages = parse_packages(tomllib.loads(raw.decode()), "uv pip compile output")
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(packages_to_json(packages)))
-        os.replace(tmp, memo)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        proc.atomic_write_text(memo, json.dumps(packages_to_json(packages)))
     return packages
 
 
 def _seed_file(spec: EnvSpec) -> Path:
-    return channels.cache_dir() / "resolutions" / f"last-{spec.name}-{lock_platform()}.pylock.toml"
+    return cache_dir() / "resolutions" / f"last-{spec.name}-{lock_platform()}.pylock.toml"
 
 
 def _remember_output(spec: EnvSpec, raw: bytes) -> None:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import jinja2
 
-from builder import channels, proc
+from builder import archs, channels, proc
+from builder.archs import Arch
 from builder.errors import BuildError, ToolMissing
-from builder.spec import Arch, EnvSpec
+from builder.spec import EnvSpec
 
 HOOK_MODULE = "_cudaenv_hook"
 PTH_NAME = "cudaenv.pth"
@@ -77,21 +78,6 @@ def site_packages(venv: Path) -> Path:
     if not found:
         raise BuildError(f"{venv}: no lib/python3.*/site-packages; not a venv?")
     return found[0]
-
-
-def flashinfer_arch_list(archs: Sequence[str]) -> str:
-    """Space separated, suffixes kept as given (FACTS §4: FlashInfer keeps ``12.0f``)."""
-    return " ".join(archs)
-
-
-def torch_arch_list(archs: Sequence[str]) -> str:
-    """torch's cpp_extension takes ``major.minor`` entries separated by ``;``; plain numbers
-    are valid in every torch release, suffixed ones are not."""
-    seen: dict[str, None] = {}
-    for text in archs:
-        a = Arch.parse(text)
-        seen.setdefault(f"{a.major}.{a.minor}", None)
-    return ";".join(seen)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +202,7 @@ def check_system_toolkit(spec: EnvSpec) -> str:
     return release
 
 
-def write_hooks(venv: Path, spec: EnvSpec, archs: Sequence[str]) -> list[Path]:
+def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
     """The .pth start-up hook and the bin/activate block, values quoted by the templates."""
     env = templates()
     site = site_packages(venv)
@@ -225,8 +211,8 @@ def write_hooks(venv: Path, spec: EnvSpec, archs: Sequence[str]) -> list[Path]:
         "name": spec.name,
         "pth_name": PTH_NAME,
         "depth": depth,
-        "flashinfer_archs": flashinfer_arch_list(archs),
-        "torch_archs": torch_arch_list(archs),
+        "flashinfer_archs": archs.flashinfer_spelling(env_archs),
+        "torch_archs": archs.torch_spelling(env_archs),
         "env": list(spec.env),
         "saved": [
             "CUDA_HOME",

@@ -1,4 +1,4 @@
-"""Shared fixtures. Markers (pyproject): network, e2e, gpu."""
+"""Shared fixtures. Markers (pyproject): network, e2e, gpu. Plain helpers: tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-ENVSPECS = REPO / "envspecs"
 
 
 def gpu_reason() -> str | None:
@@ -36,6 +33,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.fixture(autouse=True)
+def own_cache_dir(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh, empty cudaenv cache (builder.paths.cache_dir) for each offline test, so a unit
+    test neither writes to the user's ~/.cache/cudaenv nor passes thanks to what is in it.
+    Children started by the test inherit it through the environment. network and e2e tests
+    keep the real cache: its channel pins and resolutions save minutes."""
+    if any(request.node.get_closest_marker(m) for m in ("network", "e2e")):
+        return
+    monkeypatch.setenv("CUDAENV_CACHE_DIR", str(tmp_path_factory.mktemp("cudaenv-cache")))
+
+
 @pytest.fixture
 def in_tmp(tmp_path: Path) -> Iterator[Path]:
     old = Path.cwd()
@@ -44,9 +56,3 @@ def in_tmp(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path
     finally:
         os.chdir(old)
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path

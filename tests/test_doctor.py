@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
-from builder import doctor, proc
-from tests.conftest import REPO, write
+from builder import archs, doctor, interpreters, manifest, proc
+from builder.errors import UsageError
+from builder.manifest import Manifest
+from tests.helpers import REPO, write
 
 HEALTHY_DISTS = {
     "torch": "2.14.1",
@@ -97,6 +99,42 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEnv]:
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))
     fake.dists(HEALTHY_DISTS)
     yield fake
+
+
+def a_manifest(
+    env_archs: str = "12.0f", *, nvcc: str = "13.0", spec: str = "envspecs/default.yaml"
+) -> Manifest:
+    return Manifest(
+        name="default",
+        spec=spec,
+        fingerprint="f" * 16,
+        lock_hash="h" * 16,
+        python="3.12",
+        cuda=nvcc,
+        torch="2.14.1",
+        torch_cuda="13.0",
+        toolkit="13.0.3.0",
+        nvcc=nvcc,
+        toolchain_source="wheels",
+        archs=archs.parse_list(env_archs),
+        spec_archs=archs.parse_list(env_archs),
+        packages=(("torch", "2.14.1"),),
+        env=(),
+        built_at="2025-01-01T00:00:00+00:00",
+        cudaenv="0.1.0",
+        path="/e",
+    )
+
+
+def gpu(capability: tuple[int, int] | None, name: str = "NVIDIA H200", index: int = 0) -> archs.Gpu:
+    return archs.Gpu(index=index, uuid=f"GPU-{index}", name=name, capability=capability)
+
+
+@pytest.fixture(autouse=True)
+def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe tests see the GPUs a test gives them, not the machine's (cudaenv lists them
+    with archs.visible_gpus; the probe in the target interpreter no longer does)."""
+    monkeypatch.setattr(archs, "visible_gpus", lambda: ([], "no GPU in this test"))
 
 
 def run(env: FakeEnv) -> tuple[list[doctor.Finding], doctor.Facts]:
@@ -282,7 +320,7 @@ def facts_doc(**changes: Any) -> dict[str, Any]:
                 "max_gcc": 15,
             }
         ],
-        "driver": {"version": "580.82.07", "gpus": []},
+        "driver": {"version": "580.82.07"},
         "jit_cache": {"root": "/e/var", "entries": []},
         "host_compiler": {"path": "/usr/bin/c++", "banner": "c++ 12.2.0", "gcc_major": 12},
         "errors": {},
@@ -291,13 +329,15 @@ def facts_doc(**changes: Any) -> dict[str, Any]:
     return doc
 
 
-def diagnose(doc: dict[str, Any], manifest: dict[str, Any] | None = None) -> list[str]:
-    return problems(doctor.diagnose(doctor.Facts.from_json(doc, manifest)))
+def diagnose(
+    doc: dict[str, Any], built: Manifest | None = None, gpus: tuple[archs.Gpu, ...] = ()
+) -> list[str]:
+    return problems(doctor.diagnose(doctor.Facts.from_json(doc, built, gpus=gpus)))
 
 
 def test_driver_too_old_for_torchs_cuda() -> None:
     assert diagnose(facts_doc()) == []
-    assert diagnose(facts_doc(driver={"version": "550.54.15", "gpus": []})) == ["driver-too-old"]
+    assert diagnose(facts_doc(driver={"version": "550.54.15"})) == ["driver-too-old"]
     cu12 = facts_doc(
         torch={"installed": True, "version": "2.9.1", "cuda": "12.8"},
         distributions={"torch": "2.9.1"},
@@ -311,8 +351,8 @@ def test_driver_too_old_for_torchs_cuda() -> None:
             }
         ],
     )
-    assert diagnose({**cu12, "driver": {"version": "550.54.15", "gpus": []}}) == []
-    assert diagnose({**cu12, "driver": {"version": "520.61.05", "gpus": []}}) == ["driver-too-old"]
+    assert diagnose({**cu12, "driver": {"version": "550.54.15"}}) == []
+    assert diagnose({**cu12, "driver": {"version": "520.61.05"}}) == ["driver-too-old"]
 
 
 def test_glibc_242_with_cuda_below_132() -> None:
@@ -335,20 +375,34 @@ def test_glibc_242_with_cuda_below_132() -> None:
 
 
 def test_a_gpu_missing_from_the_envs_arch_list() -> None:
-    gpus = {
-        "version": "580.82.07",
-        "gpus": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"}],
-    }
-    manifest = {"archs": ["12.0f"], "nvcc": "13.0", "spec": "envspecs/default.yaml"}
-    assert diagnose(facts_doc(driver=gpus), manifest) == ["gpu-arch-missing"]
-    assert diagnose(facts_doc(driver=gpus), {**manifest, "archs": ["12.0f", "9.0a"]}) == []
+    h200 = (gpu((9, 0)),)
+    assert diagnose(facts_doc(), a_manifest("12.0f"), h200) == ["gpu-arch-missing"]
+    assert diagnose(facts_doc(), a_manifest("12.0f 9.0a"), h200) == []
+    # A family target covers the minor revisions of its major (archs.Arch.runs_on).
+    assert diagnose(facts_doc(), a_manifest("12.0f"), (gpu((12, 1), "RTX"),)) == []
+
+
+def test_the_missing_arch_is_spelled_for_the_envs_nvcc() -> None:
+    rtx = (gpu((12, 0), "RTX PRO 6000"),)
+    for nvcc, spelled in (("13.0", "12.0f"), ("12.8", "12.0a")):
+        facts = doctor.Facts.from_json(facts_doc(), a_manifest("9.0a", nvcc=nvcc), gpus=rtx)
+        found = next(f for f in doctor.diagnose(facts) if f.code == "gpu-arch-missing")
+        assert found.cause == (
+            "GPU RTX PRO 6000 (SM 12.0) is not in this env's arch list (9.0a): FlashInfer "
+            "would build no kernel for it"
+        )
+        assert found.evidence == (f"GPU 0 RTX PRO 6000: {spelled}",)
+        assert found.fix[0].endswith("`cudaenv build envspecs/default.yaml`")
+
+
+def test_a_gpu_of_unknown_capability_is_not_reported_missing() -> None:
+    # nvidia-smi printed no compute_cap: the old rule crashed on int("").
+    facts = doctor.Facts.from_json(facts_doc(), a_manifest("12.0f"), gpus=(gpu(None),))
+    assert doctor.diagnose(facts) == []
+    assert ("GPU 0", "NVIDIA H200 SM unknown") in doctor.facts_table(facts)
 
 
 def test_sm12_gpu_is_intent_too() -> None:
-    gpus = {
-        "version": "580.82.07",
-        "gpus": [{"index": 0, "name": "RTX PRO 6000", "capability": "12.0"}],
-    }
     old = [
         {
             "source": "$CUDA_HOME",
@@ -358,7 +412,189 @@ def test_sm12_gpu_is_intent_too() -> None:
             "release": "12.8",
         }
     ]
-    assert diagnose(facts_doc(driver=gpus, cuda_homes=old))[0] == "sm12x-nvcc-too-old"
+    rtx = (gpu((12, 0), "RTX PRO 6000"),)
+    assert diagnose(facts_doc(cuda_homes=old), gpus=rtx)[0] == "sm12x-nvcc-too-old"
+    assert diagnose(facts_doc(cuda_homes=old), gpus=(gpu(None),)) == ["jit-toolkit-mismatch"]
+
+
+def test_a_crashing_rule_is_a_finding_and_the_others_still_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def rule_boom(facts: doctor.Facts) -> list[doctor.Finding]:
+        raise ValueError("invalid literal for int() with base 10: ''")
+
+    monkeypatch.setattr(doctor, "RULES", (rule_boom, doctor.rule_driver))
+    findings = doctor.diagnose(
+        doctor.Facts.from_json(facts_doc(driver={"version": "550.54.15"}), None)
+    )
+    assert codes(findings) == ["driver-too-old", "rule-crashed"]
+    crashed = findings[1]
+    assert crashed.severity == doctor.ERROR
+    assert crashed.cause == (
+        "the doctor's rule rule_boom crashed: ValueError: invalid literal for int() with base "
+        "10: ''"
+    )
+
+
+def test_no_host_compiler_is_an_error() -> None:
+    none = facts_doc(host_compiler={"error": "CXX is unset and neither c++ nor g++ is on PATH"})
+    findings = doctor.diagnose(doctor.Facts.from_json(none, None))
+    assert problems(findings) == ["no-host-compiler"]
+    assert findings[0].severity == doctor.ERROR
+    assert findings[0].cause == (
+        "no host C++ compiler (CXX is unset and neither c++ nor g++ is on PATH): nvcc needs "
+        "one, so every JIT compile (FlashInfer, torch cpp_extension) fails"
+    )
+    assert findings[0].fix[0].startswith("install a C++ compiler: `apt-get install g++`")
+    # An env with neither torch nor FlashInfer nor nvcc has no JIT to break.
+    bare = {**none, "torch": {"installed": False}, "distributions": {}, "cuda_homes": []}
+    assert diagnose(bare) == []
+
+
+def test_no_host_compiler_found_by_the_real_probe(
+    env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bin" / "g++").unlink()
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no /usr/bin: no system c++ either
+    findings, facts = run(env)
+    assert problems(findings) == ["no-host-compiler"]
+    assert facts.cxx is None and facts.cxx_error is not None
+    monkeypatch.setenv("CXX", str(tmp_path / "gone" / "g++"))
+    findings, _ = run(env)
+    assert problems(findings) == ["no-host-compiler"]
+    assert findings[0].cause.startswith(f"the host C++ compiler {tmp_path}/gone/g++ does not run")
+
+
+def test_the_envs_manifest_is_read_typed(env: FakeEnv, tmp_path: Path) -> None:
+    built = a_manifest("12.0f", spec="envspecs/mine.yaml")
+    manifest.write(built, env.python.parent.parent)
+    findings, facts = run(env)
+    assert facts.manifest == built
+    assert problems(findings) == []
+    (tmp_path / "cuda-13.0" / "bin" / "nvcc").unlink()
+    findings, _ = run(env)
+    assert findings[0].code == "no-nvcc"
+    assert findings[0].fix[-1].endswith("rebuild it: `cudaenv build envspecs/mine.yaml`")
+
+
+def test_gpus_come_from_cudaenv_not_from_the_probe(
+    env: FakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed = [gpu((9, 0)), gpu(None, "NVIDIA ???", 1)]
+    monkeypatch.setattr(archs, "visible_gpus", lambda: (listed, None))
+    manifest.write(a_manifest("12.0f"), env.python.parent.parent)
+    findings, facts = run(env)
+    assert facts.gpus == tuple(listed)
+    # GPU 1's capability is unknown: only GPU 0 is reported, and nothing crashes.
+    assert problems(findings) == ["gpu-arch-missing"]
+    assert findings[0].evidence == ("GPU 0 NVIDIA H200: 9.0a",)
+    script = REPO / "builder" / "probe" / "doctor_probe.py"
+    done = subprocess.run([env.python, script], capture_output=True, text=True, check=True)
+    assert "gpus" not in json.loads(done.stdout)["driver"]
+
+
+def test_json_keeps_every_cuda_home_candidate_in_lookup_order(
+    env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = fake_nvcc(tmp_path / "cuda-12.8", "12.8")
+    monkeypatch.setenv("CUDA_PATH", str(other))
+    monkeypatch.setattr(archs, "visible_gpus", lambda: ([gpu((9, 0)), gpu(None, "X", 1)], None))
+    facts, findings, seconds = doctor.probe(env.python, deep=False)
+    doc = json.loads(json.dumps(doctor.to_json(env.python, facts, findings, seconds)))
+    assert doc["schema_version"] == 2
+    assert doc["python"] == str(env.python)
+    got = doc["facts"]
+    home = tmp_path / "cuda-13.0"
+    # [:2]: a machine's /usr/local/cuda, when it has one, is the third candidate.
+    assert got["cuda_homes"][:2] == [
+        {
+            "source": "$CUDA_HOME",
+            "path": str(home),
+            "nvcc": f"{home}/bin/nvcc",
+            "exists": True,
+            "release": "13.0",
+            "error": None,
+            "max_gcc": 15,
+        },
+        {
+            "source": "$CUDA_PATH",
+            "path": str(other),
+            "nvcc": f"{other}/bin/nvcc",
+            "exists": True,
+            "release": "12.8",
+            "error": None,
+            "max_gcc": 15,
+        },
+    ]
+    assert got["gpus"] == [
+        {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "capability": "9.0"},
+        {"index": 1, "uuid": "GPU-1", "name": "X", "capability": None},
+    ]
+    assert got["torch"] == {
+        "installed": True,
+        "version": "2.14.1+cu130",
+        "cuda": "13.0",
+        "error": None,
+    }
+    assert got["flashinfer"] == "0.7.2"
+    assert got["host_compiler"] == {
+        "path": str(tmp_path / "bin" / "g++"),
+        "banner": "g++ (GCC) 12.2.0",
+        "gcc_major": 12,
+        "error": None,
+    }
+    assert got["env"]["CUDA_PATH"] == str(other)
+    assert got["manifest"] is None
+
+
+def test_probe_of_a_failed_run_still_makes_json() -> None:
+    failed = doctor.Finding(code="probe-failed", severity=doctor.ERROR, cause="x")
+    doc = doctor.to_json("/nope", None, [failed], 0.0)
+    assert doc["facts"] is None and doc["healthy"] is False
+
+
+# ------------------------------------------------------------------ --python
+
+
+def test_python_arg_takes_an_interpreter_or_an_env_dir(tmp_path: Path) -> None:
+    venv = FakeEnv(tmp_path)
+    assert interpreters.python_arg(str(venv.python)) == venv.python
+    assert interpreters.python_arg(str(venv.root / "venv")) == venv.python  # not resolved
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda t: t, "a directory without bin/python"),
+        (lambda t: Path("/etc/passwd"), "not executable"),
+        (lambda t: t / "missing", "no such file"),
+        (lambda t: write(t / "script.py", "print(1)\n"), "not executable"),
+        (lambda t: Path("/bin/true"), "it ran but printed no Python version"),
+        (
+            lambda t: write(t / "boom", "#!/bin/sh\necho boom >&2\nexit 3\n"),
+            "it does not run as Python: exit 3: boom",
+        ),
+    ],
+    ids=["dir", "passwd", "missing", "non-executable", "true", "fails"],
+)
+def test_python_arg_refuses_anything_else(tmp_path: Path, make: Any, why: str) -> None:
+    path = make(tmp_path)
+    if path.name == "boom":
+        path.chmod(0o755)
+    with pytest.raises(UsageError) as err:
+        interpreters.python_arg(str(path))
+    assert str(err.value) == f"{path}: not a Python interpreter ({why})"
+    assert err.value.exit_code == 2
+
+
+def test_probe_of_a_file_that_cannot_be_executed_is_a_finding(tmp_path: Path) -> None:
+    script = write(tmp_path / "python", "print(1)\n")  # no exec bit: PermissionError
+    for target in (script, tmp_path):
+        facts, findings, _ = doctor.probe(target, deep=False)
+        assert facts is None
+        assert codes(findings) == ["probe-failed"]
+        assert findings[0].cause == f"{target} cannot be run: Permission denied"
 
 
 def test_cli_json_and_exit_codes(
@@ -377,6 +613,7 @@ def test_cli_json_and_exit_codes(
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["healthy"] is True
+    assert doc["facts"]["cuda_homes"][0]["release"] == "13.0"
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "empty"))
     done = cli()
     assert done.returncode == 1

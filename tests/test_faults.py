@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder import lock, spec
-from tests.conftest import ENVSPECS, REPO, write
-from tests.test_e2e import cudaenv, workspace
+from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
 
 TOOLCHAIN = "envspecs/toolchain-cu130.yaml"
 ENV = Path(".envs") / "toolchain-cu130"
@@ -428,9 +427,16 @@ def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None
     )
     cudaenv("build", "envspecs/pinned.yaml", cwd=ws)
     cudaenv("build", "envspecs/open.yaml", cwd=ws)
-    pinned = lock.read(ws / "envspecs" / "locks" / "pylock.pinned.toml").get("six")
-    opened = lock.read(ws / "envspecs" / "locks" / "pylock.open.toml").get("six")
-    assert pinned is not None and opened is not None
+    pinned = next(
+        p
+        for p in lock.read(ws / "envspecs" / "locks" / "pylock.pinned.toml").packages
+        if p.name == "six"
+    )
+    opened = next(
+        p
+        for p in lock.read(ws / "envspecs" / "locks" / "pylock.open.toml").packages
+        if p.name == "six"
+    )
     assert pinned.index == url
     assert pinned.wheels[0].url == f"{url}/six/six-1.16.0-py3-none-any.whl"
     assert opened.index is None and opened.wheels[0].url is None  # no index host committed

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import build
-from builder.spec import Arch
+from builder import archs
 from builder.verify import PASSED, EnvFacts, Target, probe, sampling
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel
-from tests.conftest import ENVSPECS, REPO
+from tests.helpers import ENVSPECS, REPO
 
 
 def env_python(name: str) -> Path:
@@ -40,18 +39,20 @@ def env_python(name: str) -> Path:
 
 @pytest.mark.gpu
 def test_our_kernel_is_exact_on_every_visible_gpu(tmp_path: Path) -> None:
-    gpus, why = sampling.visible_gpus()
+    gpus, why = archs.visible_gpus()
     assert gpus, why
     python = env_python("toolchain-cu130")
     target = Target(python=python, archs=(), work=tmp_path)
     facts = probe(target, jit=False)
+    env = dict(facts.environ)
     cases = ref.make_cases()
     us = sampling.uniforms(7, len(cases))
     for gpu in gpus:
-        arch = Arch.parse(build.normalise_arch(gpu.major, gpu.minor, facts.nvcc_release or "13.0"))
-        built = build_kernel(Path(facts.cuda_home) / "bin" / "nvcc", arch, tmp_path)
+        arch = gpu.arch(facts.nvcc_release)
+        assert arch is not None, gpu
+        built = build_kernel(Path(facts.cuda_home) / "bin" / "nvcc", arch, tmp_path, env=env)
         assert built.error is None, built.error
-        samples, error = sampling.run_kernel(built.path, gpu, cases, us, tmp_path)
+        samples, error = sampling.run_kernel(built.path, gpu, cases, us, tmp_path, env)
         assert samples is not None, error
         verdicts = sampling.judge_kernel(cases, us, samples)
         assert [v.detail for v in verdicts if not v.passed] == []

@@ -9,7 +9,7 @@ import pytest
 
 from builder import build, lock, spec
 from builder.errors import BuildError
-from tests.conftest import ENVSPECS, write
+from tests.helpers import ENVSPECS, write
 
 if sys.version_info >= (3, 11):
     import tomllib

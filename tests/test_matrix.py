@@ -1,24 +1,28 @@
-"""Release matrices: expansion, names, reports (JSON, HTML, Markdown, JUnit), GitHub emit,
-merge and regressions; a real run of a small matrix in e2e."""
+"""Release matrices: located loading, expansion, names, namespaced cells, the cell runner's
+structured records, reports (JSON, HTML, Markdown, JUnit), GitHub emit, merge and
+regressions; a real run of a small matrix in e2e."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
 
-from builder import matrix, report, spec
-from builder.errors import SpecError
-from tests.conftest import ENVSPECS, write
-from tests.test_e2e import cudaenv, workspace
+from builder import cli, matrix, report, spec
+from builder.archs import Arch
+from builder.errors import ReportError, SpecError
+from builder.verify import CHECKS, CheckResult
+from tests.helpers import ENVSPECS, cudaenv, workspace, write
 
 RELEASE = ENVSPECS / "matrix" / "release.yaml"
+F120 = Arch.parse("12.0f")
 
 
 def test_release_matrix_expands_to_stable_named_cells(tmp_path: Path) -> None:
@@ -33,30 +37,137 @@ def test_release_matrix_expands_to_stable_named_cells(tmp_path: Path) -> None:
         "torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f",
         "torch2.14.1-cu13.2-fi0.7.2-sglang0.5.23",
     ]
-    assert len(names) >= 6
     again = matrix.load(RELEASE, out_root=tmp_path)
     assert [c.name for c in again.cells] == names
     cell = spec.load(mx.cell("torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f").spec_path)
-    assert (cell.torch, cell.cuda, cell.archs) == ("2.11.0", "13.0", ("12.0f",))
+    assert (cell.torch, cell.cuda, cell.archs) == ("2.11.0", "13.0", (F120,))
     assert cell.packages == ("sglang==0.5.17", "flashinfer-python==0.6.15.post1")
     assert mx.cell("torch2.14.1-cu13.0-fi0.7.2-sglang0.5.23-sm9.0a+12.0f").runs_on == (
         "self-hosted",
         "sm90",
         "sm120",
     )
+    assert [c.generated for c in mx.cells] == [False] * 3 + [True] * 4
 
 
-def test_matrix_file_errors_are_located(tmp_path: Path) -> None:
-    write(tmp_path / "m.yaml", "base: ../x.yaml\naxes: {gpu: [a]}\n")
+def test_matrix_file_errors_are_located_and_all_reported(tmp_path: Path) -> None:
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
-    bad = write(tmp_path / "sub" / "m.yaml", "base: ../x.yaml\naxes: {gpu: [a]}\n")
+    bad = write(
+        tmp_path / "m.yaml",
+        """\
+base: x.yaml
+axes:
+  gpu: [a]
+  archs: [["9.9"], ["12.0q"]]
+exclude:
+  - {torhc: "2.11.0"}
+runner: {}
+""",
+    )
     with pytest.raises(SpecError) as info:
         matrix.load(bad, out_root=tmp_path / "out")
+    shown = str(bad.relative_to(Path.cwd())) if bad.is_relative_to(Path.cwd()) else str(bad)
+    assert info.value.what == "matrix file"
     assert info.value.problems == [
-        f"{bad}:1:1: axes.gpu: unknown axis 'gpu'; axes: torch, cuda, python, flashinfer, sglang, archs"
+        f"{shown}:3:3: axes.gpu: unknown axis 'gpu'; expected one of: "
+        "torch, cuda, python, flashinfer, sglang, archs",
+        f"{shown}:4:21: axes.archs[1][0]: expected an arch like '9.0a', '10.0a' or '12.0f', "
+        "got '12.0q'",
+        f"{shown}:6:6: exclude[0].torhc: unknown axis 'torhc'; did you mean 'torch'?",
+        f"{shown}:7:1: runner: unknown key; did you mean 'runners'?",
     ]
-    with pytest.raises(SpecError, match="unknown key"):
-        matrix.load(write(tmp_path / "n.yaml", "axis: {}\n"), out_root=tmp_path / "out")
+
+
+def test_matrix_file_that_is_not_a_mapping_or_not_yaml(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        matrix.load(write(tmp_path / "l.yaml", "- a\n- b\n"), out_root=tmp_path)
+    assert "a matrix file is a YAML mapping, got a list" in info.value.problems[0]
+    with pytest.raises(SpecError) as info:
+        matrix.load(write(tmp_path / "y.yaml", "a: [\n"), out_root=tmp_path)
+    assert ":2:1: invalid YAML" in info.value.problems[0]
+    with pytest.raises(SpecError) as info:
+        matrix.load(write(tmp_path / "e.yaml", "name: e\n"), out_root=tmp_path)
+    assert "needs `specs:` or `base:` with `axes:`" in info.value.problems[0]
+
+
+def test_two_specs_of_one_name_are_refused(tmp_path: Path) -> None:
+    body = 'name: same\npython: "3.12"\ncuda: "13.0"\n'
+    write(tmp_path / "a" / "s.yaml", body)
+    write(tmp_path / "b" / "s.yaml", body)
+    m = write(tmp_path / "m.yaml", "specs: [a/s.yaml, b/s.yaml]\n")
+    with pytest.raises(SpecError, match="two cells are named 'same'"):
+        matrix.load(m, out_root=tmp_path / "out")
+
+
+def test_cells_of_two_matrices_never_share_an_env(tmp_path: Path) -> None:
+    write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
+    one = matrix.load(
+        write(tmp_path / "one.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
+    )
+    two = matrix.load(
+        write(tmp_path / "two.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
+    )
+    assert one.cells[0].name == two.cells[0].name == "sm9.0a"
+    assert one.env_dir(one.cells[0]) != two.env_dir(two.cells[0])
+    assert one.env_dir(one.cells[0]) == tmp_path / "o" / "one" / "envs" / "sm9.0a"
+    argv = matrix.cell_argv(one, one.cells[0], tmp_path / "r.json")
+    assert argv[argv.index("--env-dir") + 1] == str(one.env_dir(one.cells[0]).absolute())
+    # The cell's lock is the matrix's own: the build re-resolves it when it goes stale.
+    assert "--relock" in argv
+
+
+def fake_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> tuple[matrix.Matrix, matrix.Cell]:
+    """A matrix whose one cell runs a tiny Python program instead of `cudaenv build`."""
+    write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
+    mx = matrix.load(write(tmp_path / "m.yaml", "specs: [x.yaml]\n"), tmp_path / "o")
+
+    def argv(m: matrix.Matrix, cell: matrix.Cell, record: Path) -> list[str]:
+        return [sys.executable, "-c", code, str(record)]
+
+    monkeypatch.setattr(matrix, "cell_argv", argv)
+    return mx, mx.cells[0]
+
+
+def test_a_cell_status_comes_from_its_build_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = report.BuildRecord(
+        stage="resolve", status="refused", reason="torch 2.14.1 is built for CUDA 13.0", exit_code=3
+    )
+    code = (
+        "import sys, pathlib; print('error: scraped text that must not be used');"
+        f"pathlib.Path(sys.argv[1]).write_text({json.dumps(json.dumps(record.to_json()))});"
+        "sys.exit(3)"
+    )
+    mx, cell = fake_cell(tmp_path, monkeypatch, code)
+    result = matrix.run_cell(mx, cell, tmp_path / "out")
+    assert (result.status, result.reason) == ("refused", "torch 2.14.1 is built for CUDA 13.0")
+    assert result.log is not None and "scraped text" in result.log.read_text()
+
+
+def test_a_cell_that_dies_without_a_record_is_judged_by_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mx, cell = fake_cell(tmp_path, monkeypatch, "import sys; sys.exit(4)")
+    result = matrix.run_cell(mx, cell, tmp_path / "out")
+    assert result.status == "failed"
+    assert result.reason == "exit 4 without a build record; see x.log"
+    mx, cell = fake_cell(tmp_path, monkeypatch, "import os, signal; os.kill(os.getpid(), 9)")
+    assert matrix.run_cell(mx, cell, tmp_path / "out").status == "error"
+
+
+def test_the_cli_writes_a_record_for_a_refused_spec(tmp_path: Path) -> None:
+    bad = write(
+        tmp_path / "bad.yaml", 'name: bad\npython: "3.12"\ncuda: "12.6"\narchs: ["12.0f"]\n'
+    )
+    out = tmp_path / "rec.json"
+    rc = cli.main(["--quiet", "build", "--verify", str(bad), "--record", str(out)])
+    assert rc == 3
+    rec = report.BuildRecord.from_json(json.loads(out.read_text()), str(out))
+    assert (rec.stage, rec.status, rec.exit_code) == ("resolve", "refused", 3)
+    assert "arch 12.0f needs CUDA >= 12.9 but the spec asks 12.6" in rec.reason
 
 
 def test_github_matrix_round_trips_through_report_merge(tmp_path: Path) -> None:
@@ -69,117 +180,152 @@ def test_github_matrix_round_trips_through_report_merge(tmp_path: Path) -> None:
     for i, entry in enumerate(emitted["include"]):
         status = "failed" if i == 1 else "passed"
         uploads.append(
-            {
-                "schema_version": 1,
-                "kind": "verify",
-                "spec": entry["cell"],
-                "status": status,
-                "archs": ["12.0f"],
-                "versions": {"nvcc": "13.0"},
-                "seconds": 1.0,
-                "checks": [
-                    {
-                        "name": "toolchain",
-                        "status": status,
-                        "summary": "s",
-                        "evidence": {},
-                        "seconds": 0.5,
-                        "fix": "",
-                    },
-                    {
-                        "name": "sampling",
-                        "status": "skipped",
-                        "summary": "no NVIDIA driver",
-                        "evidence": {},
-                        "seconds": 0.0,
-                        "fix": "",
-                    },
-                ],
-            }
+            report.VerifyReport(
+                spec=entry["cell"],
+                env=None,
+                python="/x/bin/python",
+                lock_hash=None,
+                archs=(F120,),
+                versions=(("nvcc", "13.0"),),
+                checks=(
+                    CheckResult(name="toolchain", status=status, summary="s", seconds=0.5),
+                    CheckResult(name="sampling", status="skipped", summary="no NVIDIA driver"),
+                ),
+                seconds=1.0,
+                created="2026-11-30T00:00:00+00:00",
+            )
         )
-    merged = matrix.merge(uploads, name="release")
-    assert [c["name"] for c in merged["cells"]] == [e["cell"] for e in emitted["include"]]
-    assert merged["status"] == "failed"
-    assert merged["cells"][1]["columns"]["toolchain"] == "failed"
-    assert merged["cells"][0]["columns"]["sampling"] == "skipped"
-    # ... and a merged report merges again unchanged.
-    assert [c["name"] for c in matrix.merge([merged])["cells"]] == [
-        c["name"] for c in merged["cells"]
-    ]
+    files = []
+    for i, up in enumerate(uploads):
+        files.append(report.write_json(up, tmp_path / f"runner{i}" / "verify.json"))
+    merged = report.merge([report.read_report(f) for f in files], name="release")
+    assert [c.name for c in merged.cells] == [e["cell"] for e in emitted["include"]]
+    assert merged.status == "failed"
+    assert merged.cells[1].column("toolchain") == "failed"
+    assert merged.cells[0].column("sampling") == "skipped"
+    # ... and a merged report reads back and merges again unchanged.
+    path = report.write_json(merged, tmp_path / "merged.json")
+    again = report.merge([report.read_report(path)])
+    assert again.cells == merged.cells
 
 
-def sample_doc() -> dict[str, Any]:
-    cells = [
-        {
-            "name": "a",
-            "spec": "a.yaml",
-            "status": "passed",
-            "reason": "",
-            "values": {},
-            "archs": ["12.0f"],
-            "runs_on": [],
-            "seconds": 10,
-            "log": "logs/a.log",
-            "verify": {"versions": {"nvcc": "13.0"}},
-            "columns": matrix.cell_checks(
-                "passed",
-                {
-                    "checks": [
-                        {"name": n, "status": "skipped" if n == "sampling" else "passed"}
-                        for n in spec.CHECKS
-                    ]
-                },
-            ),
-        },
-        {
-            "name": "b<script>",
-            "spec": "b.yaml",
-            "status": "refused",
-            "reason": "torch 2.14.1 is built for CUDA 13.0 but the spec asks 13.2",
-            "values": {},
-            "archs": [],
-            "runs_on": [],
-            "seconds": 1,
-            "log": "logs/b.log",
-            "verify": None,
-            "columns": matrix.cell_checks("refused", None),
-        },
-        {
-            "name": "c",
-            "spec": "c.yaml",
-            "status": "failed",
-            "reason": "1 check(s) failed: kernel-compile",
-            "values": {},
-            "archs": [],
-            "runs_on": [],
-            "seconds": 5,
-            "log": "logs/c.log",
-            "verify": None,
-            "columns": matrix.cell_checks(
-                "failed",
-                {
-                    "checks": [
-                        {
-                            "name": "kernel-compile",
-                            "status": "failed",
-                            "summary": "nvcc cannot build 9.9a",
-                        }
-                    ]
-                },
-            ),
-        },
-    ]
-    return matrix.aggregate("t", cells)
+def test_report_files_that_are_missing_broken_or_foreign(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match=r"missing\.json: cannot read the report"):
+        report.read_report(tmp_path / "missing.json")
+    with pytest.raises(ReportError, match="the report is not JSON"):
+        report.read_report(write(tmp_path / "broken.json", "{"))
+    with pytest.raises(
+        ReportError, match=r"not a cudaenv verify or matrix report \(kind is None\)"
+    ):
+        report.read_report(write(tmp_path / "a.json", '{"a": 1}'))
+    with pytest.raises(ReportError, match="schema_version is 99"):
+        report.read_report(write(tmp_path / "v.json", '{"kind": "matrix", "schema_version": 99}'))
+    doc = sample_report().to_json()
+    doc["cells"][1]["status"] = "exploded"
+    with pytest.raises(ReportError, match=r"in 'cells\[1\].status': unknown status 'exploded'"):
+        report.read_report(write(tmp_path / "m.json", json.dumps(doc)))
+
+
+def test_cli_report_merge_and_baseline_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    broken = write(tmp_path / "broken.json", "not json")
+    for argv in (
+        ["report", "merge", str(tmp_path / "missing.json")],
+        ["report", "merge", str(broken)],
+        ["report", "merge", str(write(tmp_path / "a.json", '{"a": 1}'))],
+        # Checked before any cell runs: the matrix file need not even be valid.
+        ["matrix", str(tmp_path / "nope.yaml"), "--baseline", str(tmp_path / "missing.json")],
+        ["matrix", str(tmp_path / "nope.yaml"), "--baseline", str(broken)],
+    ):
+        done = cudaenv(*argv, cwd=tmp_path, check=False)
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "report" in lines[0], lines
+        assert "Traceback" not in done.stderr
+
+
+def sample_report() -> report.MatrixReport:
+    def verify(*checks: CheckResult) -> report.VerifyReport:
+        return report.VerifyReport(
+            spec="s",
+            env=None,
+            python="p",
+            lock_hash=None,
+            archs=(F120,),
+            versions=(("nvcc", "13.0"),),
+            checks=checks,
+            seconds=1.0,
+            created="2026-11-30T00:00:00+00:00",
+        )
+
+    a = verify(
+        *(
+            CheckResult(name=n, status="skipped" if n == "sampling" else "passed", summary="ok")
+            for n in CHECKS
+        )
+    )
+    c = verify(
+        CheckResult(name="kernel-compile", status="failed", summary="nvcc cannot build 9.9a")
+    )
+    cells = (
+        report.CellReport(
+            name="a",
+            spec="a.yaml",
+            status="passed",
+            reason="",
+            values=(),
+            archs=(F120,),
+            runs_on=(),
+            seconds=10,
+            log="logs/a.log",
+            columns=report.columns_of("passed", a),
+            verify=a,
+        ),
+        report.CellReport(
+            name="b<script>",
+            spec="b.yaml",
+            status="refused",
+            reason="torch 2.14.1 is built for CUDA 13.0 but the spec asks 13.2",
+            values=(),
+            archs=(),
+            runs_on=(),
+            seconds=1,
+            log="logs/b.log",
+            columns=report.columns_of("refused", None),
+            verify=None,
+        ),
+        report.CellReport(
+            name="c",
+            spec="c.yaml",
+            status="failed",
+            reason="1 check(s) failed: kernel-compile",
+            values=(),
+            archs=(),
+            runs_on=(),
+            seconds=5,
+            log="logs/c.log",
+            columns=report.columns_of("failed", c),
+            verify=c,
+        ),
+    )
+    return report.MatrixReport(name="t", created="2026-11-30T00:00:00+00:00", cells=cells)
+
+
+def test_matrix_report_round_trips_through_json(tmp_path: Path) -> None:
+    rep = sample_report()
+    path = report.write_json(rep, tmp_path / "m.json")
+    back = report.read_report(path)
+    assert back == rep
+    assert back.status == "failed"
 
 
 def test_junit_has_one_case_per_cell_and_column() -> None:
-    doc = sample_doc()
-    root = ET.fromstring(report.matrix_junit(doc).split("\n", 1)[1])  # noqa: S314 - our own output
+    rep = sample_report()
+    root = ET.fromstring(report.matrix_junit(rep).split("\n", 1)[1])  # noqa: S314 - our own output
     assert root.tag == "testsuites"
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")
-    assert len(cases) == 3 * len(matrix.CHECK_COLUMNS) == int(suite.get("tests", "0"))
+    assert len(cases) == 3 * len(report.COLUMNS) == int(suite.get("tests", "0"))
     failures = [c for c in cases if c.find("failure") is not None]
     skipped = [c for c in cases if c.find("skipped") is not None]
     assert int(suite.get("failures", "-1")) == len(failures) == 1
@@ -215,8 +361,8 @@ class Grid(HTMLParser):
 
 
 def test_html_grid_shows_every_cell_and_status() -> None:
-    doc = sample_doc()
-    html = report.matrix_html(doc, matrix.regressions(doc, doc))
+    rep = sample_report()
+    html = report.matrix_html(rep, report.regressions(rep, rep))
     grid = Grid()
     grid.feed(html)
     assert list(grid.rows) == ["a", "b<script>", "c"]
@@ -225,17 +371,27 @@ def test_html_grid_shows_every_cell_and_status() -> None:
     assert grid.rows["a"]["sampling"] == "s-skipped|skipped"
     assert grid.rows["b<script>"]["resolve"] == "s-refused|refused"
     assert grid.rows["c"]["kernel-compile"] == "s-failed|failed"
-    assert all(len(cols) == len(matrix.CHECK_COLUMNS) for cols in grid.rows.values())
+    assert all(len(cols) == len(report.COLUMNS) for cols in grid.rows.values())
 
 
 def test_regressions_against_a_baseline() -> None:
-    old = sample_doc()
-    new = json.loads(json.dumps(old))
-    new["cells"][0]["columns"]["cubin"] = "failed"
-    assert matrix.regressions(old, new) == ["a: cubin passed before, failed now"]
-    assert matrix.regressions(old, old) == []
-    md = report.matrix_markdown(new, matrix.regressions(old, new))
+    old = sample_report()
+    cell = old.cells[0]
+    broken = tuple((k, "failed" if k == "cubin" else v) for k, v in cell.columns)
+    new = report.MatrixReport(
+        name="t",
+        created=old.created,
+        cells=(dataclasses.replace(cell, columns=broken), *old.cells[1:]),
+    )
+    found = report.regressions(old, new)
+    assert found == [report.Regression(cell="a", column="cubin", before="passed", now="failed")]
+    assert str(found[0]) == "a: cubin passed before, failed now"
+    assert report.regressions(old, old) == []
+    md = report.matrix_markdown(new, found)
     assert "- a: cubin passed before, failed now" in md
+    # A cell that vanished regresses in each column it passed.
+    gone = report.MatrixReport(name="t", created=old.created, cells=old.cells[1:])
+    assert {r.now for r in report.regressions(old, gone)} == {"missing"}
 
 
 def test_rendered_page_in_headless_chromium(tmp_path: Path) -> None:
@@ -243,7 +399,7 @@ def test_rendered_page_in_headless_chromium(tmp_path: Path) -> None:
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     page = tmp_path / "matrix.html"
-    page.write_text(report.matrix_html(sample_doc()))
+    page.write_text(report.matrix_html(sample_report()))
     done = subprocess.run(
         [
             chromium,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from builder import spec
+from builder import spec, yamldoc
+from builder.archs import Arch
 from builder.errors import SpecError
-from tests.conftest import ENVSPECS, REPO, write
+from builder.yamldoc import Item, Mark
+from tests.helpers import ENVSPECS, REPO, write
 
 GOOD = """\
 name: demo
@@ -42,7 +45,7 @@ def test_shipped_specs_load() -> None:
     assert default.cuda == "13.0"
     assert default.packages == ("sglang==0.5.23", "flashinfer-python==0.7.2")
     assert default.toolchain.components == ("nvcc", "cudart", "crt", "nvvm", "cccl")
-    assert default.archs == ("12.0f",)
+    assert default.archs == (Arch.parse("12.0f"),)
 
 
 def test_good_spec(in_tmp: Path) -> None:
@@ -224,6 +227,14 @@ def test_extends_merges_and_locates(in_tmp: Path) -> None:
     assert problems(missing) == ["m.yaml:1:10: extends: no such spec file: nope.yaml"]
 
 
+@pytest.mark.parametrize("base", ["a\\0b", "x" * 300])
+def test_extends_path_the_os_refuses(in_tmp: Path, base: str) -> None:
+    # A NUL byte or an over-long name made pathlib raise instead of "no such file".
+    path = write(in_tmp / "s.yaml", f'extends: "{base}"\n' + GOOD)
+    shown = base.replace("\\0", "\x00")
+    assert problems(path) == [f"s.yaml:1:10: extends: not a usable file path: {shown!r}"]
+
+
 def test_fingerprint_ignores_what_does_not_change_the_install(in_tmp: Path) -> None:
     a = spec.load(write(in_tmp / "a.yaml", GOOD))
     b = spec.load(write(in_tmp / "b.yaml", GOOD.replace('["12.0f"]', '["9.0a"]') + "summary: x\n"))
@@ -233,7 +244,133 @@ def test_fingerprint_ignores_what_does_not_change_the_install(in_tmp: Path) -> N
 
 
 def test_arch_model() -> None:
-    a = spec.Arch.parse("12.0f")
+    a = Arch.parse("12.0f")
     assert (a.major, a.minor, a.suffix, a.sm, a.cubin_sm) == (12, 0, "f", "sm_120f", "sm_120")
     with pytest.raises(ValueError, match="got '120'"):
-        spec.Arch.parse("120")
+        Arch.parse("120")
+
+
+def test_unknown_top_key_lists_every_key_in_order(in_tmp: Path) -> None:
+    path = write(in_tmp / "s.yaml", GOOD + "zzz: 1\n")
+    assert problems(path) == [
+        "s.yaml:7:1: zzz: unknown key; expected one of: name, summary, extends, python, cuda, "
+        "torch, packages, toolchain, archs, env, verify, indexes"
+    ]
+
+
+def test_each_validator_returns_its_envspec_field() -> None:
+    # _validate passes the validators' results to EnvSpec(**...), which mypy cannot check.
+    fields = typing.get_type_hints(spec.EnvSpec)
+    assert set(spec._VALIDATORS) == set(fields) - {"source"}
+    for key, check in spec._VALIDATORS.items():
+        returns = typing.get_type_hints(check)["return"]
+        assert returns in (fields[key], fields[key] | None), key
+
+
+# --------------------------------------------------------------------------- yamldoc
+
+
+def test_suggest_keys_checks_and_components() -> None:
+    assert yamldoc.suggest("pakages", spec.TOP_KEYS) == "unknown key; did you mean 'packages'?"
+    assert (
+        yamldoc.suggest("zzz", ("source", "path")) == "unknown key; expected one of: source, path"
+    )
+    assert yamldoc.suggest("cubins", spec.CHECKS, "check") == (
+        "unknown check 'cubins'; did you mean 'cubin'?"
+    )
+    assert yamldoc.suggest("x", ("nvcc", "cudart"), "component") == (
+        "unknown component 'x'; expected one of: nvcc, cudart"
+    )
+
+
+def test_compose_keeps_value_and_key_marks(in_tmp: Path) -> None:
+    found = yamldoc.Problems()
+    root = yamldoc.compose(write(in_tmp / "m.yaml", "a:\n  - 1\n  - x\n"), found)
+    assert not found
+    assert root is not None and isinstance(root.value, dict)
+    a = root.value["a"]
+    assert (str(a.key_mark), str(a.mark)) == ("m.yaml:1:1", "m.yaml:2:3")
+    assert isinstance(a.value, list)
+    assert [(i.value, str(i.mark)) for i in a.value] == [(1, "m.yaml:2:5"), ("x", "m.yaml:3:5")]
+
+
+@pytest.mark.parametrize(
+    ("text", "max_bytes", "message"),
+    [
+        ("- a\n", 100, "m.yaml:1:1: a matrix file is a YAML mapping, got a list"),
+        ("", 100, "m.yaml:1:1: the file is empty; a matrix file is a YAML mapping"),
+        (
+            "cells: !!set {a}\n",
+            100,
+            "m.yaml:1:8: cells: YAML tag 'tag:yaml.org,2002:set' is not allowed: "
+            "a matrix file is plain data",
+        ),
+        ("cells: [x]\n", 10, "m.yaml:1:1: file is 11 bytes; a matrix file is at most 10"),
+    ],
+)
+def test_compose_names_the_kind_of_file(
+    in_tmp: Path, text: str, max_bytes: int, message: str
+) -> None:
+    found = yamldoc.Problems()
+    path = write(in_tmp / "m.yaml", text)
+    assert yamldoc.compose(path, found, what="matrix file", max_bytes=max_bytes) is None
+    assert found.messages() == [message]
+
+
+def test_problems_sorted_by_position_and_deduplicated() -> None:
+    found = yamldoc.Problems()
+    assert not found
+    found.add(Mark("b.yaml", 1, 1), "", "other file")
+    found.add(Mark("a.yaml", 10, 1), "x", "line ten")
+    found.add(Mark("a.yaml", 9, 4), "y", "col four")
+    found.add(Mark("a.yaml", 9, 2), "y", "col two")
+    found.add(Mark("a.yaml", 10, 1), "x", "line ten")
+    assert found
+    assert found.messages() == [
+        "a.yaml:9:2: y: col two",
+        "a.yaml:9:4: y: col four",
+        "a.yaml:10:1: x: line ten",
+        "b.yaml:1:1: other file",
+    ]
+
+
+def test_display_is_relative_to_the_cwd_below_it(in_tmp: Path) -> None:
+    assert yamldoc.display(in_tmp / "sub" / "s.yaml") == "sub/s.yaml"
+    assert yamldoc.display(Path("/nonexistent-root/s.yaml")) == "/nonexistent-root/s.yaml"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "null"),
+        (True, "a boolean"),
+        (3, "the number 3"),
+        (1.5, "the number 1.5"),
+        ("x", "the string 'x'"),
+        ([], "a list"),
+        ({}, "a mapping"),
+    ],
+)
+def test_kind(value: object, text: str) -> None:
+    assert yamldoc.kind(value) == text
+
+
+def test_string_and_strings_record_located_problems() -> None:
+    def at(line: int) -> Mark:
+        return Mark("f.yaml", line, 3)
+
+    found = yamldoc.Problems()
+    assert yamldoc.string(Item(" x ", at(1)), "k", found, "a name") == "x"
+    assert yamldoc.string(Item(3, at(2)), "k", found, "a name") is None
+    entries = [Item("a", at(4)), Item(None, at(5)), Item(" ", at(6))]
+    got = list(yamldoc.strings(Item(entries, at(3)), "l", found, "names"))
+    assert [(text, str(item.mark), path) for text, item, path in got] == [
+        ("a", "f.yaml:4:3", "l[0]")
+    ]
+    assert list(yamldoc.strings(Item({}, at(7)), "m", found, "names")) == []
+    assert found.messages() == [
+        "f.yaml:2:3: k: expected a name, got the number 3",
+        "f.yaml:5:3: l[1]: expected names, got null",
+        "f.yaml:6:3: l[2]: expected names, got the string ' '",
+        "f.yaml:7:3: m: expected a list of names, got a mapping",
+    ]

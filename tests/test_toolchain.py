@@ -11,8 +11,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import build, proc, spec, toolchain
-from tests.conftest import write
+from builder import archs, proc, spec, toolchain
+from tests.helpers import write
 
 HOSTILE = {
     "SUBST": "$(touch pwned-subst)",
@@ -45,7 +45,7 @@ def test_hostile_spec_values_parse_exactly(in_tmp: Path) -> None:
 
 def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> None:
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, ["9.0a", "12.0f"])
+    toolchain.write_hooks(venv, s, archs.parse_list("9.0a 12.0f"))
     env = {**os.environ, "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin:/bin"}
     code = (
         "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
@@ -84,7 +84,7 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
 
 def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, ["12.0f"])
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     script = (
         f"export CUDA_HOME=/usr/local/cuda; unset TORCH_CUDA_ARCH_LIST; "
         f". {venv}/bin/activate; "
@@ -107,15 +107,6 @@ def test_templates_are_strict() -> None:
     env = toolchain.templates()
     with pytest.raises(jinja2.UndefinedError):
         env.get_template("hook.py.j2").render(name="x")
-
-
-def test_arch_lists() -> None:
-    assert toolchain.flashinfer_arch_list(["9.0a", "12.0f"]) == "9.0a 12.0f"
-    assert toolchain.torch_arch_list(["9.0a", "12.0f", "12.0a"]) == "9.0;12.0"
-    assert build.normalise_arch(9, 0, "13.0") == "9.0a"
-    assert build.normalise_arch(12, 0, "13.0") == "12.0f"
-    assert build.normalise_arch(12, 0, "12.8") == "12.0a"
-    assert build.normalise_arch(8, 6, "13.0") == "8.6"
 
 
 def test_libcuda_stub_has_the_driver_soname(tmp_path: Path) -> None:

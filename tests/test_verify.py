@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from builder import report
+from builder import archs, report
+from builder.manifest import Manifest
 from builder.verify import (
     FAILED,
     PASSED,
@@ -162,9 +163,33 @@ def facts(**changes: Any) -> EnvFacts:
     return dataclasses.replace(base, **changes)
 
 
+def a_manifest(**changes: Any) -> Manifest:
+    base = Manifest(
+        name="x",
+        spec="envspecs/x.yaml",
+        fingerprint="sha256:f",
+        lock_hash="sha256:l",
+        python="3.12.1",
+        cuda="13.0",
+        torch="2.14.1",
+        torch_cuda="13.0",
+        toolkit="13.0.3.0",
+        nvcc="13.0",
+        toolchain_source="wheels",
+        archs=archs.DEFAULT_ARCHS,
+        spec_archs=archs.DEFAULT_ARCHS,
+        packages=(("torch", "2.14.1"),),
+        env=(),
+        built_at="2026-11-30T00:00:00+00:00",
+        cudaenv="0.1.0",
+        path="/env",
+    )
+    return dataclasses.replace(base, **changes)
+
+
 TARGET = Target(
     python=Path("/env/bin/python"),
-    archs=("12.0f",),
+    archs=archs.DEFAULT_ARCHS,
     work=Path("/env/var/cudaenv"),
     env_dir=Path("/env"),
     expected_cuda="13.0",
@@ -218,7 +243,7 @@ def test_flashinfer_jit_verdicts() -> None:
 
 
 def test_sampling_skips_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(sampling, "NO_DRIVER", tmp_path / "absent")
+    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", tmp_path / "absent")
     result = sampling.check(TARGET, facts())
     assert result.status == SKIPPED
     assert result.summary == f"no NVIDIA driver ({tmp_path / 'absent'} is absent)"
@@ -229,7 +254,7 @@ def test_report_renders_json_table_and_markdown(tmp_path: Path) -> None:
         toolchain.check(TARGET, facts()),
         flashinfer_jit.check(TARGET, facts(jit={"error": "boom"})),
     ]
-    rep = report.verify_report(TARGET, facts(), results, 2.5, {"lock_hash": "sha256:abc"})
+    rep = report.verify_report(TARGET, facts(), results, 2.5, a_manifest(lock_hash="sha256:abc"))
     out = tmp_path / "r.json"
     report.write_json(rep, out)
     doc = json.loads(out.read_text())
@@ -253,12 +278,12 @@ def test_sampling_check_plumbing_with_a_fake_gpu(
     arch normalisation, verdicts, evidence and the failure summary."""
     from builder.verify import kernel_compile
 
-    gpu = sampling.Gpu(index=0, name="NVIDIA H200", major=9, minor=0)
-    monkeypatch.setattr(sampling, "visible_gpus", lambda: ([gpu], None))
+    gpu = archs.Gpu(index=0, uuid="GPU-0", name="NVIDIA H200", capability=(9, 0))
+    monkeypatch.setattr(archs, "visible_gpus", lambda: ([gpu], None))
     built_for: list[str] = []
 
     def fake_build(
-        nvcc: Path, arch: Any, work: Path, *, fresh: bool = False
+        nvcc: Path, arch: Any, work: Path, *, env: Any = None, fresh: bool = False
     ) -> kernel_compile.KernelBuild:
         built_for.append(str(arch))
         return kernel_compile.KernelBuild(
@@ -268,7 +293,12 @@ def test_sampling_check_plumbing_with_a_fake_gpu(
     monkeypatch.setattr(sampling, "build_kernel", fake_build)
 
     def exact_kernel(
-        binary: Path, g: sampling.Gpu, cases: list[ref.Case], us: list[list[float]], work: Path
+        binary: Path,
+        g: archs.Gpu,
+        cases: list[ref.Case],
+        us: list[list[float]],
+        work: Path,
+        env: dict[str, str],
     ) -> tuple[list[list[int]], str]:
         return [
             [ref.sample(c.probs, c.top_k, c.top_p, u) for u in row]
@@ -276,7 +306,7 @@ def test_sampling_check_plumbing_with_a_fake_gpu(
         ], ""
 
     def good_flashinfer(
-        target: Target, g: sampling.Gpu, cases: list[ref.Case], work: Path
+        target: Target, f: EnvFacts, g: archs.Gpu, cases: list[ref.Case], work: Path
     ) -> list[list[int]]:
         return draw(cases, correct)
 
@@ -288,7 +318,7 @@ def test_sampling_check_plumbing_with_a_fake_gpu(
     assert any(k.endswith("topk_topp 9.0a") for k, _ in result.evidence)
 
     def top_p_ignored(
-        target: Target, g: sampling.Gpu, cases: list[ref.Case], work: Path
+        target: Target, f: EnvFacts, g: archs.Gpu, cases: list[ref.Case], work: Path
     ) -> list[list[int]]:
         return draw(cases, ignores_top_p)
 

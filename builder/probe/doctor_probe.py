@@ -154,6 +154,9 @@ def distributions() -> dict[str, str]:
 
 
 def driver() -> dict[str, object]:
+    """The driver version only. GPUs are listed by cudaenv itself (builder/archs.py, one
+    nvidia-smi query): one GPU type and one query for every command, and no NVML import into
+    an interpreter that may be broken."""
     info: dict[str, object] = {}
     for path in ("/proc/driver/nvidia/version", "/sys/module/nvidia/version"):
         try:
@@ -166,34 +169,6 @@ def driver() -> dict[str, object]:
             info["version"] = m.group(1)
             info["source"] = path
             break
-    gpus: list[dict[str, object]] = []
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": name if isinstance(name, str) else name.decode(),
-                    "capability": "%d.%d" % (major, minor),
-                }
-            )
-        info["gpus_from"] = "nvml"
-    except Exception as exc:
-        info["nvml_error"] = "%s: %s" % (type(exc).__name__, exc)
-        smi = which("nvidia-smi")
-        if smi and info.get("version"):
-            res = run([smi, "--query-gpu=index,name,compute_cap", "--format=csv,noheader"])
-            for line in str(res.get("out", "")).splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) == 3 and re.match(r"^\d+\.\d+$", parts[2]):
-                    gpus.append({"index": int(parts[0]), "name": parts[1], "capability": parts[2]})
-            info["gpus_from"] = "nvidia-smi"
-    info["gpus"] = gpus
     return info
 
 
@@ -220,7 +195,7 @@ def jit_cache() -> dict[str, object]:
 def host_compiler() -> dict[str, object]:
     cxx = os.environ.get("CXX") or which("c++") or which("g++")
     if not cxx:
-        return {"error": "no C++ compiler (c++/g++) on PATH"}
+        return {"error": "CXX is unset and neither c++ nor g++ is on PATH"}
     res = run([cxx, "--version"])
     out = str(res.get("out", ""))
     info: dict[str, object] = {"path": cxx, "banner": out.splitlines()[0] if out else ""}
@@ -288,6 +263,7 @@ def main() -> int:
                 "CUDA_VISIBLE_DEVICES",
                 "FLASHINFER_WORKSPACE_BASE",
                 "CUDAENV_SHELL_CUDA_HOME",
+                "CXX",
             )
         },
     }

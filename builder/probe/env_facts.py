@@ -114,6 +114,8 @@ def main() -> int:
         "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
         "cudart": cudart(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
         "torch": torch_facts(),
+        # Everything, as the start-up hook left it: the checks run their commands with it.
+        "environ": dict(os.environ),
     }
     facts["flashinfer"] = flashinfer_facts(jit)
     print(json.dumps(facts))

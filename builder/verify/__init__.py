@@ -2,7 +2,15 @@
 
 A check that cannot run says ``skipped`` with its reason; it never says ``passed``.
 The facts every check reads come from one run of ``builder/probe/env_facts.py`` inside the
-target interpreter (FlashInfer's import, ~7 s, is paid once).
+target interpreter (FlashInfer's import, ~7 s, is paid once). That run also reports the
+interpreter's whole environment as its start-up hook left it, and every command a check
+runs (nvcc, cuobjdump, the sampling kernels) gets exactly that environment: a check proves
+the env as its users meet it, with the spec's own variables (``NVCC_APPEND_FLAGS``, ...).
+
+How to add a check: write ``builder/verify/NAME.py`` with ``check(target, facts) ->
+CheckResult``, add it to :data:`CHECKS` below (order = run order), and give it a test that
+shows it failing on a broken input. ``spec.CHECKS`` (what a spec's ``verify:`` may name)
+is this tuple's names; a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from builder import proc
-from builder.errors import VerifyFailed
+from builder.archs import Arch
+from builder.errors import UsageError, VerifyFailed
+from builder.jsondoc import Reader
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -31,6 +42,9 @@ class CheckResult:
     evidence: tuple[tuple[str, str], ...] = ()
     seconds: float = 0.0
     fix: str = ""
+    # A tool the check needs is missing (no host compiler): verify then exits with
+    # ToolMissing's code, not VerifyFailed's: the env is not wrong, the machine lacks a tool.
+    missing_tool: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,7 +54,21 @@ class CheckResult:
             "evidence": dict(self.evidence),
             "seconds": round(self.seconds, 3),
             "fix": self.fix,
+            "missing_tool": self.missing_tool,
         }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> CheckResult:
+        evidence = r.raw_map("evidence")
+        return cls(
+            name=r.text("name"),
+            status=r.text("status"),
+            summary=r.text("summary"),
+            evidence=tuple((str(k), str(v)) for k, v in evidence.items()),
+            seconds=r.num("seconds", 0.0),
+            fix=r.opt_text("fix") or "",
+            missing_tool=r.opt_text("missing_tool"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,13 +76,14 @@ class Target:
     """What is verified: an interpreter, its env dir when cudaenv built it, the archs."""
 
     python: Path
-    archs: tuple[str, ...]
+    archs: tuple[Arch, ...]
     work: Path  # where checks write their builds (the env's var/cudaenv, or a cache dir)
     env_dir: Path | None = None
     expected_cuda: str | None = None
     spec_name: str | None = None
     checks: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    fresh: bool = False  # rebuild what a check would reuse (`verify --fresh`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +110,8 @@ class EnvFacts:
     flashinfer_error: str | None
     flashinfer_import: str | None = None
     jit: Mapping[str, Any] = field(default_factory=dict)
+    # The interpreter's whole environment after its start-up hook: what every check runs with.
+    environ: Mapping[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     @classmethod
@@ -117,14 +148,22 @@ class EnvFacts:
             flashinfer_error=opt(fi, "error") if fi.get("installed") else None,
             flashinfer_import=opt(fi, "import"),
             jit=jit if isinstance(jit, dict) else {},
+            environ={str(k): str(v) for k, v in sub("environ").items()},
             seconds=seconds,
         )
 
 
 def target_env(target: Target) -> dict[str, str]:
+    """The environment the probe starts with: ours plus the target's overrides."""
     env = dict(os.environ)
     env.update(dict(target.extra_env))
     return env
+
+
+def env_of(target: Target, facts: EnvFacts) -> dict[str, str]:
+    """What a check runs its commands with: the env's own environment as its interpreter
+    reported it (hook applied, spec variables set), or ours when the probe said nothing."""
+    return dict(facts.environ) if facts.environ else target_env(target)
 
 
 def probe(target: Target, *, jit: bool) -> EnvFacts:
@@ -151,6 +190,10 @@ def probe(target: Target, *, jit: bool) -> EnvFacts:
 Check = Callable[[Target, EnvFacts], CheckResult]
 
 
+# Every check, in run order (what `--checks` and a spec's `verify:` may name).
+CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "sampling")
+
+
 def registry() -> dict[str, Check]:
     from builder.verify import cubin, flashinfer_jit, kernel_compile, sampling, toolchain
 
@@ -163,13 +206,25 @@ def registry() -> dict[str, Check]:
     }
 
 
+def parse_checks(text: str) -> tuple[str, ...]:
+    """``"toolchain,cubin"`` (commas and/or spaces) -> names; UsageError for an unknown one."""
+    names = tuple(dict.fromkeys(n for n in re.split(r"[\s,]+", text.strip()) if n))
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown or not names:
+        raise UsageError(
+            f"--checks {text!r}: unknown check(s) {', '.join(map(repr, unknown)) or '(none given)'}"
+            f"; known: {', '.join(CHECKS)}"
+        )
+    return names
+
+
 def run_checks(
     target: Target, names: Sequence[str], progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[EnvFacts, list[CheckResult]]:
     checks = registry()
     unknown = [n for n in names if n not in checks]
     if unknown:
-        raise VerifyFailed(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(checks)}")
+        raise UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(checks)}")
     progress(
         f"probing {target.python}"
         + (" and JIT-building FlashInfer's sampling module" if "flashinfer-jit" in names else "")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from builder import channels, proc
-from builder.spec import Arch
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+from builder import archs, proc
+from builder.archs import Arch
+from builder.paths import cache_dir
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 
 TOOL_REQUIREMENT = "nvidia-cuda-cuobjdump>=13.2,<14"
@@ -22,7 +23,7 @@ def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
     own = Path(facts.cuda_home) / "bin" / "cuobjdump"
     if own.exists():
         return own, f"{own} (the env's toolkit)"
-    tool_dir = channels.cache_dir() / "tools" / "cuobjdump"
+    tool_dir = cache_dir() / "tools" / "cuobjdump"
     exe = tool_dir / "nvidia" / "cu13" / "bin" / "cuobjdump"
     if not exe.exists():
         done = proc.run(
@@ -54,18 +55,19 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     evidence: list[tuple[str, str]] = [("cuobjdump", where)]
     artifacts: list[tuple[str, Path, list[Arch]]] = []
     nvcc = nvcc_of(facts)
+    env = env_of(target, facts)
     if nvcc.exists():
-        for text in target.archs:
-            arch = Arch.parse(text)
-            built = build_kernel(nvcc, arch, target.work)
+        for arch in target.archs:
+            built = build_kernel(nvcc, arch, target.work, env=env)
             if built.error is None:
                 artifacts.append((f"topk_topp {arch}", built.path, [arch]))
     library = facts.jit.get("library")
     if library and Path(str(library)).exists():
-        fi_archs = (facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "").split()
-        artifacts.append(
-            ("flashinfer sampling", Path(str(library)), [Arch.parse(a) for a in fi_archs if a])
-        )
+        try:
+            fi_archs = list(archs.parse_list(facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or ""))
+        except ValueError:
+            fi_archs = []
+        artifacts.append(("flashinfer sampling", Path(str(library)), fi_archs))
     if not artifacts:
         return CheckResult(
             name="cubin",
@@ -75,10 +77,10 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             "produced no artifact)",
         )
     problems = []
-    for label, path, archs in artifacts:
+    for label, path, wanted in artifacts:
         listed = list_elf(cuobjdump, path)
         evidence.append((label, f"{path}: {' '.join(listed) or 'no cubin'}"))
-        for arch in archs:
+        for arch in wanted:
             if arch.cubin_sm not in [re.sub(r"[af]$", "", s) for s in listed]:
                 problems.append(
                     f"{label}: no {arch.cubin_sm} cubin (found {' '.join(listed) or 'none'})"
@@ -95,6 +97,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     return CheckResult(
         name="cubin",
         status=PASSED,
-        summary=f"{len(artifacts)} artifact(s) hold a cubin for each of {' '.join(target.archs)}",
+        summary=f"{len(artifacts)} artifact(s) hold a cubin for each of "
+        f"{archs.flashinfer_spelling(target.archs)}",
         evidence=tuple(evidence),
     )

@@ -3,23 +3,10 @@ own cache (FLASHINFER_WORKSPACE_BASE = var/flashinfer); an unchanged env reuses 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from builder import channels
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
-
-# Header -> the cuda-toolkit component (extra) that ships it. torch 2.15 stopped pulling
-# nvidia-curand, and FlashInfer's sampling.cuh includes <curand.h>.
-HEADER_COMPONENT = (
-    ("curand", "curand"),
-    ("cublas", "cublas"),
-    ("cusparse", "cusparse"),
-    ("cufft", "cufft"),
-    ("cusolver", "cusolver"),
-    ("nvrtc", "nvrtc"),
-    ("nvtx3/", "nvtx"),
-    ("cupti", "cupti"),
-)
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
@@ -44,12 +31,9 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             hint = (
                 " (CUDA_HOME lacks lib64/libcudart.so or lib64/stubs/libcuda.so: flashinfer#5064)"
             )
-        missing = re.search(r"fatal error: ([\w/.]+\.h): No such file", error)
+        missing = channels.missing_header(error)
         if missing:
-            header = missing.group(1)
-            component = next(
-                (c for prefix, c in HEADER_COMPONENT if header.startswith(prefix)), None
-            )
+            header, component = missing
             hint = f" (the toolkit has no {header})"
             if component:
                 fix = (

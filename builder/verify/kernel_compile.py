@@ -1,24 +1,36 @@
 """`kernel-compile`: cudaenv's own top-k/top-p kernel (CUB from the toolkit's CCCL) compiles
-for every arch with the env's nvcc, static cudart, into the env's own work dir.
+for every arch with the env's nvcc, static cudart, into the env's own work dir, run with the
+env's own environment (so a spec's ``NVCC_APPEND_FLAGS`` takes part).
 
-A build is keyed by the kernel source, the nvcc binary and its version, the flags and the
-arch: an unchanged env reuses it (and says so in the evidence).
+A build is keyed by everything that makes the binary: the kernel source, the nvcc binary
+and its version, the flags (ours and the ``NVCC_*_FLAGS`` of the env), the arch, and the host
+compiler nvcc drives (its path and ``--version``). An unchanged env reuses it and says
+"reused"; ``verify --fresh`` rebuilds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from builder import proc
-from builder.spec import Arch
-from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target
+from builder import channels, proc
+from builder.archs import Arch
+from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target, env_of
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
+# What nvcc reads from the environment on top of its command line (nvcc docs, "NVCC_PREPEND_FLAGS").
+NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+NO_HOST_COMPILER_FIX = (
+    "install a C++ compiler nvcc supports (`apt-get install g++`), or point nvcc at one with "
+    "NVCC_CCBIN or `-ccbin` in NVCC_PREPEND_FLAGS"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,33 +40,93 @@ class KernelBuild:
     seconds: float
     reused: bool
     error: str | None = None
+    missing_tool: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCompiler:
+    """The host compiler nvcc will run: ``-ccbin``/``NVCC_CCBIN``, else ``gcc`` on PATH
+    (nvcc runs ``gcc`` through the shell to preprocess host code)."""
+
+    path: str | None
+    identity: str  # path and --version banner: part of the build key
+    error: str | None = None
 
 
 def source() -> str:
     return resources.files("builder.kernels").joinpath("topk_topp.cu").read_text()
 
 
-def gencode(arch: Arch) -> str:
-    code = f"{arch.major}{arch.minor}{arch.suffix}"
-    return f"-gencode=arch=compute_{code},code=sm_{code}"
-
-
 def nvcc_of(facts: EnvFacts) -> Path:
     return Path(facts.cuda_home) / "bin" / "nvcc"
 
 
-def build_kernel(nvcc: Path, arch: Arch, work: Path, *, fresh: bool = False) -> KernelBuild:
+def host_compiler(env: Mapping[str, str]) -> HostCompiler:
+    named = env.get("NVCC_CCBIN") or ""
+    for var in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"):
+        words = shlex.split(env.get(var) or "")
+        for i, word in enumerate(words):
+            if word in ("-ccbin", "--compiler-bindir") and i + 1 < len(words):
+                named = words[i + 1]
+            elif word.startswith(("-ccbin=", "--compiler-bindir=")):
+                named = word.split("=", 1)[1]
+    want = named or "gcc"
+    if Path(want).is_dir():  # -ccbin may name the compiler's directory
+        want = str(Path(want) / "gcc")
+    found = want if Path(want).is_absolute() else proc.which(want, path=env.get("PATH", ""))
+    if not found or not os.access(found, os.X_OK):
+        where = f"named by -ccbin/NVCC_CCBIN ({named})" if named else "on the env's PATH"
+        return HostCompiler(path=None, identity="", error=f"no host compiler {want} {where}")
+    try:
+        done = proc.run([found, "--version"], env=dict(env), check=False, timeout=60)
+        banner = (done.stdout or done.stderr).strip().splitlines()[:1]
+    except proc.CommandFailed:
+        banner = []
+    real = os.path.realpath(found)
+    return HostCompiler(path=found, identity=f"{real} {' '.join(banner)}")
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def build_kernel(
+    nvcc: Path,
+    arch: Arch,
+    work: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    fresh: bool = False,
+) -> KernelBuild:
+    env = dict(env if env is not None else os.environ)
     src = source()
-    version = proc.run([nvcc, "--version"], timeout=60).stdout
+    host = host_compiler(env)
+    out_name = f"topk_topp.{arch.sm}"
+    if host.path is None:
+        return KernelBuild(
+            arch=arch,
+            path=work / "kernels" / out_name,
+            seconds=0.0,
+            reused=False,
+            error=host.error,
+            missing_tool="host compiler",
+        )
+    version = proc.run([nvcc, "--version"], env=env, timeout=60).stdout
     real = os.path.realpath(nvcc)
     stat = Path(real).stat()
-    key = hashlib.sha256(
-        "\0".join(
-            [src, version, real, str(stat.st_size), str(stat.st_mtime_ns), *FLAGS, gencode(arch)]
-        ).encode()
-    ).hexdigest()[:16]
+    key = _key(
+        src,
+        version,
+        real,
+        str(stat.st_size),
+        str(stat.st_mtime_ns),
+        *FLAGS,
+        arch.gencode(),
+        host.identity,
+        *(f"{k}={env.get(k, '')}" for k in NVCC_ENV),
+    )
     out_dir = work / "kernels" / key
-    out = out_dir / f"topk_topp.{arch.sm}"
+    out = out_dir / out_name
     if out.exists() and not fresh:
         return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,20 +134,30 @@ def build_kernel(nvcc: Path, arch: Arch, work: Path, *, fresh: bool = False) -> 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     started = time.monotonic()
     done = proc.run(
-        [nvcc, *FLAGS, gencode(arch), "-o", tmp, out_dir / "topk_topp.cu"],
+        [nvcc, *FLAGS, arch.gencode(), "-o", tmp, out_dir / "topk_topp.cu"],
+        env=env,
         check=False,
         timeout=1800,
     )
     seconds = time.monotonic() - started
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
-        message = (done.stderr + done.stdout).strip().splitlines()
+        text = (done.stderr + done.stdout).strip()
+        message = text.splitlines()
+        missing = None
+        # nvcc runs the host compiler through the shell: "gcc: No such file or directory",
+        # then "Failed to preprocess host compiler properties".
+        if "Failed to preprocess host compiler properties" in text or re.search(
+            r"\b(gcc|g\+\+|cc|c\+\+|cl|clang\+\+)\S*: (not found|No such file or directory)", text
+        ):
+            missing = "host compiler"
         return KernelBuild(
             arch=arch,
             path=out,
             seconds=seconds,
             reused=False,
             error="\n".join(message[-8:]) or f"nvcc exited {done.returncode}",
+            missing_tool=missing,
         )
     os.replace(tmp, out)
     return KernelBuild(arch=arch, path=out, seconds=seconds, reused=False)
@@ -90,38 +172,67 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             summary=f"no nvcc at {nvcc}",
             fix="build the env with a wheels toolchain that includes 'nvcc', or set CUDA_HOME",
         )
+    env = env_of(target, facts)
     evidence: list[tuple[str, str]] = [("nvcc", str(nvcc))]
-    failures = []
+    host = host_compiler(env)
+    evidence.append(("host compiler", host.identity or str(host.error)))
+    failures: list[str] = []
+    missing_tool: str | None = None
+    headers: list[tuple[str, str | None]] = []
+    reused: list[str] = []
     total = 0.0
-    for text in target.archs:
-        arch = Arch.parse(text)
-        built = build_kernel(nvcc, arch, target.work)
+    for arch in target.archs:
+        built = build_kernel(nvcc, arch, target.work, env=env, fresh=target.fresh)
         total += built.seconds
         if built.error:
             failures.append(f"{arch}: {built.error}")
+            missing_tool = missing_tool or built.missing_tool
+            found = channels.missing_header(built.error)
+            if found:
+                headers.append(found)
             evidence.append((str(arch), f"failed after {built.seconds:.1f} s"))
-        else:
-            how = (
-                "reused (unchanged source, nvcc and flags)"
-                if built.reused
-                else (f"compiled in {built.seconds:.1f} s")
+        elif built.reused:
+            reused.append(str(arch))
+            evidence.append(
+                (str(arch), f"{built.path} reused (same source, nvcc, flags, host compiler)")
             )
-            evidence.append((str(arch), f"{built.path} {how}"))
+        else:
+            evidence.append((str(arch), f"{built.path} compiled in {built.seconds:.1f} s"))
     if failures:
+        if missing_tool:
+            fix = NO_HOST_COMPILER_FIX
+            summary = f"nvcc {facts.nvcc_release} has no host compiler: {host.error or failures[0]}"
+        elif headers:
+            header, component = headers[0]
+            summary = f"nvcc {facts.nvcc_release} cannot find {header}: " + "; ".join(failures)
+            fix = (
+                f"add '{component}' to the spec's toolchain.components (it ships {header}), "
+                "then `cudaenv lock SPEC` and `cudaenv build SPEC`"
+                if component
+                else f"the toolkit lacks {header}: add the component that ships it"
+            )
+        else:
+            summary = f"nvcc {facts.nvcc_release} cannot build " + "; ".join(failures)
+            fix = (
+                "drop the arch from the spec's archs, or use a CUDA that supports it "
+                "(12.0f needs 12.9+, 12.0a 12.8+); if NVCC_*_FLAGS are set in the spec's env, "
+                "check them"
+            )
         return CheckResult(
             name="kernel-compile",
             status=FAILED,
-            summary=f"nvcc {facts.nvcc_release} cannot build " + "; ".join(failures),
+            summary=summary,
             evidence=tuple(evidence),
             seconds=total,
-            fix="drop the arch from the spec's archs, or use a CUDA that supports it "
-            "(12.0f needs 12.9+, 12.0a 12.8+)",
+            fix=fix,
+            missing_tool=missing_tool,
         )
+    how = f" (reused for {' '.join(reused)})" if reused else ""
     return CheckResult(
         name="kernel-compile",
         status=PASSED,
-        summary=f"top-k/top-p kernel built for {' '.join(target.archs)} "
-        f"with nvcc {facts.nvcc_release}",
+        summary=f"top-k/top-p kernel built for {' '.join(map(str, target.archs))} "
+        f"with nvcc {facts.nvcc_release}{how}",
         evidence=tuple(evidence),
         seconds=total,
     )

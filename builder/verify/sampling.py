@@ -11,52 +11,15 @@ import random
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from builder import proc
-from builder.build import normalise_arch
-from builder.spec import Arch
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, target_env
+from builder import archs, proc
+from builder.archs import Gpu
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 
 DRAWS = 4000  # per row: a sampler ignoring top_k or top_p fails chi-square at alpha 1e-3
-NO_DRIVER = Path("/proc/driver/nvidia/version")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Gpu:
-    index: int
-    name: str
-    major: int
-    minor: int
-
-
-def visible_gpus() -> tuple[list[Gpu], str | None]:
-    """The GPUs nvidia-smi lists, or why there are none."""
-    if not NO_DRIVER.exists():
-        return [], f"no NVIDIA driver ({NO_DRIVER} is absent)"
-    smi = proc.which("nvidia-smi")
-    if not smi:
-        return [], "NVIDIA driver present but no nvidia-smi to list GPUs"
-    done = proc.run(
-        [smi, "--query-gpu=index,name,compute_cap", "--format=csv,noheader"],
-        check=False,
-        timeout=30,
-    )
-    gpus = []
-    for line in done.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and "." in parts[2]:
-            major, minor = parts[2].split(".")
-            gpus.append(Gpu(index=int(parts[0]), name=parts[1], major=int(major), minor=int(minor)))
-    if not gpus:
-        return (
-            [],
-            f"no visible NVIDIA GPU (nvidia-smi: {done.stdout.strip() or done.stderr.strip()})",
-        )
-    return gpus, None
 
 
 def uniforms(seed: int, rows: int) -> list[list[float]]:
@@ -111,7 +74,9 @@ print(json.dumps(out.view(rows, draws).tolist()))
 """
 
 
-def run_flashinfer(target: Target, gpu: Gpu, cases: list[ref.Case], work: Path) -> list[list[int]]:
+def run_flashinfer(
+    target: Target, facts: EnvFacts, gpu: Gpu, cases: list[ref.Case], work: Path
+) -> list[list[int]]:
     vocab = len(cases[0].probs)
     doc = {
         "probs": [list(c.probs) for c in cases],
@@ -122,18 +87,25 @@ def run_flashinfer(target: Target, gpu: Gpu, cases: list[ref.Case], work: Path) 
     }
     path = work / "flashinfer-input.json"
     path.write_text(json.dumps(doc))
-    env = {**target_env(target), "CUDA_VISIBLE_DEVICES": str(gpu.index)}
+    env = {**env_of(target, facts), "CUDA_VISIBLE_DEVICES": str(gpu.index)}
     done = proc.run([target.python, "-c", FLASHINFER_SCRIPT, path], env=env, timeout=1800)
     rows: list[list[int]] = json.loads(done.stdout.strip().splitlines()[-1])
     return rows
 
 
 def run_kernel(
-    binary: Path, gpu: Gpu, cases: list[ref.Case], us: list[list[float]], work: Path
+    binary: Path,
+    gpu: Gpu,
+    cases: list[ref.Case],
+    us: list[list[float]],
+    work: Path,
+    env: dict[str, str],
 ) -> tuple[list[list[int]] | None, str]:
     inp, out = work / "kernel-input.txt", work / "kernel-output.txt"
     ref.write_input(str(inp), cases, us)
-    env = {"CUDA_VISIBLE_DEVICES": str(gpu.index), "PATH": "/usr/bin:/bin"}
+    # The whole environment: a driver library reachable only through LD_LIBRARY_PATH (GKE's
+    # /usr/local/nvidia/lib64, HPC modules) must be found as torch finds it.
+    env = {**env, "CUDA_VISIBLE_DEVICES": str(gpu.index)}
     done = proc.run([binary, inp, out], env=env, check=False, timeout=600)
     if done.returncode != 0:
         return None, (done.stderr or done.stdout).strip()
@@ -141,7 +113,7 @@ def run_kernel(
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
-    gpus, why = visible_gpus()
+    gpus, why = archs.visible_gpus()
     if not gpus:
         return CheckResult(name="sampling", status=SKIPPED, summary=why or "no GPU")
     evidence: list[tuple[str, str]] = []
@@ -150,16 +122,20 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     cases = ref.make_cases()
     us = uniforms(7, len(cases))
     nvcc = nvcc_of(facts)
+    env = env_of(target, facts)
     with tempfile.TemporaryDirectory(prefix="cudaenv-sampling-") as tmp:
         work = Path(tmp)
         for gpu in gpus:
-            label = f"GPU {gpu.index} ({gpu.name}, SM {gpu.major}.{gpu.minor})"
-            arch = Arch.parse(normalise_arch(gpu.major, gpu.minor, facts.nvcc_release or "13.0"))
-            built = build_kernel(nvcc, arch, target.work)
+            label = gpu.label
+            arch = gpu.arch(facts.nvcc_release)
+            if arch is None:
+                problems.append(f"{label}: the driver reports no compute capability")
+                continue
+            built = build_kernel(nvcc, arch, target.work, env=env)
             if built.error:
                 problems.append(f"{label}: our kernel does not build for {arch}: {built.error}")
                 continue
-            samples, error = run_kernel(built.path, gpu, cases, us, work)
+            samples, error = run_kernel(built.path, gpu, cases, us, work, env)
             if samples is None:
                 problems.append(f"{label}: our kernel did not run: {error}")
             else:
@@ -182,7 +158,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
                     ref.Case(probs=as_float32(c.probs), top_k=c.top_k, top_p=c.top_p) for c in cases
                 ]
                 try:
-                    draws = run_flashinfer(target, gpu, fi_cases, work)
+                    draws = run_flashinfer(target, facts, gpu, fi_cases, work)
                 except proc.CommandFailed as exc:
                     problems.append(f"{label}: FlashInfer sampling failed: {exc.output[-1500:]}")
                     continue

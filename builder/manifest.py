@@ -1,0 +1,128 @@
+"""``cudaenv.json``: what a built env is, typed and versioned.
+
+Written once by the build, read by ``verify``, ``doctor``, ``matrix`` and ``build`` itself
+(to tell an up-to-date env). Parsed at this edge into a frozen :class:`Manifest`; a file of
+an unknown ``schema_version`` is a clear error naming the file, never a KeyError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import archs as archs_mod
+from builder.archs import Arch
+from builder.errors import ReportError
+from builder.jsondoc import Reader
+from builder.proc import atomic_write_text
+
+FILE = "cudaenv.json"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    name: str
+    spec: str  # the spec file it was built from, as given
+    fingerprint: str
+    lock_hash: str
+    python: str
+    cuda: str
+    torch: str | None
+    torch_cuda: str | None
+    toolkit: str | None
+    nvcc: str
+    toolchain_source: str
+    archs: tuple[Arch, ...]  # the env's list: the spec's plus the GPUs visible at build time
+    spec_archs: tuple[Arch, ...]
+    packages: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+    built_at: str
+    cudaenv: str
+    path: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "spec": self.spec,
+            "fingerprint": self.fingerprint,
+            "lock_hash": self.lock_hash,
+            "python": self.python,
+            "cuda": self.cuda,
+            "torch": self.torch,
+            "torch_cuda": self.torch_cuda,
+            "toolkit": self.toolkit,
+            "nvcc": self.nvcc,
+            "toolchain_source": self.toolchain_source,
+            "archs": archs_mod.texts(self.archs),
+            "spec_archs": archs_mod.texts(self.spec_archs),
+            "packages": dict(self.packages),
+            "env": dict(self.env),
+            "built_at": self.built_at,
+            "cudaenv": self.cudaenv,
+            "path": self.path,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> Manifest:
+        r = Reader(doc, where, "manifest", SCHEMA_VERSION)
+        return cls(
+            name=r.text("name"),
+            spec=r.text("spec"),
+            fingerprint=r.text("fingerprint"),
+            lock_hash=r.text("lock_hash"),
+            python=r.text("python"),
+            cuda=r.text("cuda"),
+            torch=r.opt_text("torch"),
+            torch_cuda=r.opt_text("torch_cuda"),
+            toolkit=r.opt_text("toolkit"),
+            nvcc=r.text("nvcc"),
+            toolchain_source=r.text("toolchain_source"),
+            archs=r.archs("archs"),
+            spec_archs=r.archs("spec_archs"),
+            packages=tuple(r.text_map("packages").items()),
+            env=tuple(r.text_map("env").items()),
+            built_at=r.text("built_at"),
+            cudaenv=r.text("cudaenv"),
+            path=r.text("path"),
+        )
+
+
+def exists(env_dir: Path) -> bool:
+    return (env_dir / FILE).is_file()
+
+
+def read(env_dir: Path) -> Manifest:
+    """The manifest of ``env_dir``; ReportError (exit 2) when it is missing or unreadable."""
+    path = env_dir / FILE
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ReportError(
+            f"{path}: no readable manifest ({exc.strerror}); not an env built by cudaenv"
+        ) from exc
+    except ValueError as exc:
+        raise ReportError(f"{path}: the manifest is not JSON ({exc})") from exc
+    return Manifest.from_json(doc, str(path))
+
+
+def try_read(env_dir: Path) -> Manifest | None:
+    """The manifest, or None where there is none or it cannot be read (doctor, up-to-date
+    checks: an unreadable manifest means "rebuild", not an error)."""
+    try:
+        return read(env_dir)
+    except ReportError:
+        return None
+
+
+def write(manifest: Manifest, env_dir: Path) -> Path:
+    return atomic_write_text(
+        env_dir / FILE, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
+    )
+
+
+def packages_of(manifest: Manifest) -> Mapping[str, str]:
+    return dict(manifest.packages)

@@ -1,0 +1,162 @@
+"""The arch concept (builder/archs.py): parsing, FlashInfer's normalisation, what each CUDA
+targets, the one GPU query, the env's list and its torch/FlashInfer spellings."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from builder import archs, proc
+from builder.archs import Arch, Gpu
+
+A = Arch.parse
+
+
+def test_parse_and_spellings() -> None:
+    a = A("12.0f")
+    assert (a.major, a.minor, a.suffix) == (12, 0, "f")
+    assert (str(a), a.sm, a.cubin_sm, a.code) == ("12.0f", "sm_120f", "sm_120", "120f")
+    assert a.gencode() == "-gencode=arch=compute_120f,code=sm_120f"
+    for bad in ("120", "12.0x", "", "12", "sm_120", "12.10"):
+        with pytest.raises(ValueError, match="expected an arch like"):
+            A(bad)
+
+
+@pytest.mark.parametrize("text", ["12.0f,9.0a", "12.0f 9.0a", "12.0f;9.0a", " 12.0f , 9.0a ,"])
+def test_parse_list_takes_every_separator(text: str) -> None:
+    assert archs.parse_list(text) == (A("12.0f"), A("9.0a"))
+
+
+def test_parse_list_refuses_bad_and_empty_input() -> None:
+    with pytest.raises(ValueError, match=r"'12\.0q'"):
+        archs.parse_list("9.0a,12.0q")
+    with pytest.raises(ValueError, match="one or more archs"):
+        archs.parse_list(" , ")
+    assert archs.parse_list("9.0a 9.0a") == (A("9.0a"),)
+
+
+def test_normalise_as_flashinfer_does() -> None:
+    assert archs.normalise(9, 0, "13.0") == A("9.0a")
+    assert archs.normalise(12, 0, "13.0") == A("12.0f")
+    assert archs.normalise(12, 0, "12.8") == A("12.0a")
+    assert archs.normalise(12, 1, "12.9") == A("12.1f")
+    assert archs.normalise(8, 6, "13.0") == A("8.6")
+    # An unknown toolkit: spelled for the default CUDA, never a crash.
+    assert archs.normalise(12, 0, None) == archs.normalise(12, 0, archs.DEFAULT_CUDA)
+    assert archs.normalise(12, 0, "garbage") == archs.normalise(12, 0, archs.DEFAULT_CUDA)
+
+
+def test_what_each_cuda_targets() -> None:
+    assert archs.cuda_problems("13.0", archs.parse_list("9.0a 10.0a 12.0f")) == []
+    assert archs.cuda_problems("12.8", archs.parse_list("12.0a 10.0a")) == []
+    assert archs.cuda_problems("12.8", [A("12.0f")]) == [
+        "arch 12.0f needs CUDA >= 12.9 but the spec asks 12.8"
+    ]
+    assert archs.cuda_problems("12.6", [A("12.0a")]) == [
+        "arch 12.0a needs CUDA >= 12.8 but the spec asks 12.6"
+    ]
+    assert archs.cuda_problems("12.8", [A("12.1a")]) == [
+        "arch 12.1a needs CUDA >= 12.9 but the spec asks 12.8"
+    ]
+    assert archs.cuda_problems("13.0", [A("7.0")]) == [
+        "arch 7.0: CUDA 13 dropped targets below SM 7.5"
+    ]
+
+
+def test_which_cubins_run_on_which_gpu() -> None:
+    assert A("9.0a").runs_on((9, 0))
+    assert not A("9.0a").runs_on((10, 0))
+    assert A("12.0f").runs_on((12, 1))
+    assert not A("12.1f").runs_on((12, 0))
+    assert not A("12.0f").runs_on((9, 0))
+    assert A("8.0").runs_on((8, 6))
+
+
+def test_gpu_query_output_is_parsed_without_crashing() -> None:
+    out = (
+        "0, GPU-aaaa, NVIDIA H200, 9.0\n"
+        "1, GPU-bbbb, NVIDIA RTX PRO 6000 Blackwell, Workstation Edition, 12.0\n"
+        "2, GPU-cccc, Mystery, [N/A]\n"
+        "garbage line\n"
+        "\n"
+    )
+    gpus = archs.parse_gpu_query(out)
+    assert gpus == [
+        Gpu(index=0, uuid="GPU-aaaa", name="NVIDIA H200", capability=(9, 0)),
+        Gpu(
+            index=1,
+            uuid="GPU-bbbb",
+            name="NVIDIA RTX PRO 6000 Blackwell, Workstation Edition",
+            capability=(12, 0),
+        ),
+        Gpu(index=2, uuid="GPU-cccc", name="Mystery", capability=None),
+    ]
+    assert gpus[0].arch("13.0") == A("9.0a")
+    assert gpus[2].arch("13.0") is None
+    assert gpus[2].label == "GPU 2 (Mystery, SM unknown)"
+
+
+def test_visible_gpus_says_why_there_are_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", tmp_path / "absent")
+    assert archs.visible_gpus() == ([], f"no NVIDIA driver ({tmp_path / 'absent'} is absent)")
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: 580\n")
+    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", driver)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, GPU-x, NVIDIA H200, 9.0'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(smi.parent))
+    gpus, why = archs.visible_gpus()
+    assert why is None and [g.capability for g in gpus] == [(9, 0)]
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    gpus, why = archs.visible_gpus()
+    assert gpus == [] and why == "no visible NVIDIA GPU (nvidia-smi: No devices were found)"
+    assert proc.which("nvidia-smi") == str(smi)
+
+
+def test_env_archs_add_the_visible_gpus_spelled_for_the_cuda() -> None:
+    h200 = Gpu(index=0, uuid="u", name="H200", capability=(9, 0))
+    unknown = Gpu(index=1, uuid="v", name="?", capability=None)
+    spec_archs = (A("12.0f"),)
+    assert archs.env_archs(spec_archs, "13.0", [h200, unknown]) == (A("12.0f"), A("9.0a"))
+    assert archs.env_archs((A("9.0a"),), "13.0", [h200]) == (A("9.0a"),)
+    assert archs.uncovered(spec_archs, h200)
+    assert not archs.uncovered((A("9.0a"),), h200)
+    assert not archs.uncovered(spec_archs, unknown)
+
+
+def test_torch_and_flashinfer_spellings() -> None:
+    env = archs.parse_list("9.0a 12.0f 12.0a")
+    assert archs.flashinfer_spelling(env) == "9.0a 12.0f 12.0a"
+    assert archs.torch_spelling(env) == "9.0;12.0"
+    assert archs.texts(env) == ["9.0a", "12.0f", "12.0a"]
+
+
+def test_no_other_module_parses_archs_or_queries_gpus() -> None:
+    """The structure rule: builder/archs.py alone owns the concept. No other module holds an
+    arch or CUDA literal as a value (messages may quote examples), queries the GPUs, or
+    parses an arch with a regex of its own."""
+    root = Path(archs.__file__).parent
+    literal = re.compile(r"^\d{1,2}\.\d[af]?$")
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "archs.py" or "probe" in path.parts:
+            continue  # the probes run inside a foreign interpreter, stdlib only
+        text = path.read_text()
+        for needle in ("nvidia-smi", "compute_cap", "normalise_arch", r"(\d)([af]?)"):
+            if needle in text:
+                offenders.append(f"{path.relative_to(root)}: {needle}")
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and literal.match(node.value)
+            ):
+                offenders.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    assert offenders == []

@@ -1,0 +1,179 @@
+"""kernel-compile on a stand-in nvcc (a shell script at the one seam: the nvcc binary): the
+build key covers the host compiler and nvcc's environment flags, reuse is said, a missing
+host compiler is a missing tool, a missing header names its component. The real nvcc runs in
+the e2e tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from builder import archs, channels
+from builder.verify import FAILED, PASSED, EnvFacts, Target, kernel_compile
+from tests.helpers import write
+
+FAKE_NVCC = r"""#!/bin/sh
+# A stand-in nvcc: checks its host compiler the way nvcc does (runs gcc from PATH) and the
+# flags it reads from the environment, then "compiles" by writing the output file.
+if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi
+echo "$@ $NVCC_APPEND_FLAGS" >> "$(dirname "$0")/calls"
+gcc --version >/dev/null 2>&1 || {
+  echo "gcc: No such file or directory" >&2
+  echo "nvcc fatal   : Failed to preprocess host compiler properties." >&2; exit 1; }
+case " $NVCC_APPEND_FLAGS " in *" --bogus "*) echo "nvcc fatal   : Unknown option '--bogus'" >&2; exit 1;; esac
+if [ -n "$FAKE_MISSING_HEADER" ]; then
+  echo "topk_topp.cu:3:10: fatal error: $FAKE_MISSING_HEADER: No such file or directory" >&2; exit 1
+fi
+while [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then echo cubin > "$2"; fi; shift; done
+"""
+
+
+@pytest.fixture
+def toolkit(tmp_path: Path) -> Path:
+    home = tmp_path / "cuda-home"
+    write(home / "bin" / "nvcc", FAKE_NVCC).chmod(0o755)
+    return home
+
+
+def gcc_dir(tmp_path: Path, banner: str) -> Path:
+    d = tmp_path / f"gcc-{abs(hash(banner))}"
+    write(d / "gcc", f"#!/bin/sh\necho '{banner}'\n").chmod(0o755)
+    return d
+
+
+def env_with(tmp_path: Path, banner: str | None, **extra: str) -> dict[str, str]:
+    path = "/usr/bin:/bin" if banner is None else f"{gcc_dir(tmp_path, banner)}:/usr/bin:/bin"
+    if banner is None:
+        # A PATH without any gcc: only the shell's own tools.
+        tools = tmp_path / "tools"
+        tools.mkdir(exist_ok=True)
+        for t in ("dirname", "sh", "echo"):
+            src = Path("/bin") / t
+            if src.exists() and not (tools / t).exists():
+                (tools / t).symlink_to(src)
+        path = str(tools)
+    return {"PATH": path, **extra}
+
+
+def target(tmp_path: Path, **changes: object) -> Target:
+    base = Target(
+        python=Path("/env/bin/python"),
+        archs=archs.parse_list("9.0a 12.0f"),
+        work=tmp_path / "work",
+        env_dir=Path("/env"),
+        expected_cuda="13.0",
+        spec_name="x",
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def facts(home: Path, environ: dict[str, str]) -> EnvFacts:
+    return EnvFacts(
+        python="/env/bin/python",
+        python_version="3.12.1",
+        cuda_home=str(home),
+        env={},
+        nvcc_release="13.0",
+        nvcc_path=str(home / "bin" / "nvcc"),
+        nvcc_error=None,
+        cudart_version="13.0",
+        cudart_error=None,
+        torch_installed=False,
+        torch_version=None,
+        torch_cuda=None,
+        torch_error=None,
+        flashinfer_installed=False,
+        flashinfer_version=None,
+        flashinfer_cuda_path=None,
+        flashinfer_cuda_version=None,
+        flashinfer_error=None,
+        environ=environ,
+    )
+
+
+def test_builds_then_says_reused_and_fresh_rebuilds(tmp_path: Path, toolkit: Path) -> None:
+    env = env_with(tmp_path, "gcc (Debian 12.2.0-14) 12.2.0")
+    first = kernel_compile.check(target(tmp_path), facts(toolkit, env))
+    assert first.status == PASSED, first.summary
+    assert "reused" not in first.summary
+    second = kernel_compile.check(target(tmp_path), facts(toolkit, env))
+    assert second.status == PASSED
+    assert second.summary.endswith("(reused for 9.0a 12.0f)")
+    calls = (toolkit / "bin" / "calls").read_text().splitlines()
+    assert len(calls) == 2
+    fresh = kernel_compile.check(target(tmp_path, fresh=True), facts(toolkit, env))
+    assert "reused" not in fresh.summary
+    assert len((toolkit / "bin" / "calls").read_text().splitlines()) == 4
+
+
+def test_another_host_compiler_is_another_build(tmp_path: Path, toolkit: Path) -> None:
+    nvcc = toolkit / "bin" / "nvcc"
+    arch = archs.Arch.parse("9.0a")
+    work = tmp_path / "work"
+    one = kernel_compile.build_kernel(nvcc, arch, work, env=env_with(tmp_path, "gcc 12.2.0"))
+    two = kernel_compile.build_kernel(nvcc, arch, work, env=env_with(tmp_path, "gcc 14.1.0"))
+    assert not one.reused and not two.reused and one.path != two.path
+    flags = env_with(tmp_path, "gcc 12.2.0", NVCC_PREPEND_FLAGS="-lineinfo")
+    three = kernel_compile.build_kernel(nvcc, arch, work, env=flags)
+    assert not three.reused and three.path not in (one.path, two.path)
+
+
+def test_no_host_compiler_is_a_missing_tool_even_with_a_cached_build(
+    tmp_path: Path, toolkit: Path
+) -> None:
+    ok = kernel_compile.check(target(tmp_path), facts(toolkit, env_with(tmp_path, "gcc 12")))
+    assert ok.status == PASSED
+    result = kernel_compile.check(target(tmp_path), facts(toolkit, env_with(tmp_path, None)))
+    assert result.status == FAILED
+    assert result.missing_tool == "host compiler"
+    assert (
+        result.summary == "nvcc 13.0 has no host compiler: no host compiler gcc on the env's PATH"
+    )
+    assert result.fix.startswith("install a C++ compiler nvcc supports")
+    assert "drop the arch" not in result.fix
+
+
+def test_the_envs_nvcc_flags_take_part(tmp_path: Path, toolkit: Path) -> None:
+    env = env_with(tmp_path, "gcc 12", NVCC_APPEND_FLAGS="--bogus")
+    result = kernel_compile.check(target(tmp_path), facts(toolkit, env))
+    assert result.status == FAILED
+    assert "Unknown option '--bogus'" in result.summary
+    assert result.missing_tool is None
+    assert "NVCC_*_FLAGS" in result.fix
+
+
+def test_a_missing_cccl_header_names_the_component(tmp_path: Path, toolkit: Path) -> None:
+    env = env_with(tmp_path, "gcc 12", FAKE_MISSING_HEADER="cub/block/block_reduce.cuh")
+    result = kernel_compile.check(target(tmp_path), facts(toolkit, env))
+    assert result.status == FAILED
+    assert result.summary.startswith("nvcc 13.0 cannot find cub/block/block_reduce.cuh")
+    assert result.fix.startswith("add 'cccl' to the spec's toolchain.components")
+
+
+def test_missing_header_table() -> None:
+    assert channels.missing_header("x.cu:1:10: fatal error: curand.h: No such file") == (
+        "curand.h",
+        "curand",
+    )
+    assert channels.missing_header(
+        'x.cu(3): catastrophic error: cannot open source file "thrust/sort.h"'
+    ) == (
+        "thrust/sort.h",
+        "cccl",
+    )
+    assert channels.missing_header("all good") is None
+    assert channels.missing_header("fatal error: mylib.h: No such file") == ("mylib.h", None)
+
+
+def test_host_compiler_named_by_ccbin(tmp_path: Path) -> None:
+    d = gcc_dir(tmp_path, "clang version 18")
+    clang = write(d / "clang++", "#!/bin/sh\necho 'clang version 18'\n")
+    clang.chmod(0o755)
+    host = kernel_compile.host_compiler(
+        {"PATH": "/nonexistent", "NVCC_PREPEND_FLAGS": f"-ccbin {clang}"}
+    )
+    assert host.path == str(clang) and "clang version 18" in host.identity
+    missing = kernel_compile.host_compiler({"PATH": "/nonexistent", "NVCC_CCBIN": "/nope/g++"})
+    assert missing.path is None and "named by -ccbin/NVCC_CCBIN (/nope/g++)" in str(missing.error)

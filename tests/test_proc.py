@@ -1,0 +1,236 @@
+"""builder/proc.py, the one subprocess seam, driven with real tiny processes (as nox's tests
+drive its command runner): timeouts, stderr echo, exit codes, missing tools, atomic writes
+and the environment every uv call gets."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import proc
+from builder.errors import CommandFailed, ToolMissing
+
+PY = sys.executable
+# Says something on both pipes, then outlives any timeout a test gives it.
+TALK_THEN_SLEEP = (
+    "import sys, time\n"
+    "print('partial stdout', flush=True)\n"
+    "sys.stderr.write('still working\\n'); sys.stderr.flush()\n"
+    "time.sleep(30)\n"
+)
+
+
+def forks_a_grandchild(pid_file: Path, *, then_sleep: bool) -> str:
+    """A child that starts a grandchild holding its stdout and stderr open for 30 s (as a build
+    backend or a daemonised server might), records the grandchild's pid, and then exits at
+    once or sleeps too."""
+    return (
+        "import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
+        "sys.stderr.write('forked\\n'); sys.stderr.flush()\n"
+        + ("time.sleep(30)\n" if then_sleep else "")
+    )
+
+
+@pytest.fixture
+def pid_file(tmp_path: Path) -> Iterator[Path]:
+    """Where a child writes its grandchild's pid; the grandchild is killed after the test."""
+    path = tmp_path / "grandchild.pid"
+    yield path
+    if path.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def timed_out_run(argv: list[str], *, stream: bool, timeout: float) -> tuple[CommandFailed, float]:
+    start = time.monotonic()
+    with pytest.raises(CommandFailed) as info:
+        proc.run(argv, stream=stream, timeout=timeout)
+    return info.value, time.monotonic() - start
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
+def test_timeout_kills_a_child_that_keeps_stderr_open(stream: bool) -> None:
+    # Before the fix the streaming path read stderr to its end before waiting, so timeout=1
+    # returned only when the child closed stderr (5.1 s for a 5 s child; here it would be 30 s).
+    err, took = timed_out_run([PY, "-c", TALK_THEN_SLEEP], stream=stream, timeout=1)
+    assert took < 3, f"timeout=1 returned after {took:.1f} s"
+    assert err.timed_out == 1
+    assert err.returncode == -1
+    assert str(err).startswith("command timed out after 1 s: ")
+    # The error is all a user sees of a hung uv: its last words must be in it.
+    assert "partial stdout" in err.output
+    assert "still working" in err.output
+    assert str(err).endswith("still working")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
+@pytest.mark.parametrize("then_sleep", [True, False], ids=["child-sleeps", "child-exits"])
+def test_timeout_holds_when_a_grandchild_keeps_the_pipes_open(
+    pid_file: Path, stream: bool, then_sleep: bool
+) -> None:
+    # The pipes reach EOF only when the grandchild exits (30 s): the deadline must not wait
+    # for that, whether the child itself is still running or already gone.
+    code = forks_a_grandchild(pid_file, then_sleep=then_sleep)
+    err, took = timed_out_run([PY, "-c", code], stream=stream, timeout=1)
+    assert took < 3, f"timeout=1 returned after {took:.1f} s"
+    assert err.timed_out == 1
+    assert pid_file.exists(), "the grandchild was never started"
+
+
+def test_a_fast_command_is_not_timed_out() -> None:
+    for stream in (True, False):
+        done = proc.run([PY, "-c", "print('ok')"], stream=stream, timeout=30)
+        assert (done.returncode, done.stdout) == (0, "ok\n")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_streamed_stderr_is_echoed_and_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    code = "import sys; print('the answer'); sys.stderr.write('progress 1\\nprogress 2\\n')"
+    done = proc.run([PY, "-c", code], stream=True)
+    echoed = capsys.readouterr()
+    assert echoed.err == "progress 1\nprogress 2\n"
+    assert echoed.out == ""  # stdout is captured, never echoed
+    assert done.stdout == "the answer\n"
+    assert done.stderr == "progress 1\nprogress 2\n"
+    assert done.argv == (PY, "-c", code)
+
+
+def test_captured_stderr_is_not_echoed(capfd: pytest.CaptureFixture[str]) -> None:
+    done = proc.run([PY, "-c", "import sys; sys.stderr.write('quiet\\n')"])
+    assert capfd.readouterr().err == ""
+    assert done.stderr == "quiet\n"
+
+
+def test_input_text_reaches_the_child() -> None:
+    done = proc.run([PY, "-c", "import sys; print(sys.stdin.read().upper())"], input_text="hi")
+    assert done.stdout == "HI\n"
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
+def test_check_false_returns_the_exit_code(stream: bool) -> None:
+    code = "import sys; print('out'); sys.stderr.write('err\\n'); sys.exit(3)"
+    done = proc.run([PY, "-c", code], check=False, stream=stream)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
+def test_a_failed_command_raises_with_its_output(stream: bool) -> None:
+    code = "import sys; print('out'); sys.stderr.write('it broke\\n'); sys.exit(3)"
+    with pytest.raises(CommandFailed) as info:
+        proc.run([PY, "-c", code], stream=stream)
+    err = info.value
+    assert (err.returncode, err.timed_out) == (3, None)
+    assert err.argv == [PY, "-c", code]
+    assert str(err).startswith("command failed (exit 3): ")
+    assert str(err).endswith("out\n\nit broke")
+
+
+def test_env_and_cwd_reach_the_child(tmp_path: Path) -> None:
+    code = "import os; print(os.getcwd(), os.environ['CUDAENV_TEST_VALUE'])"
+    for stream in (True, False):
+        done = proc.run(
+            [PY, "-c", code], env={"CUDAENV_TEST_VALUE": "x y"}, cwd=tmp_path, stream=stream
+        )
+        assert done.stdout == f"{tmp_path} x y\n"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
+@pytest.mark.parametrize("tool", ["/nonexistent/bin/cudaenv-no-such-tool", "cudaenv-no-such-tool"])
+def test_a_missing_executable_is_tool_missing(stream: bool, tool: str) -> None:
+    message = f"{tool}: not found (No such file or directory)"
+    with pytest.raises(ToolMissing, match=f"^{re.escape(message)}$"):
+        proc.run([tool, "--version"], stream=stream)
+
+
+# --------------------------------------------------------------------------- atomic_write_text
+
+
+def test_atomic_write_creates_the_parent_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "report.json"
+    assert proc.atomic_write_text(target, "new\n") == target
+    assert target.read_text() == "new\n"
+    assert list(target.parent.iterdir()) == [target]
+
+
+def test_atomic_write_replaces_an_existing_file(tmp_path: Path) -> None:
+    target = tmp_path / "lock.toml"
+    target.write_text("old, and longer than the new text\n")
+    proc.atomic_write_text(target, "new\n")
+    assert target.read_text() == "new\n"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_atomic_write_mode_honours_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    old = os.umask(umask)
+    try:
+        proc.atomic_write_text(tmp_path / "f", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == mode
+
+
+def test_a_failure_mid_write_leaves_the_old_content(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    target.write_text("old\n")
+    # A lone surrogate cannot be encoded: the write fails after the temp file exists.
+    with pytest.raises(UnicodeEncodeError):
+        proc.atomic_write_text(target, "half written \udcff")
+    assert target.read_text() == "old\n"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_a_failed_fsync_leaves_the_old_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "report.json"
+    target.write_text("old\n")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        proc.atomic_write_text(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+# --------------------------------------------------------------------------- uv_env
+
+
+def test_uv_env_sets_offline_safe_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)
+    monkeypatch.delenv("UV_LINK_MODE", raising=False)
+    monkeypatch.setenv("CUDAENV_TEST_VALUE", "kept")
+    env = proc.uv_env()
+    assert env["UV_PYTHON_DOWNLOADS"] == "never"
+    assert env["UV_LINK_MODE"] == "hardlink"
+    assert env["CUDAENV_TEST_VALUE"] == "kept"
+    assert "UV_LINK_MODE" not in os.environ  # a copy: our own environment is untouched
+
+
+def test_uv_env_keeps_the_users_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "automatic")
+    monkeypatch.setenv("UV_LINK_MODE", "copy")
+    env = proc.uv_env()
+    assert (env["UV_PYTHON_DOWNLOADS"], env["UV_LINK_MODE"]) == ("automatic", "copy")
