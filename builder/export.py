@@ -79,7 +79,7 @@ def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str]
     finally:
         req.unlink(missing_ok=True)
     files = check_wheelhouse(lock, wheelhouse)
-    out = wheelhouse / MANIFEST
-    out.write_text(json.dumps({"spec": spec.name, "lock_hash": lock.content_hash(), "files": files},
-                              indent=2, sort_keys=True) + "\n")  # fmt: skip
-    return out
+    doc = {"spec": spec.name, "lock_hash": lock.content_hash(), "files": files}
+    return proc.atomic_write_text(
+        wheelhouse / MANIFEST, json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    )

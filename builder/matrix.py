@@ -212,8 +212,7 @@ class _Loader:
                 s = specs.load(spec_path)
             except SpecError as exc:
                 self.add(sub, f"specs[{i}]", f"{sub.value} is not a valid spec (below)")
-                for problem in exc.problems:
-                    self.problems.items.append(("~", 0, 0, problem))
+                self.problems.include(exc.problems)
                 continue
             cells.append(
                 Cell(
@@ -241,8 +240,7 @@ class _Loader:
             base = specs.load(base_path)
         except SpecError as exc:
             self.add(base_item, "base", f"{base_item.value} is not a valid spec (below)")
-            for problem in exc.problems:
-                self.problems.items.append(("~", 0, 0, problem))
+            self.problems.include(exc.problems)
             return []
         combos = self._expand(data.get("axes"), data.get("exclude"), data.get("include"))
         if self.problems:

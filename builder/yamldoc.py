@@ -11,7 +11,7 @@ files through here; what a key means stays with them.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -63,6 +63,12 @@ class Problems:
     def add(self, mark: Mark, path: str, message: str) -> None:
         prefix = f"{path}: " if path else ""
         self.items.append((mark.file, mark.line, mark.col, f"{mark}: {prefix}{message}"))
+
+    def include(self, messages: Iterable[str]) -> None:
+        """Problems already located in another file (a spec a matrix names), listed after
+        this file's own."""
+        for message in messages:
+            self.items.append(("\uffff", 0, 0, message))
 
     def __bool__(self) -> bool:
         return bool(self.items)

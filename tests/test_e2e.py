@@ -19,7 +19,7 @@ import pytest
 
 from builder import lock, resolve, spec
 from builder.archs import Arch
-from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
+from tests.helpers import ENVSPECS, REPO, cudaenv, env_facts, workspace, write
 
 FAKE_NVCC_128 = """#!/bin/sh
 echo "nvcc: NVIDIA (R) Cuda compiler driver"
@@ -341,35 +341,71 @@ def test_kernel_compile_fails_for_an_arch_the_toolkit_cannot_build(toolchain_env
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_checks_run_with_the_envs_own_environment(toolchain_env: Path) -> None:
+    """A spec's env variables reach nvcc: NVCC_APPEND_FLAGS=--bogus must fail the compile
+    (env changes do not change the lock, so the committed lock still applies)."""
+    ws = toolchain_env.parent.parent
+    body = (ws / "envspecs" / "toolchain-cu130.yaml").read_text()
+    write(ws / "envspecs" / "bogus.yaml", body + 'env: {NVCC_APPEND_FLAGS: "--bogus"}\n')
+    done = cudaenv(
+        "build", "--verify", "envspecs/bogus.yaml", "--env-dir", ".envs/bogus", cwd=ws, check=False
+    )
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "kernel-compile  FAILED" in done.stdout
+    assert "--bogus" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_no_host_compiler_exits_6_even_with_a_cached_kernel(toolchain_env: Path) -> None:
+    ws = toolchain_env.parent.parent
+    args = ("verify", "envspecs/toolchain-cu130.yaml", "--checks", "kernel-compile")
+    cudaenv(*args, cwd=ws)  # a build is in the env's cache now
+    bare = ws / "bare-bin"  # a PATH with no gcc or cc at all
+    bare.mkdir(exist_ok=True)
+    done = cudaenv(*args, cwd=ws, check=False, env={"PATH": str(bare)})
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "kernel-compile  FAILED" in done.stdout
+    assert "fix (kernel-compile): install a C++ compiler" in done.stdout
+    assert "drop the arch" not in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_toolkit_without_cccl_is_named_and_another_specs_env_is_refused(
+    toolchain_env: Path, tmp_path: Path
+) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    body = (ws / "envspecs" / "toolchain-cu130.yaml").read_text()
+    assert "cccl" in body
+    # Same env name, another folder, another toolkit: the components without CCCL.
+    other = write(
+        ws / "other" / "toolchain-cu130.yaml",
+        body.replace(", cccl]", "]").replace(",cccl]", "]"),
+    )
+    assert "cccl" not in other.read_text()
+    done = cudaenv("build", "--verify", "other/toolchain-cu130.yaml", cwd=ws, check=False)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "kernel-compile  FAILED" in done.stdout and "cannot find " in done.stdout
+    assert "fix (kernel-compile): add 'cccl' to the spec's toolchain.components" in done.stdout
+    # .envs/toolchain-cu130 now holds the other spec's env: verifying this spec refuses it.
+    refused = cudaenv("verify", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False)
+    assert refused.returncode == 5
+    assert "was built from another spec than envspecs/toolchain-cu130.yaml" in refused.stderr
+    assert "rebuild it: `cudaenv build envspecs/toolchain-cu130.yaml`" in refused.stderr
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_cubin_check_fails_on_a_cubin_for_the_wrong_arch(
     toolchain_env: Path, tmp_path: Path
 ) -> None:
-    from builder.verify import FAILED, EnvFacts, Target, cubin, kernel_compile
+    from builder.verify import FAILED, Target, cubin, kernel_compile
 
     home = toolchain_env / "cuda-home"
     built = kernel_compile.build_kernel(home / "bin" / "nvcc", Arch.parse("9.0a"), tmp_path)
     assert built.error is None
-    facts = EnvFacts(
-        python="",
-        python_version="",
-        cuda_home=str(home),
-        env={"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
-        nvcc_release="13.0",
-        nvcc_path="",
-        nvcc_error=None,
-        cudart_version="13.0",
-        cudart_error=None,
-        torch_installed=False,
-        torch_version=None,
-        torch_cuda=None,
-        torch_error=None,
-        flashinfer_installed=True,
-        flashinfer_version="0.7.2",
-        flashinfer_cuda_path=None,
-        flashinfer_cuda_version=None,
-        flashinfer_error=None,
-        jit={"library": str(built.path)},
-    )
+    facts = env_facts(cuda_home=str(home), torch_installed=False, jit={"library": str(built.path)})
     target = Target(python=Path(sys.executable), archs=(), work=tmp_path)
     result = cubin.check(target, facts)
     assert result.status == FAILED

@@ -12,7 +12,7 @@ import pytest
 
 from builder import archs, channels
 from builder.verify import FAILED, PASSED, EnvFacts, Target, kernel_compile
-from tests.helpers import write
+from tests.helpers import env_facts, write
 
 FAKE_NVCC = r"""#!/bin/sh
 # A stand-in nvcc: checks its host compiler the way nvcc does (runs gcc from PATH) and the
@@ -70,27 +70,7 @@ def target(tmp_path: Path, **changes: object) -> Target:
 
 
 def facts(home: Path, environ: dict[str, str]) -> EnvFacts:
-    return EnvFacts(
-        python="/env/bin/python",
-        python_version="3.12.1",
-        cuda_home=str(home),
-        env={},
-        nvcc_release="13.0",
-        nvcc_path=str(home / "bin" / "nvcc"),
-        nvcc_error=None,
-        cudart_version="13.0",
-        cudart_error=None,
-        torch_installed=False,
-        torch_version=None,
-        torch_cuda=None,
-        torch_error=None,
-        flashinfer_installed=False,
-        flashinfer_version=None,
-        flashinfer_cuda_path=None,
-        flashinfer_cuda_version=None,
-        flashinfer_error=None,
-        environ=environ,
-    )
+    return env_facts(cuda_home=str(home), nvcc_path=str(home / "bin" / "nvcc"), environ=environ)
 
 
 def test_builds_then_says_reused_and_fresh_rebuilds(tmp_path: Path, toolkit: Path) -> None:

@@ -266,46 +266,33 @@ def sample_report() -> report.MatrixReport:
     c = verify(
         CheckResult(name="kernel-compile", status="failed", summary="nvcc cannot build 9.9a")
     )
+
+    def cell(
+        name: str, status: str, reason: str, v: report.VerifyReport | None
+    ) -> report.CellReport:
+        return report.CellReport(
+            name=name,
+            spec=f"{name}.yaml",
+            status=status,
+            reason=reason,
+            values=(),
+            archs=(F120,) if status == "passed" else (),
+            runs_on=(),
+            seconds=10 if status == "passed" else 1,
+            log=f"logs/{name}.log",
+            columns=report.columns_of(status, v),
+            verify=v,
+        )
+
     cells = (
-        report.CellReport(
-            name="a",
-            spec="a.yaml",
-            status="passed",
-            reason="",
-            values=(),
-            archs=(F120,),
-            runs_on=(),
-            seconds=10,
-            log="logs/a.log",
-            columns=report.columns_of("passed", a),
-            verify=a,
+        cell("a", "passed", "", a),
+        cell(
+            "b<script>",
+            "refused",
+            "torch 2.14.1 is built for CUDA 13.0 but the spec asks 13.2",
+            None,
         ),
-        report.CellReport(
-            name="b<script>",
-            spec="b.yaml",
-            status="refused",
-            reason="torch 2.14.1 is built for CUDA 13.0 but the spec asks 13.2",
-            values=(),
-            archs=(),
-            runs_on=(),
-            seconds=1,
-            log="logs/b.log",
-            columns=report.columns_of("refused", None),
-            verify=None,
-        ),
-        report.CellReport(
-            name="c",
-            spec="c.yaml",
-            status="failed",
-            reason="1 check(s) failed: kernel-compile",
-            values=(),
-            archs=(),
-            runs_on=(),
-            seconds=5,
-            log="logs/c.log",
-            columns=report.columns_of("failed", c),
-            verify=c,
-        ),
+        cell("c", "failed", "1 check(s) failed: kernel-compile", c),
     )
     return report.MatrixReport(name="t", created="2026-11-30T00:00:00+00:00", cells=cells)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from builder import archs, report
-from builder.manifest import Manifest
 from builder.verify import (
     FAILED,
     PASSED,
@@ -25,6 +23,7 @@ from builder.verify import (
     toolchain,
 )
 from builder.verify import reference as ref
+from tests.helpers import a_manifest, env_facts
 
 PROBS = (0.1, 0.3, 0.05, 0.3, 0.2, 0.05)  # ties: 1 & 3 (0.3), 2 & 5 (0.05)
 
@@ -137,54 +136,7 @@ def test_harness_input_round_trips_floats(tmp_path: Path) -> None:
     assert float(lines[3].split()[1]) == 1 / 3
 
 
-def facts(**changes: Any) -> EnvFacts:
-    base = EnvFacts(
-        python="/env/bin/python",
-        python_version="3.12.1",
-        cuda_home="/env/cuda-home",
-        env={"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
-        nvcc_release="13.0",
-        nvcc_path="/env/cuda-home/bin/nvcc",
-        nvcc_error=None,
-        cudart_version="13.0",
-        cudart_error=None,
-        torch_installed=True,
-        torch_version="2.14.1+cu130",
-        torch_cuda="13.0",
-        torch_error=None,
-        flashinfer_installed=True,
-        flashinfer_version="0.7.2",
-        flashinfer_cuda_path="/env/cuda-home",
-        flashinfer_cuda_version="13.0",
-        flashinfer_error=None,
-        jit={"library": "/env/var/flashinfer/x/sampling.so", "reused": True, "seconds": 0.1},
-        seconds=1.0,
-    )
-    return dataclasses.replace(base, **changes)
-
-
-def a_manifest(**changes: Any) -> Manifest:
-    base = Manifest(
-        name="x",
-        spec="envspecs/x.yaml",
-        fingerprint="sha256:f",
-        lock_hash="sha256:l",
-        python="3.12.1",
-        cuda="13.0",
-        torch="2.14.1",
-        torch_cuda="13.0",
-        toolkit="13.0.3.0",
-        nvcc="13.0",
-        toolchain_source="wheels",
-        archs=archs.DEFAULT_ARCHS,
-        spec_archs=archs.DEFAULT_ARCHS,
-        packages=(("torch", "2.14.1"),),
-        env=(),
-        built_at="2026-11-30T00:00:00+00:00",
-        cudaenv="0.1.0",
-        path="/env",
-    )
-    return dataclasses.replace(base, **changes)
+facts = env_facts
 
 
 TARGET = Target(

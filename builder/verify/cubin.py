@@ -28,6 +28,7 @@ def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
     if not exe.exists():
         done = proc.run(
             [proc.uv_bin(), "pip", "install", "--quiet", "--target", tool_dir, TOOL_REQUIREMENT],
+            env=proc.uv_env(),
             check=False,
             timeout=600,
         )

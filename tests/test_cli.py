@@ -1,0 +1,216 @@
+"""The command line as a user meets it: help texts, usage errors (exit 2, one line, no
+traceback), argument forms, the verdict's exit code, stale locks, and verify refusing an env
+that another spec built."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from builder import archs, cli, lock, manifest, resolve, spec, verify
+from builder.errors import ToolMissing, UsageError, VerifyFailed
+from builder.manifest import Manifest
+from builder.report import VerifyReport
+from builder.verify import CheckResult
+from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, write
+
+TOOLCHAIN = ENVSPECS / "toolchain-cu130.yaml"
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_help_says_what_cudaenv_is_and_every_command_has_an_example() -> None:
+    parser = cli.make_parser()
+    top = parser.format_help()
+    assert "matched CUDA toolchain" in top
+    assert "FILE:CELL" in top and "SPEC is a spec file" in top
+    assert "argparse" not in top
+    commands = ["lock", "plan", "build", "export", "verify", "doctor", "matrix", "report"]
+    for name in commands:
+        done = subprocess.run(
+            [sys.executable, "-m", "builder.cli", name, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        assert "example:\n  cudaenv " + name in done.stdout, name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify"],
+        ["verify", str(TOOLCHAIN), "--checks", "bogus"],
+        ["verify", str(TOOLCHAIN), "--archs", "12.0q"],
+        ["build", "--env-dir", "x", str(TOOLCHAIN), str(TOOLCHAIN)],
+        ["verify", "--python", tempfile.gettempdir()],
+        ["verify", "--python", "/etc/passwd"],
+        ["doctor", "--python", tempfile.gettempdir()],
+        ["matrix", "m.yaml", "-j", "0"],
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv: list[str], tmp_path: Path) -> None:
+    done = cudaenv(*argv, cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr
+    one_error_line(done)
+
+
+def test_debug_is_taken_after_the_subcommand_too(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", "name: [\n")
+    quiet = cudaenv("plan", str(bad), cwd=tmp_path, check=False)
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    loud = cudaenv("plan", "--debug", str(bad), cwd=tmp_path, check=False)
+    assert "Traceback" in loud.stderr  # --debug shows where it came from
+    before = cudaenv("--debug", "plan", str(bad), cwd=tmp_path, check=False)
+    assert "Traceback" in before.stderr
+
+
+def test_archs_take_commas_and_spaces() -> None:
+    assert cli._parse_archs("12.0f,9.0a") == archs.parse_list("12.0f 9.0a")
+    with pytest.raises(UsageError, match=r"--archs '12\.0f,x'"):
+        cli._parse_archs("12.0f,x")
+
+
+def test_verify_of_any_python_with_comma_archs_reports_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "r.json"
+    done = cudaenv(
+        "verify",
+        "--python",
+        sys.executable,
+        "--checks",
+        "toolchain",
+        "--archs",
+        "12.0f,9.0a",
+        "--report",
+        str(out),
+        cwd=tmp_path,
+        check=False,
+        env={"CUDA_HOME": str(tmp_path / "no-toolkit")},
+    )
+    assert done.returncode == 5, done.stderr
+    assert one_error_line(done) == "error: 1 check(s) failed: toolchain"
+    assert json.loads(out.read_text())["archs"] == ["12.0f", "9.0a"]
+
+
+def test_the_check_names_agree_everywhere() -> None:
+    assert spec.CHECKS == verify.CHECKS == tuple(verify.registry())
+    assert verify.parse_checks("cubin, toolchain") == ("cubin", "toolchain")
+    with pytest.raises(UsageError, match="unknown check\\(s\\) 'bogus'"):
+        verify.parse_checks("toolchain,bogus")
+
+
+def a_report(*checks: CheckResult) -> VerifyReport:
+    return VerifyReport(
+        spec="x",
+        env=None,
+        python="p",
+        lock_hash=None,
+        archs=archs.DEFAULT_ARCHS,
+        versions=(),
+        checks=checks,
+        seconds=1.0,
+        created="2026-11-30T00:00:00+00:00",
+    )
+
+
+def test_a_missing_host_compiler_exits_6_a_failed_check_5() -> None:
+    ok = CheckResult(name="toolchain", status="passed", summary="")
+    no_cc = CheckResult(
+        name="kernel-compile",
+        status="failed",
+        summary="no host compiler",
+        fix="install a C++ compiler",
+        missing_tool="host compiler",
+    )
+    bad = CheckResult(name="cubin", status="failed", summary="no sm_120 cubin")
+    assert cli._verdict(a_report(ok)) is None
+    assert isinstance(cli._verdict(a_report(ok, bad)), VerifyFailed)
+    verdict = cli._verdict(a_report(no_cc, bad))
+    assert isinstance(verdict, ToolMissing) and verdict.exit_code == 6
+    assert "install a C++ compiler" in str(verdict)
+
+
+def built_manifest(s: spec.EnvSpec, lk: lock.Lock, **changes: object) -> Manifest:
+    own: dict[str, object] = {
+        "name": s.name,
+        "spec": str(s.source),
+        "fingerprint": s.fingerprint(),
+        "lock_hash": lk.content_hash(),
+        "archs": s.archs,
+        "spec_archs": s.archs,
+    }
+    return a_manifest(**{**own, **changes})
+
+
+def test_verify_refuses_an_env_another_spec_or_lock_built(tmp_path: Path) -> None:
+    s = spec.load(TOOLCHAIN)
+    lk = lock.read(lock.lock_path(s.source, s.name))
+    good = built_manifest(s, lk)
+    target = cli.spec_target(s, tmp_path, lk, good)
+    assert target.archs == s.archs and target.checks == s.verify
+    other = built_manifest(s, lk, fingerprint="sha256:" + "1" * 64, spec="specs/b.yaml")
+    with pytest.raises(VerifyFailed, match=r"built from another spec .*specs/b\.yaml") as info:
+        cli.spec_target(s, tmp_path, lk, other)
+    assert str(info.value).endswith(f"rebuild it: `cudaenv build {s.source}`")
+    stale = built_manifest(s, lk, lock_hash="sha256:" + "2" * 64)
+    with pytest.raises(VerifyFailed, match="built from another lock"):
+        cli.spec_target(s, tmp_path, lk, stale)
+
+
+def test_manifest_round_trip_and_unknown_schema(tmp_path: Path) -> None:
+    s = spec.load(TOOLCHAIN)
+    lk = lock.read(lock.lock_path(s.source, s.name))
+    m = built_manifest(s, lk)
+    manifest.write(m, tmp_path)
+    assert manifest.read(tmp_path) == m
+    doc = json.loads((tmp_path / manifest.FILE).read_text())
+    doc["schema_version"] = 7
+    (tmp_path / manifest.FILE).write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="not a cudaenv manifest of schema version 1 "):
+        manifest.read(tmp_path)
+    assert manifest.try_read(tmp_path) is None
+    del doc["archs"]
+    doc["schema_version"] = 1
+    (tmp_path / manifest.FILE).write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="missing key 'archs'"):
+        manifest.read(tmp_path)
+
+
+def test_a_stale_lock_is_re_resolved_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = TOOLCHAIN.read_text()
+    path = write(tmp_path / "t.yaml", body)
+    s = spec.load(path)
+    committed = lock.read(lock.lock_path(TOOLCHAIN, s.name))
+    stale = dataclasses.replace(committed, fingerprint="sha256:" + "0" * 64)
+    lock.write(stale, lock.lock_path(path, s.name))
+    calls: list[str] = []
+
+    def fake_resolve(sp: spec.EnvSpec, **kw: object) -> resolve.Plan:
+        calls.append(sp.name)
+        return resolve.Plan(lock=committed, requirements=(), seconds=0.0)
+
+    monkeypatch.setattr(resolve, "resolve", fake_resolve)
+    kept = cli._ensure_lock(s, path, offline=False, relock=False)
+    assert kept.fingerprint == stale.fingerprint and calls == []
+    fresh = cli._ensure_lock(s, path, offline=False, relock=True)
+    assert fresh == committed and calls == [s.name]
+    assert lock.read(lock.lock_path(path, s.name)).fingerprint == committed.fingerprint
+    lock.write(stale, lock.lock_path(path, s.name))
+    with pytest.raises(Exception, match="is stale and --offline cannot resolve one"):
+        cli._ensure_lock(s, path, offline=True, relock=True)
