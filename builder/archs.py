@@ -149,10 +149,11 @@ def cuda_problems(cuda: str, archs: Iterable[Arch]) -> list[str]:
 class Gpu:
     """One visible NVIDIA GPU. ``capability`` is None when the driver did not say."""
 
-    index: int
+    index: int  # nvidia-smi's, which is PCI bus order
     uuid: str
     name: str
     capability: tuple[int, int] | None
+    mig: bool = False  # in MIG mode: CUDA sees its MIG instances, not the GPU itself
 
     @property
     def capability_text(self) -> str:
@@ -168,7 +169,7 @@ class Gpu:
         return normalise(*self.capability, cuda)
 
 
-_QUERY = ("index", "uuid", "name", "compute_cap")
+_QUERY = ("index", "uuid", "name", "compute_cap", "mig.mode.current")
 
 
 def parse_capability(text: str) -> tuple[int, int] | None:
@@ -176,21 +177,24 @@ def parse_capability(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def parse_gpu_query(stdout: str) -> list[Gpu]:
-    """The CSV of ``nvidia-smi --query-gpu=index,uuid,name,compute_cap``; rows it cannot read
-    are skipped, a capability it cannot read is None (never a crash)."""
+def parse_gpu_query(stdout: str, fields: Sequence[str] = _QUERY) -> list[Gpu]:
+    """The CSV of ``nvidia-smi --query-gpu=index,uuid,name,compute_cap[,mig.mode.current]``;
+    rows it cannot read are skipped, a capability it cannot read is None (never a crash)."""
+    with_mig = fields[-1] == "mig.mode.current"
+    tail = 2 if with_mig else 1
     gpus = []
     for line in stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < len(_QUERY) or not parts[0].isdigit():
+        if len(parts) < len(fields) or not parts[0].isdigit():
             continue
-        # A GPU name may hold a comma: the capability is the last field, the uuid the second.
+        # A GPU name may hold a comma: it is everything between the uuid and the last fields.
         gpus.append(
             Gpu(
                 index=int(parts[0]),
                 uuid=parts[1],
-                name=", ".join(parts[2:-1]),
-                capability=parse_capability(parts[-1]),
+                name=", ".join(parts[2:-tail]),
+                capability=parse_capability(parts[-tail]),
+                mig=with_mig and parts[-1] == "Enabled",
             )
         )
     return gpus
@@ -205,15 +209,23 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
     smi = proc.which("nvidia-smi")
     if not smi:
         return [], "NVIDIA driver present but no nvidia-smi to list GPUs"
+    fields: Sequence[str] = _QUERY
     try:
         done = proc.run(
-            [smi, f"--query-gpu={','.join(_QUERY)}", "--format=csv,noheader"],
+            [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
             check=False,
             timeout=30,
         )
+        if done.returncode != 0 and "not a valid field" in done.stdout + done.stderr:
+            fields = _QUERY[:-1]  # a driver too old to know MIG
+            done = proc.run(
+                [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                check=False,
+                timeout=30,
+            )
     except proc.CommandFailed as exc:
         return [], f"nvidia-smi did not answer: {exc}"
-    gpus = parse_gpu_query(done.stdout)
+    gpus = parse_gpu_query(done.stdout, fields)
     if not gpus:
         said = done.stdout.strip() or done.stderr.strip() or f"exit {done.returncode}"
         return [], f"no visible NVIDIA GPU (nvidia-smi: {said[:200]})"

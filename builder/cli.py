@@ -285,14 +285,23 @@ def spec_target(
             f"{env_dir} was built from another lock than {_lock_file(s)} (lock "
             f"{manifest.lock_hash[:19]}... != {lk.content_hash()[:19]}...); {rebuild}"
         )
+    chosen = archs_override or manifest.archs
+    # Another list than the env's: the start-up hook takes it from CUDAENV_ARCH_LIST, so
+    # FlashInfer JIT-builds those archs into the env's own cache for this run.
+    extra = (
+        (("CUDAENV_ARCH_LIST", archs.flashinfer_spelling(chosen)),)
+        if chosen != manifest.archs
+        else ()
+    )
     return verify.Target(
         python=env_dir / "bin" / "python",
-        archs=archs_override or manifest.archs,
+        archs=chosen,
         work=env_dir / "var" / "cudaenv",
         env_dir=env_dir,
         expected_cuda=s.cuda,
         spec_name=s.name,
         checks=checks or s.verify,
+        extra_env=extra,
         fresh=fresh,
     )
 
@@ -336,7 +345,9 @@ def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, Manifest | 
             else (_parse_archs(from_env) if from_env else archs.DEFAULT_ARCHS)
         )
     key = hashlib.sha256(str(python.absolute()).encode()).hexdigest()[:12]
-    extra = (("FLASHINFER_CUDA_ARCH_LIST", archs.flashinfer_spelling(archs_override)),)
+    spelled = archs.flashinfer_spelling(archs_override)
+    # Both: a plain env's FlashInfer reads the first, a cudaenv env's hook the second.
+    extra = (("FLASHINFER_CUDA_ARCH_LIST", spelled), ("CUDAENV_ARCH_LIST", spelled))
     return verify.Target(
         python=python,
         archs=archs_override,

@@ -9,30 +9,77 @@ env can be built beside its final path and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from builder import archs, channels, proc
 from builder.archs import Arch
 from builder.errors import BuildError, ToolMissing
+from builder.paths import cache_dir
 from builder.spec import EnvSpec
+
+if TYPE_CHECKING:
+    import jinja2
 
 HOOK_MODULE = "_cudaenv_hook"
 PTH_NAME = "cudaenv.pth"
 
 
+def _file_identity(path: Path) -> list[int] | None:
+    """(device, inode, size, mtime) of the file ``path`` resolves to: the same numbers mean
+    the same bytes unless the file was rewritten in place with its mtime forged. None when
+    it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _nvcc_memo() -> Path:
+    return cache_dir() / "nvcc-releases.json"
+
+
+# Entries kept in the memo: with uv's hard links every env's nvcc is the one file of uv's cache
+# (one entry per toolkit); with UV_LINK_MODE=copy each build adds a file nobody asks again.
+_NVCC_MEMO_ENTRIES = 32
+
+
 def _nvcc_release(nvcc: Path) -> str:
-    """``release 13.0`` out of ``nvcc --version``."""
+    """``release 13.0`` out of ``nvcc --version``, memoised by the identity of the nvcc file.
+
+    A wheel-built env's ``cuda-home/bin/nvcc`` is a hard link to uv's cached copy, so every
+    build of a toolkit asks the same file; running it costs ~10 ms of a ~3 s warm build."""
+    identity = _file_identity(nvcc)
+    key = ":".join(map(str, identity)) if identity else None
+    memo: dict[str, str] = {}
+    if key is not None:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            memo = {str(k): str(v) for k, v in json.loads(_nvcc_memo().read_text()).items()}
+        if key in memo:
+            return memo[key]
+    release = _run_nvcc_version(nvcc)
+    if key is not None:
+        memo.pop(key, None)
+        memo[key] = release
+        kept = dict(list(memo.items())[-_NVCC_MEMO_ENTRIES:])
+        with contextlib.suppress(OSError):
+            proc.atomic_write_text(_nvcc_memo(), json.dumps(kept, indent=1))
+    return release
+
+
+def _run_nvcc_version(nvcc: Path) -> str:
     try:
         done = proc.run([nvcc, "--version"], timeout=60)
     except proc.CommandFailed as exc:
@@ -51,6 +98,10 @@ def nvcc_release(cuda_home: Path) -> str:
 
 
 def templates() -> jinja2.Environment:
+    # Imported here, not at the top: it costs ~20 ms and `cudaenv lock` imports this module
+    # (through matrix and report) without rendering anything.
+    import jinja2
+
     loader = jinja2.FunctionLoader(_load_template)
     env = jinja2.Environment(
         loader=loader,
@@ -71,6 +122,26 @@ def _load_template(name: str) -> str:
     except ModuleNotFoundError:
         # Run from a source tree on PYTHONPATH (not installed): templates/ sits beside builder/.
         return (Path(__file__).resolve().parent.parent / "templates" / name).read_text()
+
+
+def _render(name: str, values: Mapping[str, object]) -> str:
+    """Template ``name`` rendered with ``values``, memoised by what decides the text: the
+    template's source, this module's source (the filters and Environment options) and the
+    values. A warm build then neither imports jinja2 nor compiles a template (~35 ms). Only a
+    successful render is stored, so a template error is raised every time."""
+    try:
+        material = json.dumps(
+            [name, _load_template(name), Path(__file__).read_text(), values], sort_keys=True
+        )
+    except OSError:  # no source beside the module (a .pyc-only install): no memo
+        return templates().get_template(name).render(values)
+    memo = cache_dir() / "rendered" / f"{hashlib.sha256(material.encode()).hexdigest()}.txt"
+    with contextlib.suppress(OSError):
+        return memo.read_text()
+    text = templates().get_template(name).render(values)
+    with contextlib.suppress(OSError):
+        proc.atomic_write_text(memo, text)
+    return text
 
 
 def site_packages(venv: Path) -> Path:
@@ -98,30 +169,91 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def build_libcuda_stub(stubs: Path) -> Path:
-    """An empty shared object with soname ``libcuda.so.1``: links fine, the real driver
-    library is found at run time (FACTS §3)."""
+# The stub's source and flags; part of the cache key, so a change here builds a new stub.
+_STUB_SOURCE = "/* link-time stand-in for the driver's libcuda.so.1 */\n"
+_STUB_FLAGS = ("-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1")
+
+
+def _c_compiler() -> str:
     cc = os.environ.get("CC") or proc.which("cc") or proc.which("gcc")
     if not cc:
         raise ToolMissing(
             "no C compiler (cc/gcc) to build the libcuda.so link stub; install one "
             "(`apt-get install gcc`); nvcc needs it as host compiler anyway"
         )
+    return cc
+
+
+def _stub_cache(cc: str) -> Path | None:
+    """Where the stub built by this compiler is kept, keyed by the compiler's identity (the
+    file ``cc`` resolves to, and its inode, size and mtime), the flags and the source; None
+    when the compiler cannot be found (the compile then fails with its own message)."""
+    exe = proc.which(cc)
+    if exe is None:
+        return None
+    real = Path(exe).resolve()
+    identity = _file_identity(real)
+    if identity is None:
+        return None
+    material = json.dumps([str(real), identity, _STUB_FLAGS, _STUB_SOURCE])
+    digest = hashlib.sha256(material.encode()).hexdigest()[:32]
+    return cache_dir() / "stubs" / digest / "libcuda.so"
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def build_libcuda_stub(stubs: Path) -> Path:
+    """An empty shared object with soname ``libcuda.so.1``: links fine, the real driver
+    library is found at run time (FACTS §3).
+
+    Compiled once per C compiler and kept in cudaenv's cache: running ``cc`` costs ~25 ms of
+    a ~3 s warm build, and the object depends on nothing but the compiler, the flags and the
+    source. Each env gets a hard link (or a copy across filesystems) of the cached file."""
+    cc = _c_compiler()
     stubs.mkdir(parents=True, exist_ok=True)
     out = stubs / "libcuda.so"
+    cached = _stub_cache(cc)
+    if cached is not None and _is_elf(cached):
+        _link_or_copy(cached, out)
+        return out
+    _compile_stub(cc, out)
+    if cached is not None:
+        with contextlib.suppress(OSError):  # only a cache
+            _keep(out, cached)
+    return out
+
+
+def _keep(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` under a temporary name, then rename: a concurrent build (a
+    matrix runs several) sees the whole file or none."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        shutil.copy2(src, tmp)
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _compile_stub(cc: str, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="cudaenv-stub-") as tmp:
         src = Path(tmp) / "libcuda_stub.c"
-        src.write_text("/* link-time stand-in for the driver's libcuda.so.1 */\n")
+        src.write_text(_STUB_SOURCE)
         try:
-            proc.run(
-                [cc, "-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(src)]
-            )
+            proc.run([cc, *_STUB_FLAGS, "-o", str(out), str(src)])
         except ToolMissing as exc:
             raise ToolMissing(
                 f"C compiler {cc} not found: it builds the libcuda.so link stub and is nvcc's "
                 "host compiler; install one (`apt-get install gcc`) or point CC at it"
             ) from exc
-    return out
 
 
 def wheel_overlay(venv: Path, spec: EnvSpec) -> Overlay:
@@ -204,7 +336,6 @@ def check_system_toolkit(spec: EnvSpec) -> str:
 
 def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
     """The .pth start-up hook and the bin/activate block, values quoted by the templates."""
-    env = templates()
     site = site_packages(venv)
     depth = len(site.relative_to(venv).parts)
     values = {
@@ -224,12 +355,12 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
         ],
     }
     hook = site / f"{HOOK_MODULE}.py"
-    hook.write_text(env.get_template("hook.py.j2").render(values))
+    hook.write_text(_render("hook.py.j2", values))
     pth = site / PTH_NAME
     pth.write_text(f"import {HOOK_MODULE}\n")
     activate = venv / "bin" / "activate"
     if activate.exists():
         with activate.open("a") as fh:
-            fh.write(env.get_template("activate.sh.j2").render(values))
+            fh.write(_render("activate.sh.j2", values))
     (venv / "var" / "flashinfer").mkdir(parents=True, exist_ok=True)
     return [hook, pth, activate]

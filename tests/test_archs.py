@@ -77,9 +77,10 @@ def test_which_cubins_run_on_which_gpu() -> None:
 
 def test_gpu_query_output_is_parsed_without_crashing() -> None:
     out = (
-        "0, GPU-aaaa, NVIDIA H200, 9.0\n"
-        "1, GPU-bbbb, NVIDIA RTX PRO 6000 Blackwell, Workstation Edition, 12.0\n"
-        "2, GPU-cccc, Mystery, [N/A]\n"
+        "0, GPU-aaaa, NVIDIA H200, 9.0, Disabled\n"
+        "1, GPU-bbbb, NVIDIA RTX PRO 6000 Blackwell, Workstation Edition, 12.0, [N/A]\n"
+        "2, GPU-cccc, Mystery, [N/A], [N/A]\n"
+        "3, GPU-dddd, NVIDIA A100-SXM4-80GB, 8.0, Enabled\n"
         "garbage line\n"
         "\n"
     )
@@ -93,7 +94,11 @@ def test_gpu_query_output_is_parsed_without_crashing() -> None:
             capability=(12, 0),
         ),
         Gpu(index=2, uuid="GPU-cccc", name="Mystery", capability=None),
+        Gpu(index=3, uuid="GPU-dddd", name="NVIDIA A100-SXM4-80GB", capability=(8, 0), mig=True),
     ]
+    # A driver that does not know the MIG field: four columns.
+    old = archs.parse_gpu_query("0, GPU-aaaa, NVIDIA H200, 9.0\n", archs._QUERY[:-1])
+    assert old == [gpus[0]]
     assert gpus[0].arch("13.0") == A("9.0a")
     assert gpus[2].arch("13.0") is None
     assert gpus[2].label == "GPU 2 (Mystery, SM unknown)"
@@ -109,7 +114,7 @@ def test_visible_gpus_says_why_there_are_none(
     monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", driver)
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
-    smi.write_text("#!/bin/sh\necho '0, GPU-x, NVIDIA H200, 9.0'\n")
+    smi.write_text("#!/bin/sh\necho '0, GPU-x, NVIDIA H200, 9.0, Disabled'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", str(smi.parent))
     gpus, why = archs.visible_gpus()
@@ -149,14 +154,14 @@ def test_no_other_module_parses_archs_or_queries_gpus() -> None:
         if path.name == "archs.py" or "probe" in path.parts:
             continue  # the probes run inside a foreign interpreter, stdlib only
         text = path.read_text()
-        for needle in ("nvidia-smi", "compute_cap", "normalise_arch", r"(\d)([af]?)"):
+        for needle in ("--query-gpu", "compute_cap", "normalise_arch", r"(\d)([af]?)"):
             if needle in text:
                 offenders.append(f"{path.relative_to(root)}: {needle}")
         for node in ast.walk(ast.parse(text)):
             if (
                 isinstance(node, ast.Constant)
                 and isinstance(node.value, str)
-                and literal.match(node.value)
+                and (literal.match(node.value) or node.value == "nvidia-smi")
             ):
                 offenders.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     assert offenders == []

@@ -435,6 +435,39 @@ def test_verify_default_env(default_env: Path) -> None:
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_verify_archs_builds_the_extra_arch_into_the_envs_cache(default_env: Path) -> None:
+    """An env built for 12.0f, verified for 9.0a (an H200): FlashInfer's sampling module is
+    JIT-built for 9.0a in the env's own cache (the hook honours the explicit list) and the
+    cubin check finds sm_90a in both our kernel and FlashInfer's library."""
+    ws = default_env.parent.parent
+    done = cudaenv(
+        "verify",
+        "envspecs/default.yaml",
+        "--archs",
+        "9.0a",
+        "--checks",
+        "kernel-compile,flashinfer-jit,cubin",
+        "--report",
+        "r90.json",
+        cwd=ws,
+    )
+    doc = json.loads((ws / "r90.json").read_text())
+    assert doc["archs"] == ["9.0a"]
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert {n: c["status"] for n, c in checks.items()} == {
+        "kernel-compile": "passed",
+        "flashinfer-jit": "passed",
+        "cubin": "passed",
+    }, done.stdout
+    assert checks["flashinfer-jit"]["summary"].startswith("sampling module for 9.0a: built in")
+    assert "/90a/" in checks["flashinfer-jit"]["evidence"]["library"]
+    assert str(default_env) in checks["flashinfer-jit"]["evidence"]["library"]
+    assert checks["cubin"]["evidence"]["flashinfer sampling"].endswith(": sm_90a")
+    assert checks["cubin"]["evidence"]["topk_topp 9.0a"].endswith(": sm_90a")
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_toolchain_check_fails_when_the_jit_sees_nvcc_12_8(
     default_env: Path, fake_cuda_128: Path
 ) -> None:

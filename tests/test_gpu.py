@@ -6,6 +6,7 @@ driver; the FlashInfer half needs an env with torch and FlashInfer (the default 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def test_our_kernel_is_exact_on_every_visible_gpu(tmp_path: Path) -> None:
         assert arch is not None, gpu
         built = build_kernel(Path(facts.cuda_home) / "bin" / "nvcc", arch, tmp_path, env=env)
         assert built.error is None, built.error
-        samples, error = sampling.run_kernel(built.path, gpu, cases, us, tmp_path, env)
+        device = sampling.Device(gpu=gpu, select=gpu.uuid)
+        samples, error = sampling.run_kernel(built.path, device, cases, us, tmp_path, env)
         assert samples is not None, error
         verdicts = sampling.judge_kernel(cases, us, samples)
         assert [v.detail for v in verdicts if not v.passed] == []
@@ -65,5 +67,9 @@ def test_sampling_check_passes_in_the_default_env(tmp_path: Path) -> None:
     facts: EnvFacts = probe(target, jit=False)
     if not facts.flashinfer_installed:
         pytest.skip(f"FlashInfer is not installed in {python}")
+    # Verified for the GPUs at hand, as `cudaenv verify --archs` would be.
+    gpus, _ = archs.visible_gpus()
+    here = archs.env_archs((), facts.nvcc_release or archs.DEFAULT_CUDA, gpus)
+    target = dataclasses.replace(target, archs=here)
     result = sampling.check(target, facts)
     assert result.status == PASSED, (result.summary, result.evidence)

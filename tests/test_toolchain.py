@@ -71,6 +71,20 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
     for key, value in HOSTILE.items():
         assert got[key] == value
     assert not list(in_tmp.glob("pwned*"))
+    # A stray list from the shell is overridden; an explicit CUDAENV_ARCH_LIST is honoured.
+    arch_code = "import os; print(os.environ['FLASHINFER_CUDA_ARCH_LIST'], os.environ['TORCH_CUDA_ARCH_LIST'])"
+    for extra, want in (
+        ({"FLASHINFER_CUDA_ARCH_LIST": "8.0"}, "9.0a 12.0f 9.0;12.0"),
+        ({"CUDAENV_ARCH_LIST": "9.0a,10.0a"}, "9.0a 10.0a 9.0;10.0"),
+    ):
+        done = subprocess.run(
+            [venv / "bin" / "python", "-c", arch_code],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout.strip() == want
     # Opting out shows the interpreter as it is without the hook.
     done = subprocess.run(
         [venv / "bin" / "python", "-c", "import os; print(os.environ['CUDA_HOME'])"],
@@ -101,6 +115,19 @@ def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Pat
     assert parts[:7] == [home, "12.0f", *HOSTILE.values(), f"{home}/bin"]
     assert parts[7:10] == ["/usr/local/cuda", "unset", "unset"]
     assert not list(in_tmp.glob("pwned*")), done.stdout
+    override = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"CUDAENV_ARCH_LIST=9.0a,12.0f . {venv}/bin/activate; "
+            'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=in_tmp,
+    )
+    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0"
 
 
 def test_templates_are_strict() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -16,14 +17,13 @@ from builder.verify import (
     FAILED,
     PASSED,
     SKIPPED,
-    EnvFacts,
     Target,
     flashinfer_jit,
     sampling,
     toolchain,
 )
 from builder.verify import reference as ref
-from tests.helpers import a_manifest, env_facts
+from tests.helpers import a_manifest, env_facts, write
 
 PROBS = (0.1, 0.3, 0.05, 0.3, 0.2, 0.05)  # ties: 1 & 3 (0.3), 2 & 5 (0.05)
 
@@ -223,63 +223,6 @@ def test_report_renders_json_table_and_markdown(tmp_path: Path) -> None:
     assert math.isfinite(doc["seconds"])
 
 
-def test_sampling_check_plumbing_with_a_fake_gpu(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The GPU path end to end, with the GPU, our binary and FlashInfer replaced at their seams:
-    arch normalisation, verdicts, evidence and the failure summary."""
-    from builder.verify import kernel_compile
-
-    gpu = archs.Gpu(index=0, uuid="GPU-0", name="NVIDIA H200", capability=(9, 0))
-    monkeypatch.setattr(archs, "visible_gpus", lambda: ([gpu], None))
-    built_for: list[str] = []
-
-    def fake_build(
-        nvcc: Path, arch: Any, work: Path, *, env: Any = None, fresh: bool = False
-    ) -> kernel_compile.KernelBuild:
-        built_for.append(str(arch))
-        return kernel_compile.KernelBuild(
-            arch=arch, path=tmp_path / "bin", seconds=0.0, reused=True
-        )
-
-    monkeypatch.setattr(sampling, "build_kernel", fake_build)
-
-    def exact_kernel(
-        binary: Path,
-        g: archs.Gpu,
-        cases: list[ref.Case],
-        us: list[list[float]],
-        work: Path,
-        env: dict[str, str],
-    ) -> tuple[list[list[int]], str]:
-        return [
-            [ref.sample(c.probs, c.top_k, c.top_p, u) for u in row]
-            for c, row in zip(cases, us, strict=True)
-        ], ""
-
-    def good_flashinfer(
-        target: Target, f: EnvFacts, g: archs.Gpu, cases: list[ref.Case], work: Path
-    ) -> list[list[int]]:
-        return draw(cases, correct)
-
-    monkeypatch.setattr(sampling, "run_kernel", exact_kernel)
-    monkeypatch.setattr(sampling, "run_flashinfer", good_flashinfer)
-    result = sampling.check(TARGET, facts())
-    assert result.status == PASSED, result.summary
-    assert built_for == ["9.0a"]
-    assert any(k.endswith("topk_topp 9.0a") for k, _ in result.evidence)
-
-    def top_p_ignored(
-        target: Target, f: EnvFacts, g: archs.Gpu, cases: list[ref.Case], work: Path
-    ) -> list[list[int]]:
-        return draw(cases, ignores_top_p)
-
-    monkeypatch.setattr(sampling, "run_flashinfer", top_p_ignored)
-    result = sampling.check(TARGET, facts())
-    assert result.status == FAILED
-    assert "GPU 0 (NVIDIA H200, SM 9.0) FlashInfer: row" in result.summary
-
-
 def test_flashinfer_jit_names_the_component_a_missing_header_needs() -> None:
     error = (
         "sampling.cuh:21:10: fatal error: curand.h: No such file or directory\n#include <curand.h>"
@@ -290,3 +233,56 @@ def test_flashinfer_jit_names_the_component_a_missing_header_needs() -> None:
         result.summary == "FlashInfer's sampling module did not build (the toolkit has no curand.h)"
     )
     assert result.fix.startswith("add 'curand' to the spec's toolchain.components")
+
+
+def fake_cuobjdump(tmp_path: Path, listing: dict[str, str]) -> Path:
+    """A cuobjdump that lists, per artifact file name, the given sm_XX cubins."""
+    home = tmp_path / "cuda-home"
+    cases = "".join(
+        f'  *{name}) for s in {sms}; do echo "ELF file 1: x.$s.cubin"; done ;;\n'
+        for name, sms in listing.items()
+    )
+    tool = write(home / "bin" / "cuobjdump", f'#!/bin/sh\ncase "$2" in\n{cases}esac\n')
+    tool.chmod(0o755)
+    write(home / "bin" / "nvcc", "#!/bin/sh\n").chmod(0o755)
+    return home
+
+
+def test_cubin_checks_every_artifact_against_every_requested_arch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from builder.verify import cubin, kernel_compile
+
+    def fake_build(nvcc: Path, arch: Any, work: Path, **kw: Any) -> kernel_compile.KernelBuild:
+        return kernel_compile.KernelBuild(
+            arch=arch, path=write(tmp_path / f"topk_topp.{arch.sm}", "x"), seconds=0, reused=True
+        )
+
+    monkeypatch.setattr(cubin, "build_kernel", fake_build)
+    library = write(tmp_path / "sampling.so", "x")
+    home = fake_cuobjdump(
+        tmp_path,
+        {"topk_topp.sm_90a": "sm_90a", "topk_topp.sm_120f": "sm_120", "sampling.so": "sm_120"},
+    )
+    both = dataclasses.replace(TARGET, archs=archs.parse_list("9.0a 12.0f"))
+    f = facts(cuda_home=str(home), jit={"library": str(library)})
+    result = cubin.check(both, f)
+    # The false PASS this replaces: FlashInfer's library holds no sm_90 but 9.0a was asked.
+    assert result.status == FAILED
+    assert result.summary == "flashinfer sampling has no sm_90 cubin for 9.0a (it holds sm_120)"
+    only = dataclasses.replace(TARGET, archs=archs.parse_list("12.0f"))
+    ok = cubin.check(only, f)
+    assert ok.status == PASSED
+    assert ok.summary == (
+        "2 artifact/arch pair(s) checked: topk_topp 12.0f holds sm_120; "
+        "flashinfer sampling holds sm_120"
+    )
+
+
+def test_flashinfer_jit_fails_when_it_built_other_archs_than_verified() -> None:
+    asked = dataclasses.replace(TARGET, archs=archs.parse_list("9.0a"))
+    result = flashinfer_jit.check(asked, facts())
+    assert result.status == FAILED
+    assert result.summary == "FlashInfer JIT-built for 12.0f but verify asked for 9.0a"
+    honoured = facts(env={"FLASHINFER_CUDA_ARCH_LIST": "9.0a"})
+    assert flashinfer_jit.check(asked, honoured).status == PASSED

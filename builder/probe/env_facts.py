@@ -16,7 +16,7 @@ import sys
 import time
 
 from doctor_probe import nvcc_info, which
-from flashinfer_light import cuda_facts, import_flashinfer_jit
+from flashinfer_light import cuda_facts, import_flashinfer_jit, installed
 
 
 def nvcc_release(cuda_home: str) -> dict[str, object]:
@@ -61,10 +61,8 @@ def cudart(cuda_home: str) -> dict[str, object]:
 def torch_facts() -> dict[str, object]:
     try:
         import torch
-    except ImportError as exc:
-        return {"installed": False, "error": str(exc)}
     except Exception as exc:  # a broken install is a fact, not a crash
-        return {"installed": True, "error": f"{type(exc).__name__}: {exc}"}
+        return {"installed": installed("torch"), "error": f"{type(exc).__name__}: {exc}"}
     return {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda}
 
 

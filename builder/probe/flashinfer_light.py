@@ -48,15 +48,23 @@ def import_flashinfer_jit(module: str) -> tuple[Any, str]:
         return importlib.import_module(f"flashinfer.jit.{module}"), "import flashinfer"
 
 
+def installed(name: str) -> bool:
+    """Whether a top-level package ``name`` is installed (found), whether or not it imports."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def cuda_facts() -> dict[str, object]:
     """FlashInfer's own get_cuda_path() / get_cuda_version(), or why they could not be asked."""
     try:
         cpp_ext, how = import_flashinfer_jit("cpp_ext")
         from flashinfer.version import __version__ as version
-    except ImportError as exc:
-        return {"installed": False, "error": str(exc)}
     except Exception as exc:  # a broken install is a fact, not a crash
-        return {"installed": True, "error": "%s: %s" % (type(exc).__name__, exc)}
+        # Installed is a question for the import system, not for the exception: an
+        # ImportError from inside FlashInfer (a missing tvm_ffi) is a broken install.
+        return {"installed": installed("flashinfer"), "error": "%s: %s" % (type(exc).__name__, exc)}
     out: dict[str, object] = {"installed": True, "version": version, "import": how}
     try:
         out["cuda_path"] = str(cpp_ext.get_cuda_path())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import time
@@ -28,8 +29,10 @@ from typing import Any
 
 from builder import proc
 from builder.archs import Arch
-from builder.errors import UsageError, VerifyFailed
+from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.jsondoc import Reader
+
+log = logging.getLogger("cudaenv")
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -241,6 +244,19 @@ def run_checks(
                 status=FAILED,
                 summary=f"command failed: {exc.argv[0]}",
                 evidence=(("output", exc.output[-2000:]),),
+            )
+        except ToolMissing as exc:
+            result = CheckResult(
+                name=name, status=FAILED, summary=str(exc), missing_tool=str(exc).split(":")[0]
+            )
+        except Exception as exc:
+            # A check's own bug is its verdict: the other checks run and the report is written.
+            log.debug("check %s crashed", name, exc_info=True)
+            result = CheckResult(
+                name=name,
+                status=FAILED,
+                summary=f"the check crashed: {type(exc).__name__}: {exc}",
+                fix="run with --debug and report it",
             )
         if result.seconds == 0.0:
             result = dataclasses.replace(result, seconds=time.monotonic() - started)

@@ -6,7 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder import channels
+from builder.archs import Arch, flashinfer_spelling, parse_list
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+
+
+def built_archs(facts: EnvFacts) -> tuple[Arch, ...] | None:
+    """The archs FlashInfer's JIT was asked for in the probe (its FLASHINFER_CUDA_ARCH_LIST),
+    or None when unset or unreadable (FlashInfer then uses the visible GPUs')."""
+    try:
+        return parse_list(facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "")
+    except ValueError:
+        return None
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
@@ -23,6 +33,20 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     ]
     jit = facts.jit
     seconds = float(jit.get("seconds", 0.0) or 0.0)
+    built_for = built_archs(facts)
+    if built_for is not None and set(built_for) != set(target.archs):
+        # The JIT read another list than the one verified: e.g. a hook that overwrote an
+        # explicit `--archs`. Passing here would vouch for archs nothing was built for.
+        return CheckResult(
+            name="flashinfer-jit",
+            status=FAILED,
+            summary=f"FlashInfer JIT-built for {archs} but verify asked for "
+            f"{flashinfer_spelling(target.archs)}",
+            evidence=tuple(evidence),
+            seconds=seconds,
+            fix="rebuild the env (`cudaenv build SPEC --force`): its start-up hook then honours "
+            "`cudaenv verify --archs`",
+        )
     if facts.flashinfer_error or "error" in jit or "library" not in jit:
         error = str(jit.get("error") or facts.flashinfer_error or "no JIT result")
         hint = ""

@@ -185,21 +185,60 @@ class Case:
     top_p: float
 
 
+# Each row's role: which constraint decides its kept set. A sampler that ignores top-k, or
+# ignores top-p (also while top-k is set), or applies them in the wrong order, changes the
+# distribution of at least one row by far more than chi-square's tolerance at DRAWS draws.
+#   "k"      top-k cuts before top-p would            (top-p set larger than k)
+#   "p"      top-p cuts before top-k would, k > 0     (top-p binds while top-k is set)
+#   "p-only" top-p cuts, top-k off (k = 0)
+#   "both"   both cut at the same token               (a sampler ignoring both fails)
+ROWS: tuple[tuple[str, int, float], ...] = (
+    ("k", 3, 1.0),
+    ("k", 4, 0.9),
+    ("p", 20, 0.5),
+    ("p", 16, 0.3),
+    ("p-only", 0, 0.5),
+    ("both", 6, 0.0),  # top_p chosen per row so that the top-p set has exactly 6 tokens
+    ("k", 1, 0.3),
+    ("p", 8, 0.6),
+)
+
+
+def role(case: Case) -> str:
+    """Which constraint decides the kept set of ``case`` (see :data:`ROWS`)."""
+    n = len(case.probs)
+    by_k = n if case.top_k <= 0 else min(case.top_k, n)
+    by_p = len(kept_set(case.probs, 0, case.top_p))
+    if case.top_k <= 0:
+        return "p-only" if by_p < n else "none"
+    if by_k == by_p:
+        return "both" if by_k < n else "none"
+    return "k" if by_k < by_p else "p"
+
+
 def make_cases(seed: int = 20261129, vocab: int = 64) -> list[Case]:
-    """Rows chosen so that ignoring top_k or top_p changes the distribution a lot: a heavy
-    token, a tie (to pin the tie order), a long tail; and no boundary so close that float32
-    rounding (FlashInfer samples float32) could move a token in or out of the set."""
+    """One row per entry of :data:`ROWS`, each with the role it is meant to test. A row has a
+    heavy token, a tie (to pin the tie order) and a long tail, and is redrawn until no set
+    boundary is so close that float32 rounding (FlashInfer samples float32) could move a
+    token across it, and no tie sits at or next to the boundary (FlashInfer keeps or drops
+    tied tokens together; the reference breaks ties by index)."""
     rng = random.Random(seed)  # noqa: S311 - reproducible test inputs, not secrets
     cases = []
-    for top_k, top_p in ((8, 0.6), (3, 1.0), (0, 0.5), (16, 0.9), (1, 0.3), (5, 0.75)):
+    for want, top_k, top_p in ROWS:
         while True:
             weights = [rng.random() ** 4 for _ in range(vocab)]
             weights[rng.randrange(vocab)] = 2.0
             tie = rng.randrange(vocab)
             weights[(tie + 7) % vocab] = weights[tie]
             total = math.fsum(weights)
-            case = Case(probs=tuple(w / total for w in weights), top_k=top_k, top_p=top_p)
-            if _margin(case) > 1e-4:
+            probs = tuple(w / total for w in weights)
+            p = top_p
+            if want == "both":
+                ranked = order(probs)
+                before = math.fsum(probs[i] for i in ranked[: top_k - 1])
+                p = (before + before + probs[ranked[top_k - 1]]) / 2 / math.fsum(probs)
+            case = Case(probs=probs, top_k=top_k, top_p=p)
+            if role(case) == want and _margin(case) > 1e-4 and not _tie_at_boundary(case):
                 cases.append(case)
                 break
     return cases
@@ -219,6 +258,14 @@ def _margin(case: Case) -> float:
             margins.append(abs(before - threshold))
         before += case.probs[i]
     return min(margins)
+
+
+def _tie_at_boundary(case: Case) -> bool:
+    """A tie among the last kept token and its neighbours on either side of the boundary."""
+    ranked = order(case.probs)
+    b = len(kept_set(case.probs, case.top_k, case.top_p))
+    near = [case.probs[i] for i in ranked[max(b - 2, 0) : b + 2]]
+    return len(set(near)) < len(near)
 
 
 def write_input(path: str, cases: Sequence[Case], us: Sequence[Sequence[float]]) -> None:

@@ -2,6 +2,20 @@
 FlashInfer's ``top_k_top_p_sampling_from_probs`` pass the reference verdicts: exact agreement
 for given uniforms (our kernel), membership in the top-k ∩ top-p set and a chi-square test
 against the renormalised distribution (both). Without a driver or GPU: skipped, with why.
+
+The two halves are reported apart: each passes, fails or is skipped with its own reason (no
+FlashInfer is "skipped", a FlashInfer that does not import is "failed"). The check passes when
+no half failed and at least one ran.
+
+GPUs are addressed by UUID with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so the device a kernel runs
+on is the one its arch was chosen for, and a user's ``CUDA_VISIBLE_DEVICES`` narrows the GPUs
+tested (UUIDs, or indexes read in PCI bus order). A GPU in MIG mode is not visible to CUDA as
+a whole: it is tested through the MIG instances ``CUDA_VISIBLE_DEVICES`` names, else skipped.
+
+False failures: chi-square at alpha 1e-3 fails a correct sampler in about 1 row in 1000 and
+the draws are seeded, so such a failure would repeat on every run. A row whose chi-square
+fails is drawn again with an independent seed and fails only if both fail: about 1e-6 per
+row, under 1e-5 per half on one GPU (8 rows). Membership and exactness are not redrawn.
 """
 
 from __future__ import annotations
@@ -11,15 +25,20 @@ import random
 import struct
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder import archs, proc
 from builder.archs import Gpu
+from builder.errors import CudaenvError
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 
 DRAWS = 4000  # per row: a sampler ignoring top_k or top_p fails chi-square at alpha 1e-3
+KERNEL_SEEDS = (7, 8)  # the uniforms of the first draw and of the independent redraw
+FLASHINFER_SEEDS = (20261129, 20261130)
 
 
 def uniforms(seed: int, rows: int) -> list[list[float]]:
@@ -48,6 +67,8 @@ def judge_kernel(
 
 def judge_draws(cases: list[ref.Case], samples: list[list[int]]) -> list[ref.Verdict]:
     """Membership and chi-square, per row, for a sampler with its own randomness."""
+    if len(samples) != len(cases):
+        return [ref.Verdict(passed=False, detail=f"{len(samples)} rows for {len(cases)} cases")]
     out = []
     for i, (case, row) in enumerate(zip(cases, samples, strict=True)):
         expected = ref.renormalised(case.probs, case.top_k, case.top_p)
@@ -56,6 +77,37 @@ def judge_draws(cases: list[ref.Case], samples: list[list[int]]) -> list[ref.Ver
         out.append(ref.Verdict(passed=member.passed, detail=f"row {i}: {member.detail}"))
         out.append(ref.Verdict(passed=chi.passed, detail=f"row {i}: {chi.detail}"))
     return out
+
+
+def chi_square_failed_rows(cases: list[ref.Case], samples: list[list[int]]) -> set[int]:
+    failed = set()
+    for i, (case, row) in enumerate(zip(cases, samples, strict=True)):
+        if not ref.chi_square_verdict(
+            ref.renormalised(case.probs, case.top_k, case.top_p), row
+        ).passed:
+            failed.add(i)
+    return failed
+
+
+def judge_with_redraw(
+    cases: list[ref.Case],
+    first: list[list[int]],
+    redraw: Callable[[], list[list[int]]],
+    extra: list[ref.Verdict] | None = None,
+) -> tuple[list[str], str]:
+    """(failures, detail). Membership fails at once; a row whose chi-square fails is drawn
+    again (``redraw``, an independent seed) and fails only if it fails there too."""
+    verdicts = (extra or []) + judge_draws(cases, first)
+    failures = [v.detail for v in verdicts if not v.passed and "chi2" not in v.detail]
+    suspects = chi_square_failed_rows(cases, first) if len(first) == len(cases) else set()
+    pvalues = "; ".join(v.detail for v in verdicts if "chi2" in v.detail)
+    if suspects and not failures:
+        second = redraw()
+        again = chi_square_failed_rows(cases, second) if len(second) == len(cases) else suspects
+        for i in sorted(suspects & again):
+            failures.append(f"row {i}: chi-square failed on two independent draws")
+        pvalues += f"; redrawn rows {sorted(suspects)}: failed again {sorted(suspects & again)}"
+    return failures, pvalues
 
 
 FLASHINFER_SCRIPT = r"""
@@ -74,8 +126,24 @@ print(json.dumps(out.view(rows, draws).tolist()))
 """
 
 
+class RunnerFailed(Exception):
+    """A sampler's process did not give usable output; the message says why."""
+
+
+def device_env(env: Mapping[str, str], device: Device) -> dict[str, str]:
+    """The env's own environment (a driver library reachable only through LD_LIBRARY_PATH,
+    GKE's /usr/local/nvidia/lib64 or an HPC module, must be found as torch finds it), with
+    exactly this device visible, numbered in PCI bus order."""
+    return {**env, "CUDA_VISIBLE_DEVICES": device.select, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def run_flashinfer(
-    target: Target, facts: EnvFacts, gpu: Gpu, cases: list[ref.Case], work: Path
+    target: Target,
+    facts: EnvFacts,
+    device: Device,
+    cases: list[ref.Case],
+    work: Path,
+    seed: int,
 ) -> list[list[int]]:
     vocab = len(cases[0].probs)
     doc = {
@@ -83,105 +151,282 @@ def run_flashinfer(
         "top_k": [c.top_k if c.top_k > 0 else vocab for c in cases],
         "top_p": [c.top_p for c in cases],
         "draws": DRAWS,
-        "seed": 20261129,
+        "seed": seed,
     }
     path = work / "flashinfer-input.json"
     path.write_text(json.dumps(doc))
-    env = {**env_of(target, facts), "CUDA_VISIBLE_DEVICES": str(gpu.index)}
-    done = proc.run([target.python, "-c", FLASHINFER_SCRIPT, path], env=env, timeout=1800)
-    rows: list[list[int]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return rows
+    env = device_env(env_of(target, facts), device)
+    done = proc.run(
+        [target.python, "-c", FLASHINFER_SCRIPT, path], env=env, check=False, timeout=1800
+    )
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip()[-1500:]
+        raise RunnerFailed(f"exit {done.returncode}: {tail or 'no output'}")
+    lines = done.stdout.strip().splitlines()
+    try:
+        rows = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        rows = None
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        shown = (lines[-1] if lines else "")[:200]
+        raise RunnerFailed(f"printed no sample rows (last line: {shown!r})")
+    return [[int(x) for x in row] for row in rows]
 
 
 def run_kernel(
     binary: Path,
-    gpu: Gpu,
+    device: Device,
     cases: list[ref.Case],
     us: list[list[float]],
     work: Path,
-    env: dict[str, str],
+    env: Mapping[str, str],
 ) -> tuple[list[list[int]] | None, str]:
     inp, out = work / "kernel-input.txt", work / "kernel-output.txt"
     ref.write_input(str(inp), cases, us)
-    # The whole environment: a driver library reachable only through LD_LIBRARY_PATH (GKE's
-    # /usr/local/nvidia/lib64, HPC modules) must be found as torch finds it.
-    env = {**env, "CUDA_VISIBLE_DEVICES": str(gpu.index)}
-    done = proc.run([binary, inp, out], env=env, check=False, timeout=600)
+    done = proc.run([binary, inp, out], env=device_env(env, device), check=False, timeout=600)
     if done.returncode != 0:
-        return None, (done.stderr or done.stdout).strip()
-    return [[int(x) for x in line.split()] for line in out.read_text().splitlines()], ""
+        return None, (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+    try:
+        return [[int(x) for x in line.split()] for line in out.read_text().splitlines()], ""
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable output: {exc}"
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One CUDA device to test: a GPU (or one MIG instance of it) and the
+    ``CUDA_VISIBLE_DEVICES`` value that shows exactly it."""
+
+    gpu: Gpu
+    select: str
+
+    @property
+    def label(self) -> str:
+        base = self.gpu.label
+        return f"{base[:-1]}, {self.select})" if self.select.startswith("MIG-") else base
+
+
+def select_devices(gpus: list[Gpu], environ: Mapping[str, str]) -> tuple[list[Device], list[str]]:
+    """The devices to test, and a note for each GPU left out (or a selection not understood).
+
+    ``CUDA_VISIBLE_DEVICES`` in the env narrows the set as CUDA would: UUIDs (``GPU-...``,
+    prefixes allowed), MIG instances (``MIG-...``), or indexes, which are read in PCI bus order
+    (nvidia-smi's, and CUDA's with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
+    notes: list[str] = []
+    user = environ.get("CUDA_VISIBLE_DEVICES")
+    chosen: list[Device] = []
+    if user is None:
+        picked = [(g, f"{g.uuid}") for g in gpus]
+    else:
+        picked = []
+        entries = [e.strip() for e in user.split(",") if e.strip()]
+        if not entries or entries[0] in ("-1", "NoDevFiles"):
+            return [], [f"CUDA_VISIBLE_DEVICES={user!r} hides every GPU"]
+        if any(e.isdigit() for e in entries) and environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES={user} read in PCI bus order (nvidia-smi's); CUDA's own "
+                "default order is fastest first, so set CUDA_DEVICE_ORDER=PCI_BUS_ID to agree"
+            )
+        mig_gpus = [g for g in gpus if g.mig]
+        for entry in entries:
+            if entry.startswith("MIG-"):
+                if len(mig_gpus) == 1:
+                    picked.append((mig_gpus[0], entry))
+                else:
+                    notes.append(f"{entry}: cannot tell which of {len(mig_gpus)} MIG GPUs it is on")
+                continue
+            match = [
+                g
+                for g in gpus
+                if (entry.isdigit() and g.index == int(entry))
+                or (entry.startswith("GPU-") and g.uuid.startswith(entry))
+            ]
+            if len(match) != 1:
+                notes.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no single GPU")
+                continue
+            picked.append((match[0], match[0].uuid))
+    for gpu, select in picked:
+        if gpu.mig and not select.startswith("MIG-"):
+            notes.append(
+                f"{gpu.label} is in MIG mode: CUDA sees only its instances; name one with "
+                "CUDA_VISIBLE_DEVICES=MIG-<uuid> (`nvidia-smi -L` lists them)"
+            )
+            continue
+        if all(d.select != select for d in chosen):
+            chosen.append(Device(gpu=gpu, select=select))
+    return chosen, notes
+
+
+# --------------------------------------------------------------------------- the check
+
+
+@dataclass(frozen=True, kw_only=True)
+class Half:
+    """One sampler's verdict on one device."""
+
+    who: str  # "our kernel" | "FlashInfer"
+    status: str
+    detail: str
+    failures: tuple[str, ...] = ()
+    missing_tool: str | None = None
+
+
+def kernel_half(
+    target: Target, facts: EnvFacts, device: Device, cases: list[ref.Case], work: Path
+) -> Half:
+    who = "our kernel"
+    arch = device.gpu.arch(facts.nvcc_release)
+    if arch is None:
+        return Half(who=who, status=FAILED, detail="the driver reports no compute capability")
+    nvcc = nvcc_of(facts)
+    if not nvcc.exists():
+        return Half(
+            who=who, status=FAILED, detail=f"no nvcc at {nvcc} to build it for {arch}",
+            missing_tool="nvcc",
+        )  # fmt: skip
+    env = env_of(target, facts)
+    built = build_kernel(nvcc, arch, target.work, env=env)
+    if built.error:
+        return Half(
+            who=who,
+            status=FAILED,
+            detail=f"does not build for {arch}: {built.error}",
+            missing_tool=built.missing_tool,
+        )
+    us = uniforms(KERNEL_SEEDS[0], len(cases))
+    samples, error = run_kernel(built.path, device, cases, us, work, env)
+    if samples is None:
+        return Half(who=who, status=FAILED, detail=f"did not run ({arch}): {error}")
+    exact = judge_kernel(cases, us, samples)[0]
+
+    def redraw() -> list[list[int]]:
+        us2 = uniforms(KERNEL_SEEDS[1], len(cases))
+        again, _ = run_kernel(built.path, device, cases, us2, work, env)
+        return again or []
+
+    failures, stats = judge_with_redraw(cases, samples, redraw, [exact])
+    detail = f"{arch}: {exact.detail}; {stats}"
+    return Half(
+        who=who, status=FAILED if failures else PASSED, detail=detail, failures=tuple(failures)
+    )
+
+
+def flashinfer_half(
+    target: Target, facts: EnvFacts, device: Device, cases: list[ref.Case], work: Path
+) -> Half:
+    who = "FlashInfer"
+    if not facts.flashinfer_installed:
+        return Half(who=who, status=SKIPPED, detail="not installed in this env")
+    if facts.flashinfer_error:
+        return Half(
+            who=who,
+            status=FAILED,
+            detail=f"installed but does not import: {facts.flashinfer_error}",
+        )
+    if not facts.torch_installed:
+        return Half(who=who, status=SKIPPED, detail="torch is not installed in this env")
+    if facts.torch_error:
+        return Half(who=who, status=FAILED, detail=f"torch does not import: {facts.torch_error}")
+    env_list = target.archs
+    gpu = device.gpu
+    if archs.uncovered(env_list, gpu):
+        own = gpu.arch(facts.nvcc_release)
+        spec = target.spec_name or "SPEC"
+        return Half(
+            who=who,
+            status=FAILED,
+            detail=f"env built for {archs.flashinfer_spelling(env_list)}, this GPU is {own}: add "
+            f"it with `cudaenv verify {spec} --archs {own}` "
+            "or rebuild on this box",
+        )
+    fi_cases = [ref.Case(probs=as_float32(c.probs), top_k=c.top_k, top_p=c.top_p) for c in cases]
+    try:
+        draws = run_flashinfer(target, facts, device, fi_cases, work, FLASHINFER_SEEDS[0])
+    except RunnerFailed as exc:
+        return Half(who=who, status=FAILED, detail=f"top_k_top_p_sampling_from_probs failed: {exc}")
+
+    def redraw() -> list[list[int]]:
+        try:
+            return run_flashinfer(target, facts, device, fi_cases, work, FLASHINFER_SEEDS[1])
+        except RunnerFailed:
+            return []
+
+    failures, stats = judge_with_redraw(fi_cases, draws, redraw)
+    return Half(
+        who=who, status=FAILED if failures else PASSED, detail=stats, failures=tuple(failures)
+    )
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     gpus, why = archs.visible_gpus()
     if not gpus:
         return CheckResult(name="sampling", status=SKIPPED, summary=why or "no GPU")
-    evidence: list[tuple[str, str]] = []
-    problems: list[str] = []
+    devices, notes = select_devices(gpus, env_of(target, facts))
+    evidence: list[tuple[str, str]] = [("left out", n) for n in notes]
+    if not devices:
+        return CheckResult(
+            name="sampling",
+            status=SKIPPED,
+            summary="no GPU to test: " + "; ".join(notes),
+            evidence=tuple(evidence),
+        )
     started = time.monotonic()
     cases = ref.make_cases()
-    us = uniforms(7, len(cases))
-    nvcc = nvcc_of(facts)
-    env = env_of(target, facts)
+    halves: list[tuple[Device, Half]] = []
     with tempfile.TemporaryDirectory(prefix="cudaenv-sampling-") as tmp:
         work = Path(tmp)
-        for gpu in gpus:
-            label = gpu.label
-            arch = gpu.arch(facts.nvcc_release)
-            if arch is None:
-                problems.append(f"{label}: the driver reports no compute capability")
-                continue
-            built = build_kernel(nvcc, arch, target.work, env=env)
-            if built.error:
-                problems.append(f"{label}: our kernel does not build for {arch}: {built.error}")
-                continue
-            samples, error = run_kernel(built.path, gpu, cases, us, work, env)
-            if samples is None:
-                problems.append(f"{label}: our kernel did not run: {error}")
-            else:
-                verdicts = judge_kernel(cases, us, samples)
-                bad = [v.detail for v in verdicts if not v.passed]
-                evidence.append(
-                    (
-                        f"{label} topk_topp {arch}",
-                        verdicts[0].detail
-                        + (
-                            f"; {len(bad)} verdict(s) failed"
-                            if bad
-                            else "; membership and chi-square pass"
-                        ),
-                    )
-                )
-                problems += [f"{label} our kernel: {b}" for b in bad]
-            if facts.flashinfer_installed and facts.torch_installed:
-                fi_cases = [
-                    ref.Case(probs=as_float32(c.probs), top_k=c.top_k, top_p=c.top_p) for c in cases
-                ]
+        for device in devices:
+            for run in (kernel_half, flashinfer_half):
                 try:
-                    draws = run_flashinfer(target, facts, gpu, fi_cases, work)
-                except proc.CommandFailed as exc:
-                    problems.append(f"{label}: FlashInfer sampling failed: {exc.output[-1500:]}")
-                    continue
-                verdicts = judge_draws(fi_cases, draws)
-                bad = [v.detail for v in verdicts if not v.passed]
-                pvals = "; ".join(v.detail for v in verdicts if "chi2" in v.detail)
-                evidence.append((f"{label} flashinfer", pvals))
-                problems += [f"{label} FlashInfer: {b}" for b in bad]
+                    half = run(target, facts, device, cases, work)
+                except CudaenvError as exc:  # a tool or command failed: this half's verdict
+                    who = "our kernel" if run is kernel_half else "FlashInfer"
+                    half = Half(who=who, status=FAILED, detail=str(exc)[-1500:])
+                halves.append((device, half))
+                evidence.append((f"{device.label} {half.who}", f"{half.status}: {half.detail}"))
     seconds = time.monotonic() - started
-    if problems:
+    failed = [(d, h) for d, h in halves if h.status == FAILED]
+    ran = [h for _, h in halves if h.status == PASSED]
+    parts = []
+    for who in ("our kernel", "FlashInfer"):
+        mine = [h for _, h in halves if h.who == who]
+        states = sorted({h.status for h in mine})
+        if states == [SKIPPED]:
+            parts.append(f"{who} skipped ({mine[0].detail})")
+        else:
+            parts.append(f"{who} {'/'.join(states)} on {len(mine)} device(s)")
+    if failed:
+        problems = [
+            f"{d.label} {h.who}: " + ("; ".join(h.failures[:3]) if h.failures else h.detail)
+            for d, h in failed
+        ]
+        missing = next((h.missing_tool for _, h in failed if h.missing_tool), None)
         return CheckResult(
             name="sampling",
             status=FAILED,
-            summary="; ".join(problems[:6]),
+            summary="; ".join(problems)[:1500],
             evidence=tuple(evidence),
             seconds=seconds,
-            fix="a sampler outside the reference set means a miscompiled or "
-            "mismatched kernel: run the toolchain and cubin checks",
+            fix="a sample outside the reference set means a miscompiled or mismatched kernel: "
+            "run the toolchain and cubin checks; a GPU missing from the env's archs needs "
+            "`cudaenv verify SPEC --archs ...` or a rebuild on this box",
+            missing_tool=missing,
+        )
+    if not ran:
+        return CheckResult(
+            name="sampling",
+            status=SKIPPED,
+            summary="; ".join(parts),
+            evidence=tuple(evidence),
+            seconds=seconds,
         )
     return CheckResult(
         name="sampling",
         status=PASSED,
-        summary=f"{len(gpus)} GPU(s): samples exact, inside the set, chi-square passes",
+        summary=f"{len(devices)} device(s): " + "; ".join(parts),
         evidence=tuple(evidence),
         seconds=seconds,
     )
