@@ -406,10 +406,12 @@ def test_cubin_check_fails_on_a_cubin_for_the_wrong_arch(
     built = kernel_compile.build_kernel(home / "bin" / "nvcc", Arch.parse("9.0a"), tmp_path)
     assert built.error is None
     facts = env_facts(cuda_home=str(home), torch_installed=False, jit={"library": str(built.path)})
-    target = Target(python=Path(sys.executable), archs=(), work=tmp_path)
+    # A real sm_90a binary standing in for a FlashInfer library asked to hold 12.0f.
+    target = Target(python=Path(sys.executable), archs=(Arch.parse("12.0f"),), work=tmp_path)
     result = cubin.check(target, facts)
     assert result.status == FAILED
-    assert result.summary == "flashinfer sampling: no sm_120 cubin (found sm_90a)"
+    assert result.summary == "flashinfer sampling has no sm_120 cubin for 12.0f (it holds sm_90a)"
+    assert result.evidence[1][1].endswith(": sm_120")  # our own kernel, built for 12.0f
 
 
 @pytest.mark.network
