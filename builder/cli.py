@@ -78,11 +78,21 @@ def _lock_file(s: spec.EnvSpec) -> Path:
     return lock.lock_path(s.source, s.name)
 
 
+def _check_lock_owner(s: spec.EnvSpec, path: Path) -> None:
+    """Refuse to overwrite the lock of another spec whose name maps to the same file."""
+    try:
+        existing = lock.read(path)
+    except BuildError:
+        return  # none yet, or broken: writing it is what `cudaenv lock` is for
+    lock.check_owner(existing, path, s.name)
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
     for path in args.specs:
         s = _load_spec(path)
-        _progress(f"resolving {s.name} ({path}) with uv")
         out = _lock_file(s)
+        _check_lock_owner(s, out)
+        _progress(f"resolving {s.name} ({path}) with uv")
         plan = resolve.resolve(
             s, command=_command(["lock", str(path)]), previous=None if args.upgrade else out
         )
@@ -100,7 +110,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 def _current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
     path = _lock_file(s)
     if not fresh and path.exists():
-        current = lock.read(path)
+        current = lock.read(path, spec_name=s.name)
         if current.fingerprint == s.fingerprint():
             return current, f"{path} (up to date)"
         return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
@@ -132,7 +142,9 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
 def cmd_plan(args: argparse.Namespace) -> int:
     s = _load_spec(args.spec)
     lk, origin = _current_lock(s, fresh=args.fresh)
-    rows = plan_table(s, lk)
+    path = _lock_file(s)
+    rows = [("lock", str(path) if path.exists() else f"{path} (not written yet)")]
+    rows += plan_table(s, lk)
     width = max(len(k) for k, _ in rows)
     print(f"# plan for {s.name} from {origin}; nothing installed")
     for key, value in rows:
@@ -144,7 +156,7 @@ def _ensure_lock(s: spec.EnvSpec, path: Path | str, *, offline: bool, relock: bo
     """The spec's lock: resolved first when missing (or, with ``relock``, when stale)."""
     lock_file = _lock_file(s)
     if lock_file.exists():
-        lk = lock.read(lock_file)
+        lk = lock.read(lock_file, spec_name=s.name)
         if not relock or lk.fingerprint == s.fingerprint():
             return lk
         why = "is stale"
@@ -323,7 +335,7 @@ def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, Manifest | 
             raise BuildError(f"{env_dir} is not built; run `cudaenv build {args.spec}` first")
         found = manifest.read(env_dir)
         lock_file = _lock_file(s)
-        lk = lock.read(lock_file) if lock_file.exists() else None
+        lk = lock.read(lock_file, spec_name=s.name) if lock_file.exists() else None
         target = spec_target(
             s,
             env_dir,
@@ -433,12 +445,36 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from builder import build, export
 
+    pylock_out = Path(args.pylock) if args.pylock else None
+    if pylock_out is not None:
+        export.check_pylock_name(pylock_out)  # before any work
     s = _load_spec(args.spec)
     lock_file = _lock_file(s)
-    lk = lock.read(lock_file)
+    lk = lock.read(lock_file, spec_name=s.name)
     build.check_lock(s, lk, lock_file)
-    out = export.export(s, lk, Path(args.wheelhouse).absolute(), _progress)
-    _progress(f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}")
+    wheelhouse: Path | None = None
+    if args.wheelhouse:
+        wheelhouse = Path(args.wheelhouse).absolute()
+    elif pylock_out is None:
+        if lk.wheelhouse is None:
+            raise UsageError(
+                f"export needs --wheelhouse DIR or --pylock FILE: {lock_file} names its files by "
+                "URL, so it has no wheelhouse of its own"
+            )
+        # The directory the index-neutral lock's paths name: filled, the lock installs as is.
+        wheelhouse = (lock_file.parent / lk.wheelhouse).absolute()
+    if wheelhouse is not None:
+        out = export.export(s, lk, wheelhouse, _progress)
+        _progress(
+            f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}"
+        )
+    if pylock_out is not None:
+        _progress(f"asking uv for the URL of every file of {lock_file} on this machine's index")
+        command = _command(["export", str(args.spec), "--pylock", str(pylock_out)])
+        export.export_pylock(s, lk, pylock_out, command=command)
+        _progress(
+            f"wrote {pylock_out}: {len(lk.packages)} packages, every sha256 as in {lock_file}"
+        )
     return 0
 
 
@@ -540,7 +576,9 @@ def make_parser() -> argparse.ArgumentParser:
         "resolve specs and write their PEP 751 locks",
         "Resolve each spec with uv under the matching policy (torch's CUDA = the spec's, every "
         "toolkit component of that CUDA minor, one CUDA major, FlashInfer companions matched) "
-        "and write locks/pylock.NAME.toml beside it. A set the policy refuses exits 3.",
+        "and write locks/pylock.NAME.toml beside it (dots in NAME become '-'): file URLs, or "
+        'wheelhouse paths where pyproject.toml says [tool.cudaenv] locks = "index-neutral". '
+        "A set the policy refuses exits 3.",
         "cudaenv lock envspecs/default.yaml",
     )
     lk.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
@@ -595,13 +633,25 @@ def make_parser() -> argparse.ArgumentParser:
     ex = _sub(
         sub,
         "export",
-        "download every locked file (hash-checked) for offline builds",
+        "download every locked file (hash-checked), or write a lock with this index's URLs",
         "Fill a wheelhouse with every file of the spec's lock, each sha256 checked, for "
-        "`cudaenv build --offline --wheelhouse DIR` on a machine without an index.",
+        "`cudaenv build --offline --wheelhouse DIR` on a machine without an index; without "
+        "--wheelhouse, the wheelhouse an index-neutral lock names beside it, so `uv pip install "
+        "-r` and `pip install -r` of the lock work. --pylock FILE writes a standard PEP 751 lock "
+        "of the same files with their URLs on the index this machine's uv is configured with; "
+        "a file the index serves with another hash is refused.",
         "cudaenv export envspecs/default.yaml --wheelhouse /srv/wheels",
     )
     ex.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
-    ex.add_argument("--wheelhouse", required=True, help="directory to fill")
+    ex.add_argument(
+        "--wheelhouse",
+        help="directory to fill (default: an index-neutral lock's own wheelhouse beside it)",
+    )
+    ex.add_argument(
+        "--pylock",
+        metavar="FILE",
+        help="write a PEP 751 lock with this machine's index URLs (pylock.toml or pylock.NAME.toml)",
+    )
     ex.set_defaults(func=cmd_export)
 
     vf = _sub(

@@ -1,23 +1,31 @@
-"""Lock -> wheelhouse: every locked file downloaded and hash-checked, for air-gapped boxes.
+"""Lock -> what another tool or machine installs it from, every file checked against the lock.
 
-`cudaenv export SPEC --wheelhouse DIR` here, carry DIR over, then
-`cudaenv build SPEC --offline --wheelhouse DIR` there: uv installs from DIR alone
-(`--no-index --find-links DIR --offline`), still requiring every hash of the lock.
-pip downloads (uv has no download command), run by the spec's own Python so environment
-markers are evaluated for it; pip uses the machine's index configuration.
+- A wheelhouse: `cudaenv export SPEC --wheelhouse DIR` here, carry DIR over, then
+  `cudaenv build SPEC --offline --wheelhouse DIR` there: uv installs from DIR alone
+  (`--no-index --find-links DIR --offline`), still requiring every hash of the lock. Without
+  `--wheelhouse`, an index-neutral lock's own wheelhouse (the directory its file paths name,
+  beside it) is filled, so `uv pip install -r` / `pip install -r` of the lock itself work.
+  pip downloads (uv has no download command), run by the spec's own Python so environment
+  markers are evaluated for it; pip uses the machine's index configuration.
+- A standard PEP 751 lock (`--pylock FILE`): the locked set with every file's URL on the index
+  this machine's uv is configured with, for any PEP 751 reader (uv, pip >= 26).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from builder import interpreters, proc
-from builder.errors import BuildError, ToolMissing
-from builder.lock import Lock
+from packaging.pylock import is_valid_pylock_path
+
+from builder import interpreters, proc, resolve
+from builder.errors import BuildError, ToolMissing, UsageError
+from builder.lock import Lock, LockedFile, LockedPackage
+from builder.lock import write as write_lock
 from builder.spec import EnvSpec
 
 MANIFEST = "cudaenv-export.json"
@@ -83,3 +91,66 @@ def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str]
     return proc.atomic_write_text(
         wheelhouse / MANIFEST, json.dumps(doc, indent=2, sort_keys=True) + "\n"
     )
+
+
+def check_pylock_name(path: Path) -> None:
+    """PEP 751 names: ``pylock.toml`` or ``pylock.NAME.toml`` with no dot in NAME; uv and pip
+    refuse any other name (FACTS §9)."""
+    if not is_valid_pylock_path(path):
+        raise UsageError(
+            f"--pylock {path}: not a PEP 751 file name; use pylock.toml or pylock.NAME.toml "
+            "(NAME without dots)"
+        )
+
+
+def with_index_urls(
+    spec: EnvSpec,
+    lock: Lock,
+    locate: Callable[[EnvSpec, list[LockedPackage]], tuple[LockedPackage, ...]],
+) -> Lock:
+    """``lock`` with every file's URL on the index this machine is configured with (asked of
+    ``locate``: :func:`resolve.index_files`), hashes unchanged. A package the spec pins to an
+    index keeps its own URL. Raises BuildError naming the package whose file the index does
+    not serve, or serves with another hash."""
+    served: dict[str, dict[str, LockedFile]] = {
+        p.name: {f.name: f for f in p.files}
+        for p in locate(spec, [p for p in lock.packages if not p.index])
+    }
+    packages = []
+    for pkg in lock.packages:
+        if pkg.index:
+            packages.append(pkg)
+            continue
+        found = served.get(pkg.name, {})
+        packages.append(
+            dataclasses.replace(
+                pkg,
+                wheels=tuple(_located(pkg, f, found) for f in pkg.wheels),
+                sdist=_located(pkg, pkg.sdist, found) if pkg.sdist else None,
+            )
+        )
+    return dataclasses.replace(lock, packages=tuple(packages))
+
+
+def _located(pkg: LockedPackage, f: LockedFile, served: dict[str, LockedFile]) -> LockedFile:
+    there = served.get(f.name)
+    if there is None or not there.url:
+        raise BuildError(
+            f"{pkg.name}=={pkg.version}: the index this machine uses does not serve {f.name} "
+            "(a file of the lock); export from a machine whose index has it"
+        )
+    if there.sha256 != f.sha256:
+        raise BuildError(
+            f"{pkg.name}=={pkg.version}: the index this machine uses serves {f.name} with sha256 "
+            f"{there.sha256}, the lock has {f.sha256}; refusing to export another file than the "
+            "locked one"
+        )
+    return dataclasses.replace(f, url=there.url, path=None)
+
+
+def export_pylock(spec: EnvSpec, lock: Lock, out: Path, *, command: str) -> Path:
+    """Write ``out``: the standard PEP 751 lock of ``lock`` with this machine's index URLs."""
+    check_pylock_name(out)
+    exported = with_index_urls(spec, lock, resolve.index_files)
+    write_lock(dataclasses.replace(exported, command=command), out)
+    return out

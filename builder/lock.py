@@ -1,8 +1,13 @@
 """Read and write PEP 751 ``pylock.NAME.toml`` files with the spec fingerprint they came from.
 
-The committed lock names every file by its wheel/sdist file name, size and sha256 but keeps
-no download URL: installs go through uv's index configuration on the machine that builds,
-and the hashes make any index (a mirror, a proxy, a wheelhouse) give exactly these files.
+Every file entry names its wheel/sdist file, size and sha256, and where a PEP 751 reader gets
+it: its ``url`` (the default), or, in an index-neutral project (project.py), a ``path`` in the
+wheelhouse beside the lock. ``cudaenv build`` uses neither: it installs name==version with
+every hash through uv's index configuration on the machine that builds, and the hashes make
+any index (a mirror, a proxy, a wheelhouse) give exactly these files.
+
+Locks are read with ``packaging.pylock``, the reference PEP 751 validator, so a lock cudaenv
+accepts is one uv and pip accept too.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import posixpath
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from packaging.pylock import PackageSdist, PackageWheel, Pylock, PylockValidationError
 
 from builder.errors import BuildError, ResolveError
 from builder.proc import atomic_write_text
@@ -32,8 +40,10 @@ class LockedFile:
     sha256: str
     size: int | None = None
     upload_time: str | None = None
-    # Kept only for packages a spec pins to an index: the exact file on that index.
+    # Where a PEP 751 reader gets the file (every entry has one or both): the exact file on an
+    # index, or a path relative to the lock file's directory (an index-neutral lock).
     url: str | None = None
+    path: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,9 +56,12 @@ class LockedPackage:
     index: str | None = None  # the index the spec pins this package to
 
     @property
+    def files(self) -> tuple[LockedFile, ...]:
+        return (*self.wheels, *((self.sdist,) if self.sdist else ()))
+
+    @property
     def hashes(self) -> tuple[str, ...]:
-        files = [*self.wheels, *([self.sdist] if self.sdist else [])]
-        return tuple(f.sha256 for f in files)
+        return tuple(f.sha256 for f in self.files)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +92,19 @@ class Lock:
                 lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
         return "\n".join(lines) + "\n"
 
+    @property
+    def wheelhouse(self) -> str | None:
+        """The directory (relative to the lock file's) an index-neutral lock's file paths name;
+        None for a lock whose files carry URLs. Raises BuildError when the paths name more than
+        one (cudaenv never writes that)."""
+        dirs = {posixpath.dirname(f.path) or "." for p in self.packages for f in p.files if f.path}
+        if len(dirs) > 1:
+            raise BuildError(
+                f"the lock of {self.spec_name} names files in {len(dirs)} directories "
+                f"({', '.join(sorted(dirs))}); re-lock it with `cudaenv lock`"
+            )
+        return dirs.pop() if dirs else None
+
     def content_hash(self) -> str:
         """Identifies exactly what gets installed (names, versions, file hashes)."""
         h = hashlib.sha256()
@@ -87,58 +113,54 @@ class Lock:
         return "sha256:" + h.hexdigest()
 
 
-def _file(entry: dict[str, Any], where: str) -> LockedFile:
-    hashes = entry.get("hashes")
-    if not isinstance(hashes, dict) or not isinstance(hashes.get("sha256"), str):
+def _file(entry: PackageWheel | PackageSdist, where: str) -> LockedFile:
+    sha256 = entry.hashes.get("sha256")
+    if not isinstance(sha256, str):
         raise ResolveError(f"{where}: a file without a sha256 hash cannot be installed safely")
-    name = entry.get("name")
-    if not isinstance(name, str):
-        url = entry.get("url") or entry.get("path")
-        if not isinstance(url, str):
-            raise ResolveError(f"{where}: a file needs a name, url or path")
-        name = url.rsplit("/", 1)[-1]
-    size = entry.get("size")
-    upload = entry.get("upload-time")
-    raw_url = entry.get("url")
     return LockedFile(
-        url=raw_url if isinstance(raw_url, str) else None,
-        name=name,
-        sha256=hashes["sha256"],
-        size=size if isinstance(size, int) else None,
-        upload_time=upload.isoformat()
-        if isinstance(upload, dt.datetime)
-        else (str(upload) if upload is not None else None),
+        name=entry.filename,
+        sha256=sha256,
+        size=entry.size,
+        upload_time=entry.upload_time.isoformat() if entry.upload_time else None,
+        url=entry.url,
+        path=entry.path,
     )
 
 
 def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]:
-    """The ``[[packages]]`` of a PEP 751 document (ours or uv's)."""
+    """The ``[[packages]]`` of a PEP 751 document (ours or uv's), validated by
+    ``packaging.pylock`` and then held to cudaenv's own rules: an exact version and a sha256
+    for every file (builds install with ``--require-hashes``)."""
+    try:
+        pylock = Pylock.from_dict(doc)
+    except PylockValidationError as exc:
+        context = exc.context or ""
+        if context.endswith(".hashes"):
+            # Say why a hash matters here, at the same key path packaging names.
+            raise ResolveError(
+                f"{where}: {context.removesuffix('.hashes')}: a file without a sha256 hash "
+                "cannot be installed safely"
+            ) from exc
+        raise ResolveError(f"{where}: not a valid PEP 751 lock: {exc}") from exc
     out = []
-    raw = doc.get("packages")
-    if not isinstance(raw, list):
-        raise ResolveError(f"{where}: no [[packages]] table")
-    for i, entry in enumerate(raw):
+    # packaging has checked that doc["packages"] is a list of tables, one per entry. The
+    # marker is kept as its writer spelled it (packaging's str() re-quotes it), so a re-lock
+    # leaves unchanged markers unchanged.
+    for i, (entry, raw) in enumerate(zip(pylock.packages, doc["packages"], strict=True)):
         here = f"{where}: packages[{i}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise ResolveError(f"{here}: a package needs a name")
-        if not isinstance(entry.get("version"), str):
-            raise ResolveError(f"{here} ({entry['name']}): a package needs an exact version")
-        wheels = tuple(_file(w, f"{here}.wheels") for w in entry.get("wheels") or [])
-        sdist = (
-            _file(entry["sdist"], f"{here}.sdist") if isinstance(entry.get("sdist"), dict) else None
-        )
-        if not wheels and sdist is None:
-            raise ResolveError(f"{here} ({entry['name']}): no wheel or sdist to install")
-        marker = entry.get("marker")
-        index = entry.get("index")
+        if entry.version is None:
+            raise ResolveError(f"{here} ({entry.name}): a package needs an exact version")
+        if entry.is_direct:
+            raise ResolveError(f"{here} ({entry.name}): no wheel or sdist to install")
+        wheels = tuple(_file(w, f"{here}.wheels[{j}]") for j, w in enumerate(entry.wheels or ()))
         out.append(
             LockedPackage(
-                name=entry["name"],
-                version=entry["version"],
-                marker=marker if isinstance(marker, str) else None,
+                name=entry.name,
+                version=str(entry.version),
+                marker=raw["marker"] if entry.marker is not None else None,
                 wheels=wheels,
-                sdist=sdist,
-                index=index if isinstance(index, str) else None,
+                sdist=_file(entry.sdist, f"{here}.sdist") if entry.sdist else None,
+                index=entry.index,
             )
         )
     return tuple(sorted(out, key=lambda p: p.name))
@@ -150,9 +172,14 @@ def _s(value: str) -> str:
 
 
 def _file_inline(f: LockedFile) -> str:
+    if not f.url and not f.path:
+        # PEP 751: a reader must be told where the file is (resolve.pin_sources sets one).
+        raise ValueError(f"{f.name}: a locked file needs a url or a path")
     parts = [f"name = {_s(f.name)}"]
     if f.url:
         parts.append(f"url = {_s(f.url)}")
+    if f.path:
+        parts.append(f"path = {_s(f.path)}")
     if f.upload_time:
         try:
             stamp = dt.datetime.fromisoformat(f.upload_time)
@@ -168,10 +195,22 @@ def _file_inline(f: LockedFile) -> str:
 def dumps(lock: Lock) -> str:
     """PEP 751 text, written directly (one inline table per file, as uv writes them): the
     schema is fixed and small, and a generic TOML writer was a third of a re-lock's overhead."""
+    if lock.wheelhouse is not None:
+        about = [
+            "# PEP 751 lock, index-neutral: each file is named and hash-pinned at a path in",
+            f"# {lock.wheelhouse}/ beside this lock, which `cudaenv export SPEC` fills from the",
+            "# machine's index; only a package the spec pins to an index keeps its URL.",
+            "# `cudaenv build` needs no wheelhouse: it installs these names, versions and hashes",
+            "# through the index uv is configured with.",
+        ]
+    else:
+        about = [
+            "# PEP 751 lock: every file with its URL and hash. `cudaenv build` installs the same",
+            "# names, versions and hashes through the index uv is configured with.",
+        ]
     out = [
         f"# This file was generated by `{lock.command or 'cudaenv lock'}`; do not edit.",
-        "# PEP 751 lock. Files are named and hash-pinned; only files of a package the spec pins to",
-        "# an index keep their URL. The rest are fetched through the index uv is configured with.",
+        *about,
         'lock-version = "1.0"',
         f"environments = [{_s(_environment_marker(lock.platform))}]",
         f"requires-python = {_s(f'=={lock.python}.*')}",
@@ -232,11 +271,34 @@ def write(lock: Lock, path: Path) -> None:
 
 def lock_path(spec_source: Path, name: str) -> Path:
     """Where the lock of the spec ``name`` read from ``spec_source`` lives: ``locks/`` beside
-    the spec file."""
-    return spec_source.parent / "locks" / f"pylock.{name}.toml"
+    the spec file, as ``pylock.<name>.toml`` with every dot of the name turned into '-'.
+
+    PEP 751 allows no dot in that name (uv refuses ``pylock.sglang-0.5.23-cu130.toml``; so
+    does ``packaging.pylock.is_valid_pylock_path``); a spec name may have them. The lock keeps
+    the spec's own name (``[tool.cudaenv] spec``), so two names folding to one file (``a.b``,
+    ``a-b``) are told apart on read (:func:`read`). The only place lock paths are made.
+    """
+    return spec_source.parent / "locks" / f"pylock.{name.replace('.', '-')}.toml"
 
 
-def read(path: Path) -> Lock:
+def read(path: Path, *, spec_name: str | None = None) -> Lock:
+    """The lock at ``path``; with ``spec_name``, refused unless that spec wrote it."""
+    lk = _read(path)
+    if spec_name is not None:
+        check_owner(lk, path, spec_name)
+    return lk
+
+
+def check_owner(lk: Lock, path: Path, spec_name: str) -> None:
+    """Refuse the lock of another spec whose name maps to the same file (:func:`lock_path`)."""
+    if lk.spec_name != spec_name:
+        raise BuildError(
+            f"{path} is the lock of spec '{lk.spec_name}', not of '{spec_name}': both names map "
+            f"to {path.name} (dots become '-'); rename one of the specs"
+        )
+
+
+def _read(path: Path) -> Lock:
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -251,7 +313,7 @@ def read(path: Path) -> Lock:
     try:
         packages = parse_packages(doc, str(path))
     except ResolveError as exc:
-        raise BuildError(str(exc)) from exc
+        raise BuildError(f"{exc}; run `cudaenv lock`") from exc
 
     def opt(key: str) -> str | None:
         value = tool.get(key)

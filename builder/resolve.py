@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import platform
+import posixpath
 import shutil
 import sys
 import tempfile
@@ -24,10 +25,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, channels, interpreters, proc
+from builder import archs, channels, interpreters, proc, project
 from builder.errors import ResolveError, ToolMissing
 from builder.lock import (
     Lock,
+    LockedFile,
     LockedPackage,
     packages_from_json,
     packages_to_json,
@@ -161,8 +163,11 @@ def uv_compile(
     *,
     python: Path | None = None,
     seed: Path | None = None,
+    remember: bool = True,
 ) -> Resolution:
-    """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words."""
+    """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words.
+    ``remember``: keep uv's output as the next re-lock's preference file (not for lookups
+    that resolve less than the spec, such as :func:`index_files`)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
         d = Path(tmp)
@@ -214,14 +219,20 @@ def uv_compile(
             ) from exc
         raw = out.read_bytes()
     packages = _parsed(raw)
-    _remember_output(spec, raw)
+    if remember:
+        _remember_output(spec, raw)
     return Resolution(packages=packages, seconds=time.monotonic() - started)
+
+
+# What a memo of a parse holds changes with the parser: v2 = read by packaging.pylock (file
+# names from URLs unquoted, file paths kept).
+_MEMO = "v2"
 
 
 def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
     """uv's PEP 751 output, parsed; memoised by content (TOML in pure Python costs ~40 ms for
     the default stack, JSON ~3 ms), so an unchanged re-lock is as fast as raw uv."""
-    memo = cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.json"
+    memo = cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.{_MEMO}.json"
     try:
         return packages_from_json(json.loads(memo.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
@@ -238,7 +249,7 @@ def _seed_file(spec: EnvSpec) -> Path:
 
 def _remember_output(spec: EnvSpec, raw: bytes) -> None:
     """Keep uv's own last output for this spec: the best preference file for the next re-lock
-    (our committed lock has no URLs; uv's has everything it wrote)."""
+    (an index-neutral lock has no URLs; uv's has everything it wrote)."""
     try:
         path = _seed_file(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,6 +342,14 @@ def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, s
     return pins
 
 
+def _spec_python(spec: EnvSpec) -> Path | None:
+    """The spec's interpreter for uv (to build an sdist's metadata), if this machine has one."""
+    try:
+        return interpreters.find(spec.python, allow_download=False).path
+    except ToolMissing:
+        return None  # uv resolves for --python-version alone when no sdist must be built
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     lock: Lock
@@ -350,12 +369,10 @@ def resolve(
     problems = spec_problems(spec)
     if problems:
         raise ResolveError(_refusal(spec, problems))
+    # Read before any resolver call: a mistyped setting must not cost a resolution.
+    wheelhouse = project.settings_for(spec.source).lock_wheelhouse
     if compile_ is None:
-        py: Path | None
-        try:
-            py = interpreters.find(spec.python, allow_download=False).path
-        except ToolMissing:
-            py = None  # uv resolves for --python-version alone when no sdist must be built
+        py = _spec_python(spec)
 
         def compile_(
             s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]
@@ -431,7 +448,9 @@ def resolve(
             )
     constraints = [f"{name}=={version}" for name, version in sorted(pins.items())]
     final = final_compile(spec, requirements, constraints, ())
-    final = Resolution(packages=pin_sources(spec, final.packages), seconds=final.seconds)
+    final = Resolution(
+        packages=pin_sources(spec, final.packages, wheelhouse=wheelhouse), seconds=final.seconds
+    )
     problems = policy_problems(spec, final.packages, pins)
     if problems:
         raise ResolveError(_refusal(spec, problems))
@@ -465,25 +484,32 @@ def resolve(
     return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
 
 
-def pin_sources(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[LockedPackage, ...]:
-    """Keep file URLs only where the spec pins a package to an index (that host is the spec's
-    own choice); every other file is named and hashed and fetched through the machine's index
-    configuration. A pinned package that did not come from its index is refused."""
+def pin_sources(
+    spec: EnvSpec, packages: Sequence[LockedPackage], *, wheelhouse: str | None = None
+) -> tuple[LockedPackage, ...]:
+    """Where a PEP 751 reader gets each file of the lock. A package the spec pins to an index
+    keeps its file URLs (that host is the spec's own choice); one that did not come from its
+    index is refused. Every other file keeps the URL uv resolved it to, or, with
+    ``wheelhouse`` (an index-neutral project, project.py), gets ``path = "<wheelhouse>/<file
+    name>"`` relative to the lock file's directory and no URL, so no index host is written."""
     pinned = dict(spec.indexes)
     out = []
     for pkg in packages:
         index = pinned.get(canonicalize_name(pkg.name))
         if index is None:
+            if wheelhouse is None:
+                out.append(replace(pkg, index=None))
+                continue
             out.append(
                 replace(
                     pkg,
                     index=None,
-                    wheels=tuple(replace(f, url=None) for f in pkg.wheels),
-                    sdist=replace(pkg.sdist, url=None) if pkg.sdist else None,
+                    wheels=tuple(_in_wheelhouse(f, wheelhouse) for f in pkg.wheels),
+                    sdist=_in_wheelhouse(pkg.sdist, wheelhouse) if pkg.sdist else None,
                 )
             )
             continue
-        urls = [f.url for f in (*pkg.wheels, *([pkg.sdist] if pkg.sdist else [])) if f.url]
+        urls = [f.url for f in pkg.files if f.url]
         if not urls or not all(
             u.startswith(index + "/") or u.startswith(index.rsplit("/simple", 1)[0]) for u in urls
         ):
@@ -492,6 +518,28 @@ def pin_sources(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[Locke
             )
         out.append(replace(pkg, index=index))
     return tuple(out)
+
+
+def _in_wheelhouse(f: LockedFile, wheelhouse: str) -> LockedFile:
+    return replace(f, url=None, path=posixpath.normpath(posixpath.join(wheelhouse, f.name)))
+
+
+def index_files(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[LockedPackage, ...]:
+    """Each of ``packages`` (exact versions) as the index this machine is configured with
+    serves it: every file with its URL and hash, from ``uv pip compile --no-deps`` of the
+    exact pins for the lock's Python and platform. Nothing is re-resolved."""
+    if not packages:
+        return ()
+    # The spec's `indexes:` are left out: a package pinned to an index keeps its own URL and
+    # is not looked up here (the caller passes only the others).
+    return uv_compile(
+        replace(spec, indexes=()),
+        [f"{p.name}=={p.version}" for p in packages],
+        (),
+        ("--no-deps",),
+        python=_spec_python(spec),
+        remember=False,
+    ).packages
 
 
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:

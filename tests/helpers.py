@@ -3,15 +3,27 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
+import functools
+import hashlib
+import http.server
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import zipfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from builder import archs, spec
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from builder import archs, lock, proc, project, spec
 from builder.manifest import Manifest
 from builder.verify import EnvFacts
 
@@ -42,15 +54,158 @@ def cudaenv(
     return done
 
 
+def lock_of(spec_file: Path) -> Path:
+    """The lock file of the spec at ``spec_file``, named as cudaenv names it."""
+    s = spec.load(spec_file)
+    return lock.lock_path(s.source, s.name)
+
+
 def workspace(tmp: Path, *names: str) -> Path:
-    """A copy of the named specs with their committed locks, so builds land under tmp."""
+    """A copy of the named specs with their committed locks and this repository's
+    ``[tool.cudaenv]`` settings, so builds land under tmp and locks are written as here."""
     (tmp / "envspecs" / "locks").mkdir(parents=True)
+    settings = project.settings_for(ENVSPECS / "default.yaml")
+    write(
+        tmp / "pyproject.toml",
+        f"[tool.cudaenv]\nlocks = {json.dumps(settings.locks)}\n"
+        f"wheelhouse = {json.dumps(settings.wheelhouse)}\n",
+    )
     for name in names:
-        s = spec.load(ENVSPECS / name)
         shutil.copy(ENVSPECS / name, tmp / "envspecs" / name)
-        lock_name = f"pylock.{s.name}.toml"
-        shutil.copy(ENVSPECS / "locks" / lock_name, tmp / "envspecs" / "locks" / lock_name)
+        shutil.copy(lock_of(ENVSPECS / name), lock_of(tmp / "envspecs" / name))
     return tmp
+
+
+# --------------------------------------------------------------------------- local indexes
+
+
+def tiny_wheel(
+    directory: Path, name: str, version: str, body: str, requires: Sequence[str] = ()
+) -> Path:
+    """A pure-Python wheel holding one module (``body`` its source) in ``directory``."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {
+        f"{name.replace('-', '_')}.py": body,
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + meta,
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: cudaenv-tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        record.append(f"{path},sha256={b64},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    wheel = directory / f"{dist}-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+def simple_index(root: Path) -> Path:
+    """(Re)write the PEP 503 pages of ``root/simple/``, one project per directory, each file
+    linked with its sha256; returns the ``simple`` directory."""
+    simple = root / "simple"
+    projects = sorted(d for d in simple.iterdir() if d.is_dir())
+    for d in projects:
+        links = "".join(
+            f'<a href="{f.name}#sha256={hashlib.sha256(f.read_bytes()).hexdigest()}">{f.name}</a>'
+            for f in sorted(d.iterdir())
+            if f.name != "index.html"
+        )
+        (d / "index.html").write_text(f"<html><body>{links}</body></html>")
+    links = "".join(f'<a href="{d.name}/">{d.name}</a>' for d in projects)
+    (simple / "index.html").write_text(f"<html><body>{links}</body></html>")
+    return simple
+
+
+def add_to_index(
+    root: Path, name: str, version: str, body: str, requires: Sequence[str] = ()
+) -> Path:
+    """Put a tiny wheel of ``name`` on the index at ``root`` (replacing a same-named file)."""
+    wheel = tiny_wheel(root / "simple" / canonicalize_name(name), name, version, body, requires)
+    simple_index(root)
+    return wheel
+
+
+def local_index(root: Path, name: str, version: str, body: str) -> str:
+    """A PEP 503 index on disk holding one pure-Python wheel; returns its file:// URL."""
+    add_to_index(root, name, version, body)
+    return (root / "simple").as_uri()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def served_index(root: Path) -> Iterator[str]:
+    """``root`` over HTTP on 127.0.0.1 (an ephemeral port, in a thread: what
+    `python -m http.server` does, without a port to race for); yields the index URL of
+    ``root/simple``. uv and pip reach it as any index, with no internet."""
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+# --------------------------------------------------------------------------- fresh venvs
+
+
+def pip_venv(python: Path, dest: Path) -> Path:
+    """A fresh venv of ``python`` whose pip reads PEP 751 files (pip >= 26): seeded offline
+    from the pip wheel virtualenv embeds, upgraded from the index only if that one is older.
+    Returns its interpreter."""
+    subprocess.run(
+        [sys.executable, "-m", "virtualenv", "--no-download", "--no-setuptools", "--no-wheel",
+         "-q", "--python", str(python), str(dest)],
+        check=True,
+    )  # fmt: skip
+    py = dest / "bin" / "python"
+    if pip_version(py) < Version("26"):
+        subprocess.run([py, "-m", "pip", "install", "-q", "pip>=26"], check=True)
+    assert pip_version(py) >= Version("26")
+    return py
+
+
+def pip_version(python: Path) -> Version:
+    code = "import importlib.metadata as m; print(m.version('pip'))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    return Version(done.stdout.strip())
+
+
+def uv_venv(python: Path, dest: Path) -> Path:
+    """A fresh, empty venv of ``python`` made by uv; returns its interpreter."""
+    subprocess.run(
+        [proc.uv_bin(), "venv", "-q", "--python", str(python), str(dest)],
+        check=True,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+    )
+    return dest / "bin" / "python"
+
+
+def installed(python: Path) -> set[tuple[str, str]]:
+    """(name, version) of every distribution in ``python``'s environment, pip left out."""
+    code = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))"
+    )
+    # -I: neither the cwd (this checkout's cudaenv.egg-info) nor PYTHONPATH joins sys.path.
+    done = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, check=True)
+    return {
+        (str(canonicalize_name(n)), v) for n, v in json.loads(done.stdout) if n.lower() != "pip"
+    }
 
 
 def env_facts(**changes: Any) -> EnvFacts:

@@ -18,7 +18,7 @@ from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.manifest import Manifest
 from builder.report import VerifyReport
 from builder.verify import CheckResult
-from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, write
+from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, lock_of, workspace, write
 
 TOOLCHAIN = ENVSPECS / "toolchain-cu130.yaml"
 
@@ -214,3 +214,55 @@ def test_a_stale_lock_is_re_resolved_only_when_asked(
     lock.write(stale, lock.lock_path(path, s.name))
     with pytest.raises(Exception, match="is stale and --offline cannot resolve one"):
         cli._ensure_lock(s, path, offline=True, relock=True)
+
+
+def test_plan_says_where_the_lock_is(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    body = (ws / "envspecs" / "toolchain-cu130.yaml").read_text()
+    dotted = write(
+        ws / "envspecs" / "tc.yaml", body.replace("name: toolchain-cu130", "name: toolchain.v1")
+    )
+    s = spec.load(dotted)
+    committed = lock.read(lock_of(ENVSPECS / "toolchain-cu130.yaml"))
+    lock.write(
+        dataclasses.replace(committed, spec_name=s.name, fingerprint=s.fingerprint()),
+        lock.lock_path(s.source, s.name),
+    )
+    done = cudaenv("plan", "envspecs/tc.yaml", cwd=ws)
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "# plan for toolchain.v1 from envspecs/locks/pylock.toolchain-v1.toml (up to date); "
+        "nothing installed"
+    )
+    assert lines[1].split() == ["lock", "envspecs/locks/pylock.toolchain-v1.toml"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["lock", "envspecs/dotted.yaml"],
+        ["plan", "envspecs/dotted.yaml"],
+        ["build", "--offline", "envspecs/dotted.yaml"],
+        ["export", "envspecs/dotted.yaml"],
+    ],
+)
+def test_two_spec_names_for_one_lock_file_are_refused(argv: list[str], tmp_path: Path) -> None:
+    """`toolchain.cu130` and `toolchain-cu130` both map to pylock.toolchain-cu130.toml: the
+    lock says whose it is, and no command uses or overwrites another spec's lock."""
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    body = (ws / "envspecs" / "toolchain-cu130.yaml").read_text()
+    write(
+        ws / "envspecs" / "dotted.yaml",
+        body.replace("name: toolchain-cu130", "name: toolchain.cu130"),
+    )
+    lock_file = lock_of(ws / "envspecs" / "toolchain-cu130.yaml")
+    before = lock_file.read_text()
+    done = cudaenv(*argv, cwd=ws, check=False, env={"CUDAENV_UV": "/nonexistent/uv"})
+    assert done.returncode == 4, done.stderr
+    assert one_error_line(done) == (
+        "error: envspecs/locks/pylock.toolchain-cu130.toml is the lock of spec "
+        "'toolchain-cu130', not of 'toolchain.cu130': both names map to "
+        "pylock.toolchain-cu130.toml (dots become '-'); rename one of the specs"
+    )
+    assert lock_file.read_text() == before
+    assert not (ws / ".envs").exists()

@@ -19,7 +19,7 @@ import pytest
 
 from builder import lock, resolve, spec
 from builder.archs import Arch
-from tests.helpers import ENVSPECS, REPO, cudaenv, env_facts, workspace, write
+from tests.helpers import ENVSPECS, REPO, cudaenv, env_facts, lock_of, workspace, write
 
 FAKE_NVCC_128 = """#!/bin/sh
 echo "nvcc: NVIDIA (R) Cuda compiler driver"
@@ -81,10 +81,10 @@ def test_sglang_alone_resolves_a_mixed_toolkit(tmp_path: Path) -> None:
 @pytest.mark.network
 def test_lock_the_toolchain_spec(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
-    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    lock_of(ws / "envspecs" / "toolchain-cu130.yaml").unlink()
     cudaenv("lock", "envspecs/toolchain-cu130.yaml", cwd=ws)
-    fresh = lock.read(ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml")
-    committed = lock.read(ENVSPECS / "locks" / "pylock.toolchain-cu130.toml")
+    fresh = lock.read(lock_of(ws / "envspecs" / "toolchain-cu130.yaml"))
+    committed = lock.read(lock_of(ENVSPECS / "toolchain-cu130.yaml"))
     assert versions(fresh) == versions(committed)
     assert fresh.content_hash() == committed.content_hash()
     assert {p.name for p in fresh.packages} == {
@@ -114,7 +114,7 @@ def test_torch_built_for_another_cuda_is_refused_before_install(tmp_path: Path) 
     )
     assert "Traceback" not in done.stderr
     assert not (tmp_path / ".envs").exists()
-    assert not (tmp_path / "envspecs" / "locks" / "pylock.wrong.toml").exists()
+    assert not lock_of(tmp_path / "envspecs" / "wrong.yaml").exists()
 
 
 # --------------------------------------------------------------------------- e2e: toolchain
@@ -163,7 +163,7 @@ def test_toolchain_env_compiles_for_sm120f(toolchain_env: Path, tmp_path: Path) 
 @pytest.mark.e2e
 def test_failed_rebuild_leaves_the_old_env_working(toolchain_env: Path) -> None:
     ws = toolchain_env.parent.parent
-    lock_file = ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml"
+    lock_file = lock_of(ws / "envspecs" / "toolchain-cu130.yaml")
     good = lock_file.read_text()
     manifest = (toolchain_env / "cudaenv.json").read_text()
     lk = lock.read(lock_file)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder import lock, spec
-from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
+from tests.helpers import ENVSPECS, REPO, cudaenv, local_index, lock_of, workspace, write
 
 TOOLCHAIN = "envspecs/toolchain-cu130.yaml"
 ENV = Path(".envs") / "toolchain-cu130"
@@ -68,19 +68,19 @@ def wait_for(predicate: object, timeout: float = 120.0) -> None:
 
 def test_missing_uv_is_one_line_exit_6(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
-    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    (lock_of(ws / TOOLCHAIN)).unlink()
     done = cudaenv("lock", TOOLCHAIN, cwd=ws, check=False, env={"CUDAENV_UV": "/nonexistent/uv"})
     assert done.returncode == 6
     assert error_lines(done.stderr) == [
         "error: CUDAENV_UV=/nonexistent/uv is not an executable; unset it or install uv: "
         f"`{sys.executable} -m pip install uv`"
     ]
-    assert not (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").exists()
+    assert not (lock_of(ws / TOOLCHAIN)).exists()
 
 
 def test_an_unreachable_index_is_one_line_exit_3(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
-    (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+    (lock_of(ws / TOOLCHAIN)).unlink()
     done = cudaenv(
         "lock",
         TOOLCHAIN,
@@ -125,7 +125,7 @@ def test_an_index_that_times_out_is_one_line_exit_3(tmp_path: Path) -> None:
     thread.start()
     try:
         ws = workspace(tmp_path, "toolchain-cu130.yaml")
-        (ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml").unlink()
+        (lock_of(ws / TOOLCHAIN)).unlink()
         index = f"http://127.0.0.1:{port}/simple"
         started = time.monotonic()
         done = cudaenv(
@@ -159,7 +159,7 @@ def test_a_missing_python_is_one_line_exit_6(tmp_path: Path) -> None:
     text = (ws / TOOLCHAIN).read_text().replace('python: "3.12"', 'python: "3.99"')
     write(ws / TOOLCHAIN, text)
     s = spec.load(ws / TOOLCHAIN)
-    lock_file = ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml"
+    lock_file = lock_of(ws / TOOLCHAIN)
     old = lock.read(lock_file)
     lock.write(
         lock.Lock(**{**old.__dict__, "fingerprint": s.fingerprint(), "python": "3.99"}), lock_file
@@ -261,8 +261,8 @@ def test_builds_of_different_envs_run_in_parallel(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     other = (ws / TOOLCHAIN).read_text().replace("name: toolchain-cu130", "name: toolchain-b")
     write(ws / "envspecs" / "b.yaml", other)
-    lock_b = ws / "envspecs" / "locks" / "pylock.toolchain-b.toml"
-    old = lock.read(ws / "envspecs" / "locks" / "pylock.toolchain-cu130.toml")
+    lock_b = lock_of(ws / "envspecs" / "b.yaml")
+    old = lock.read(lock_of(ws / TOOLCHAIN))
     lock.write(lock.Lock(**{**old.__dict__, "spec_name": "toolchain-b"}), lock_b)
     pause = {"CUDAENV_FAULT_PAUSE": "overlay", "CUDAENV_FAULT_PAUSE_SECONDS": "2"}
     started = time.monotonic()
@@ -376,40 +376,6 @@ def test_shipped_specs_are_the_ones_tested() -> None:
 # --------------------------------------------------------------------------- supply chain
 
 
-def local_index(root: Path, name: str, version: str, body: str) -> str:
-    """A PEP 503 index on disk holding one pure-Python wheel; returns its file:// URL."""
-    import base64
-    import hashlib
-    import zipfile
-
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": body,
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: cudaenv-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = (
-            base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        )
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    wheel = root / "simple" / name / f"{name}-{version}-py3-none-any.whl"
-    wheel.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in files.items():
-            zf.writestr(path, text)
-    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    (wheel.parent / "index.html").write_text(
-        f'<html><body><a href="{wheel.name}#sha256={sha}">{wheel.name}</a></body></html>'
-    )
-    (root / "simple" / "index.html").write_text(
-        f'<html><body><a href="{name}/">{name}</a></body></html>'
-    )
-    return (root / "simple").as_uri()
-
-
 @pytest.mark.network
 @pytest.mark.e2e
 def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None:
@@ -428,18 +394,16 @@ def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None
     cudaenv("build", "envspecs/pinned.yaml", cwd=ws)
     cudaenv("build", "envspecs/open.yaml", cwd=ws)
     pinned = next(
-        p
-        for p in lock.read(ws / "envspecs" / "locks" / "pylock.pinned.toml").packages
-        if p.name == "six"
+        p for p in lock.read(lock_of(ws / "envspecs" / "pinned.yaml")).packages if p.name == "six"
     )
     opened = next(
-        p
-        for p in lock.read(ws / "envspecs" / "locks" / "pylock.open.toml").packages
-        if p.name == "six"
+        p for p in lock.read(lock_of(ws / "envspecs" / "open.yaml")).packages if p.name == "six"
     )
     assert pinned.index == url
     assert pinned.wheels[0].url == f"{url}/six/six-1.16.0-py3-none-any.whl"
-    assert opened.index is None and opened.wheels[0].url is None  # no index host committed
+    # An index-neutral project (the workspace's, as this repository's) commits no index host.
+    assert opened.index is None and opened.wheels[0].url is None
+    assert opened.wheels[0].path == f"wheels/{opened.wheels[0].name}"
     assert pinned.hashes != opened.hashes  # the same name on the public index is another file
     code = "import six; print(getattr(six, 'WHERE', 'public six'))"
     got = subprocess.run(

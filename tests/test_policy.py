@@ -66,7 +66,7 @@ def test_unconstrained_sglang_mixes_minors_and_is_refused(default_spec: spec.Env
 
 
 def test_default_lock_is_matched(default_spec: spec.EnvSpec) -> None:
-    lk = lock.read(ENVSPECS / "locks" / "pylock.sglang-0.5.23-cu130.toml")
+    lk = lock.read(lock.lock_path(default_spec.source, default_spec.name))
     assert lk.fingerprint == default_spec.fingerprint()
     assert lk.torch == "2.14.1"
     assert lk.torch_cuda == "13.0"

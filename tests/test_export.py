@@ -1,0 +1,293 @@
+"""Locks every PEP 751 reader installs: a lock of URLs as written, an index-neutral lock once
+`cudaenv export` has filled its wheelhouse, and `cudaenv export --pylock` for this machine's
+index, each installed by real uv and real pip (>= 26) into fresh venvs.
+
+The offline tests serve a PEP 503 index of two tiny wheels (alpha needs beta) on 127.0.0.1;
+uv and pip are pointed at it alone, so nothing reaches the internet. The network test does the
+same with the toolchain spec on the machine's own index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from packaging.pylock import Pylock
+
+from builder import interpreters, lock, proc, spec
+from builder.export import sha256_of
+from tests.helpers import (
+    ENVSPECS,
+    add_to_index,
+    cudaenv,
+    installed,
+    lock_of,
+    pip_venv,
+    served_index,
+    uv_venv,
+    workspace,
+    write,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+SPEC = f"""\
+name: tiny.v1
+python: "{PY}"
+cuda: "13.0"
+toolchain: {{source: system, path: /usr/local/cuda-13.0}}
+packages: [cudaenv-tiny-alpha==1.0]
+"""
+TINY = {("cudaenv-tiny-alpha", "1.0"), ("cudaenv-tiny-beta", "1.0")}
+
+
+@dataclass(frozen=True)
+class Index:
+    root: Path
+    url: str
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Index]:
+    """The local index, and uv and pip (ours and every child's) configured with it alone."""
+    root = tmp_path / "index"
+    add_to_index(root, "cudaenv-tiny-beta", "1.0", "WHO = 'beta'\n")
+    add_to_index(
+        root, "cudaenv-tiny-alpha", "1.0", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
+    )
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS"):
+        monkeypatch.delenv(name, raising=False)
+    with served_index(root) as url:
+        for name, value in {
+            "UV_DEFAULT_INDEX": url,
+            "UV_INDEX_URL": url,
+            "UV_NO_CONFIG": "1",
+            "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+            "UV_PYTHON_DOWNLOADS": "never",
+            "PIP_INDEX_URL": url,
+            "PIP_CONFIG_FILE": os.devnull,  # the machine's pip.conf names other indexes
+            "PIP_NO_CACHE_DIR": "1",
+        }.items():
+            monkeypatch.setenv(name, value)
+        yield Index(root=root, url=url)
+
+
+def files_of(path: Path) -> list[dict[str, object]]:
+    doc = tomllib.loads(path.read_text())
+    Pylock.from_dict(doc)  # what uv and pip read
+    return [
+        f
+        for p in doc["packages"]
+        for f in p.get("wheels", []) + ([p["sdist"]] if "sdist" in p else [])
+    ]
+
+
+def uv_install(venv_python: Path, pylock: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [proc.uv_bin(), "pip", "install", "--python", str(venv_python), "-r", str(pylock)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def pip_install(venv_python: Path, pylock: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [venv_python, "-m", "pip", "install", "-q", "-r", str(pylock)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def installs_exactly(pylock: Path, tmp: Path, expected: set[tuple[str, str]]) -> None:
+    """Real `uv pip install -r` and `pip install -r` into fresh venvs give ``expected``."""
+    py = Path(sys.executable).resolve()
+    by_uv = uv_venv(py, tmp / "uv-venv")
+    done = uv_install(by_uv, pylock)
+    assert done.returncode == 0, done.stderr
+    assert installed(by_uv) == expected
+    by_pip = pip_venv(py, tmp / "pip-venv")
+    done = pip_install(by_pip, pylock)
+    assert done.returncode == 0, done.stderr
+    assert installed(by_pip) == expected
+
+
+def test_a_users_lock_carries_urls_and_installs_as_written(index: Index, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"  # no pyproject.toml: a user's project, default settings
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    cudaenv("lock", "envspecs/tiny.yaml", cwd=ws)
+    path = lock_of(ws / "envspecs" / "tiny.yaml")
+    assert path.name == "pylock.tiny-v1.toml"
+    assert lock.read(path).spec_name == "tiny.v1"
+    files = files_of(path)
+    assert [f["url"] for f in files] == [
+        f"{index.url}/cudaenv-tiny-alpha/cudaenv_tiny_alpha-1.0-py3-none-any.whl",
+        f"{index.url}/cudaenv-tiny-beta/cudaenv_tiny_beta-1.0-py3-none-any.whl",
+    ]
+    assert not any("path" in f for f in files)
+    installs_exactly(path, tmp_path, TINY)
+
+
+def test_an_index_neutral_lock_installs_once_export_fills_its_wheelhouse(
+    index: Index, tmp_path: Path
+) -> None:
+    ws = workspace(tmp_path / "ws")  # this repository's settings: index-neutral, wheels/
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    cudaenv("lock", "envspecs/tiny.yaml", cwd=ws)
+    path = lock_of(ws / "envspecs" / "tiny.yaml")
+    text = path.read_text()
+    assert "://" not in text and "127.0.0.1" not in text
+    assert [f["path"] for f in files_of(path)] == [
+        "wheels/cudaenv_tiny_alpha-1.0-py3-none-any.whl",
+        "wheels/cudaenv_tiny_beta-1.0-py3-none-any.whl",
+    ]
+    # Before the export the files are nowhere: a reader cannot install the lock.
+    early = uv_install(uv_venv(Path(sys.executable).resolve(), tmp_path / "early"), path)
+    assert early.returncode != 0
+    assert f"{path.parent / 'wheels'}/cudaenv_tiny_" in early.stderr  # alpha or beta, uv's pick
+    done = cudaenv("export", "envspecs/tiny.yaml", cwd=ws)
+    assert f"{path.parent / 'wheels'}" in done.stderr
+    assert sorted(p.name for p in (path.parent / "wheels").glob("*.whl")) == [
+        "cudaenv_tiny_alpha-1.0-py3-none-any.whl",
+        "cudaenv_tiny_beta-1.0-py3-none-any.whl",
+    ]
+    installs_exactly(path, tmp_path, TINY)
+
+
+def test_export_pylock_writes_this_index_urls_with_the_locked_hashes(
+    index: Index, tmp_path: Path
+) -> None:
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    cudaenv("lock", "envspecs/tiny.yaml", cwd=ws)
+    locked = lock.read(lock_of(ws / "envspecs" / "tiny.yaml"))
+    out = tmp_path / "out" / "pylock.tiny.toml"
+    cudaenv("export", "envspecs/tiny.yaml", "--pylock", str(out), cwd=ws)
+    assert not (lock_of(ws / "envspecs" / "tiny.yaml").parent / "wheels").exists()
+    text = out.read_text()
+    assert text.startswith(
+        f"# This file was generated by `cudaenv export envspecs/tiny.yaml --pylock {out}`"
+    )
+    files = files_of(out)
+    assert all(str(f["url"]).startswith(f"{index.url}/") and "path" not in f for f in files)
+    exported = lock.read(out)
+    assert [p.hashes for p in exported.packages] == [p.hashes for p in locked.packages]
+    assert exported.content_hash() == locked.content_hash()
+    installs_exactly(out, tmp_path, TINY)
+
+
+def test_export_pylock_refuses_a_file_the_index_serves_with_another_hash(
+    index: Index, tmp_path: Path
+) -> None:
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    cudaenv("lock", "envspecs/tiny.yaml", cwd=ws)
+    locked = {p.name: p for p in lock.read(lock_of(ws / "envspecs" / "tiny.yaml")).packages}
+    good = tmp_path / "pylock.good.toml"
+    cudaenv("export", "envspecs/tiny.yaml", "--pylock", str(good), cwd=ws)
+    # The index swaps beta for another file of the same name.
+    swapped = add_to_index(index.root, "cudaenv-tiny-beta", "1.0", "WHO = 'someone else'\n")
+    out = tmp_path / "pylock.tiny.toml"
+    done = cudaenv(
+        "export",
+        "envspecs/tiny.yaml",
+        "--pylock",
+        str(out),
+        cwd=ws,
+        check=False,
+        env={"UV_CACHE_DIR": str(tmp_path / "fresh-uv-cache")},
+    )
+    assert done.returncode == 4, done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [
+        "error: cudaenv-tiny-beta==1.0: the index this machine uses serves "
+        f"{swapped.name} with sha256 {sha256_of(swapped)}, the lock has "
+        f"{locked['cudaenv-tiny-beta'].hashes[0]}; refusing to export another file than the "
+        "locked one"
+    ]
+    assert not out.exists()
+    # And the readers check the hashes the exported lock carries: both refuse the swapped file.
+    py = Path(sys.executable).resolve()
+    by_uv = uv_install(uv_venv(py, tmp_path / "uv-venv"), good)
+    assert by_uv.returncode != 0 and "cudaenv-tiny-beta" in by_uv.stderr
+    by_pip = pip_install(pip_venv(py, tmp_path / "pip-venv"), good)
+    assert by_pip.returncode != 0 and "hash" in by_pip.stderr.lower()
+
+
+@pytest.mark.parametrize("name", ["pylock.tiny.v1.toml", "tiny.toml", "pylock..toml"])
+def test_export_pylock_needs_a_pep751_file_name(name: str, tmp_path: Path) -> None:
+    done = cudaenv(
+        "export", "envspecs/none.yaml", "--pylock", str(tmp_path / name), cwd=tmp_path, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: --pylock {tmp_path / name}: not a PEP 751 file name; use pylock.toml or "
+        "pylock.NAME.toml (NAME without dots)"
+    ]
+    assert not (tmp_path / name).exists()
+
+
+def test_export_of_a_lock_of_urls_needs_a_destination(tmp_path: Path) -> None:
+    write(tmp_path / "envspecs" / "tiny.yaml", SPEC)
+    committed = lock.read(lock_of(ENVSPECS / "toolchain-cu130.yaml"))
+    s = spec.load(tmp_path / "envspecs" / "tiny.yaml")
+    urls = dataclasses.replace(
+        committed,
+        spec_name=s.name,
+        fingerprint=s.fingerprint(),
+        python=s.python,
+        packages=tuple(
+            dataclasses.replace(
+                p,
+                wheels=tuple(
+                    dataclasses.replace(w, path=None, url=f"https://files.invalid/{w.name}")
+                    for w in p.wheels
+                ),
+            )
+            for p in committed.packages
+        ),
+    )
+    lock.write(urls, lock.lock_path(s.source, s.name))
+    done = cudaenv("export", "envspecs/tiny.yaml", cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: export needs --wheelhouse DIR or --pylock FILE: "
+        "envspecs/locks/pylock.tiny-v1.toml names its files by URL, so it has no wheelhouse "
+        "of its own"
+    ]
+
+
+@pytest.mark.network
+def test_the_toolchain_exported_for_this_index_installs_with_uv_and_pip(tmp_path: Path) -> None:
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    out = tmp_path / "out" / "pylock.toolchain.toml"
+    cudaenv("export", "envspecs/toolchain-cu130.yaml", "--pylock", str(out), cwd=ws)
+    committed = lock.read(lock_of(ws / "envspecs" / "toolchain-cu130.yaml"))
+    exported = lock.read(out)
+    assert {(p.name, p.hashes) for p in exported.packages} == {
+        (p.name, p.hashes) for p in committed.packages
+    }
+    assert all(f.url and not f.path for p in exported.packages for f in p.files)
+    Pylock.from_dict(tomllib.loads(out.read_text()))
+    expected = {(p.name, p.version) for p in committed.packages}
+    assert ("nvidia-cuda-nvcc", "13.0.88") in expected
+    py = interpreters.find("3.12").path
+    by_uv = uv_venv(py, tmp_path / "uv-venv")
+    done = uv_install(by_uv, out)
+    assert done.returncode == 0, done.stderr
+    assert installed(by_uv) == expected
+    by_pip = pip_venv(py, tmp_path / "pip-venv")
+    done = pip_install(by_pip, out)
+    assert done.returncode == 0, done.stderr
+    assert installed(by_pip) == expected

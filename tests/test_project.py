@@ -1,0 +1,127 @@
+"""The project's [tool.cudaenv] settings: found in the nearest pyproject.toml, validated all at
+once, and what each lock mode writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder import project, resolve, spec
+from builder.errors import ResolveError, SpecError
+from builder.lock import LockedFile, LockedPackage
+from tests.helpers import cudaenv, write
+
+SPEC = 'name: x\npython: "3.12"\ncuda: "13.0"\n'
+
+
+def test_no_pyproject_means_locks_of_urls(tmp_path: Path) -> None:
+    settings = project.settings_for(write(tmp_path / "envspecs" / "x.yaml", SPEC))
+    assert settings == project.Settings(locks="urls", wheelhouse="wheels", source=None)
+    assert settings.lock_wheelhouse is None
+
+
+def test_the_nearest_pyproject_decides(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "index-neutral"\n')
+    spec_file = write(tmp_path / "envspecs" / "x.yaml", SPEC)
+    settings = project.settings_for(spec_file)
+    assert settings.lock_wheelhouse == "wheels" and settings.source == tmp_path / "pyproject.toml"
+    write(
+        tmp_path / "pyproject.toml",
+        '[tool.cudaenv]\nlocks = "index-neutral"\nwheelhouse = "../w/"\n',
+    )
+    assert project.settings_for(spec_file).lock_wheelhouse == "../w"
+    # A nested project is its own, with or without a [tool.cudaenv] table.
+    write(tmp_path / "envspecs" / "pyproject.toml", '[project]\nname = "inner"\n')
+    assert project.settings_for(spec_file).lock_wheelhouse is None
+
+
+def test_every_problem_of_the_table_is_reported_at_once(in_tmp: Path) -> None:
+    write(
+        in_tmp / "pyproject.toml",
+        '[tool.cudaenv]\nlock = "urls"\nlocks = "neutral"\nwheelhouse = "/srv/wheels"\n',
+    )
+    with pytest.raises(SpecError) as info:
+        project.settings_for(write(in_tmp / "x.yaml", SPEC))
+    assert info.value.problems == [
+        "pyproject.toml: tool.cudaenv.lock: unknown key; did you mean 'locks'?",
+        "pyproject.toml: tool.cudaenv.locks: expected one of 'urls', 'index-neutral', got "
+        "'neutral'",
+        "pyproject.toml: tool.cudaenv.wheelhouse: '/srv/wheels' must be a relative POSIX path "
+        "(relative to the lock file's directory)",
+    ]
+    assert info.value.what == "project settings"
+
+
+def test_a_bad_setting_stops_lock_before_any_resolver_call(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", "[tool.cudaenv]\nlocks = 3\n")
+    write(tmp_path / "envspecs" / "x.yaml", SPEC)
+    done = cudaenv(
+        "lock", "envspecs/x.yaml", cwd=tmp_path, check=False, env={"CUDAENV_UV": "/nonexistent"}
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-2:] == [
+        "error: pyproject.toml: tool.cudaenv.locks: expected one of 'urls', 'index-neutral', "
+        "got the number 3",
+        "error: 1 problem(s) in the project settings; nothing was done",
+    ]
+
+
+def wheel(name: str, url: str) -> LockedFile:
+    return LockedFile(name=name, sha256="0" * 64, url=url)
+
+
+OPEN = LockedPackage(
+    name="six",
+    version="1.16.0",
+    wheels=(wheel("six-1.16.0-py2.py3-none-any.whl", "https://mirror.invalid/six.whl"),),
+    sdist=wheel("six-1.16.0.tar.gz", "https://mirror.invalid/six.tar.gz"),
+)
+PINNED = LockedPackage(
+    name="torch",
+    version="2.14.1",
+    wheels=(
+        wheel(
+            "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+            "https://pinned.invalid/whl/cu130/torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+        ),
+    ),
+)
+
+
+def pinned_spec(tmp_path: Path) -> spec.EnvSpec:
+    return spec.load(
+        write(
+            tmp_path / "x.yaml",
+            SPEC + "packages: [six]\nindexes: {torch: https://pinned.invalid/whl/cu130}\n",
+        )
+    )
+
+
+def test_locks_of_urls_keep_every_url(tmp_path: Path) -> None:
+    got = resolve.pin_sources(pinned_spec(tmp_path), [OPEN, PINNED])
+    assert got[0] == OPEN
+    assert got[1].wheels == PINNED.wheels and got[1].index == "https://pinned.invalid/whl/cu130"
+
+
+def test_index_neutral_locks_name_paths_and_keep_only_pinned_urls(tmp_path: Path) -> None:
+    got = resolve.pin_sources(pinned_spec(tmp_path), [OPEN, PINNED], wheelhouse="wheels")
+    assert [(f.url, f.path) for f in got[0].files] == [
+        (None, "wheels/six-1.16.0-py2.py3-none-any.whl"),
+        (None, "wheels/six-1.16.0.tar.gz"),
+    ]
+    # The spec chose that host: its URL stays, in both modes.
+    assert got[1].wheels == PINNED.wheels and got[1].index == "https://pinned.invalid/whl/cu130"
+    other = resolve.pin_sources(pinned_spec(tmp_path), [OPEN], wheelhouse="../../wheels")
+    assert other[0].wheels[0].path == "../../wheels/six-1.16.0-py2.py3-none-any.whl"
+
+
+def test_a_pinned_package_from_elsewhere_is_refused_in_both_modes(tmp_path: Path) -> None:
+    stray = LockedPackage(
+        name="torch",
+        version="2.14.1",
+        wheels=(wheel("torch-2.14.1-py3-none-any.whl", "https://mirror.invalid/torch.whl"),),
+    )
+    for wheelhouse in (None, "wheels"):
+        with pytest.raises(ResolveError, match=r"torch must come from https://pinned\.invalid"):
+            resolve.pin_sources(pinned_spec(tmp_path), [stray], wheelhouse=wheelhouse)
