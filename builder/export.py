@@ -26,6 +26,7 @@ from builder import interpreters, proc, resolve
 from builder.errors import BuildError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
+from builder.paths import cache_dir
 from builder.spec import EnvSpec
 
 MANIFEST = "cudaenv-export.json"
@@ -61,8 +62,35 @@ def check_wheelhouse(lock: Lock, wheelhouse: Path) -> dict[str, str]:
     return files
 
 
+def pip_python(python: Path) -> Path:
+    """An interpreter of ``python``'s version that has pip: ``python`` itself, else a venv made
+    from it with the pip its standard library bundles (``ensurepip``: no index needed), kept in
+    cudaenv's cache. A venv made by uv (nox's, for one) has no pip of its own."""
+    has = proc.run([python, "-m", "pip", "--version"], check=False, timeout=60)
+    if has.returncode == 0:
+        return python
+    version = proc.run(
+        [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], timeout=60
+    ).stdout.strip()
+    venv = cache_dir() / "tools" / f"pip-python{version}"
+    seeded = venv / "bin" / "python"
+    if (
+        seeded.exists()
+        and proc.run([seeded, "-m", "pip", "--version"], check=False).returncode == 0
+    ):
+        return seeded
+    made = proc.run([python, "-m", "venv", "--clear", venv], check=False, timeout=300)
+    if made.returncode != 0:
+        raise ToolMissing(
+            f"{python} has no pip and cannot make a venv with one ({made.stderr.strip()[-200:]}); "
+            f"add pip with `{python} -m ensurepip` or install python{version[:4]}-venv"
+        )
+    return seeded
+
+
 def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str], None]) -> Path:
-    interp = interpreters.find(spec.python, allow_download=False)
+    found = interpreters.find(spec.python, allow_download=False)
+    interp = dataclasses.replace(found, path=pip_python(found.path))
     wheelhouse.mkdir(parents=True, exist_ok=True)
     req = wheelhouse / f".requirements.{os.getpid()}.txt"
     req.write_text(lock.requirements_txt())
