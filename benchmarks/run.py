@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -388,7 +388,7 @@ class Bench:
                 f"{pairs['max']:.2f}); cudaenv's uv call is the same command as the anchor; the "
                 f"difference ({ta.median - tb.median:.2f} s of medians) is cudaenv's own Python: "
                 f"interpreter start and imports take {startup.median:.2f} s of it, the rest is "
-                "reading the spec and writing the lock"
+                "reading the spec and the existing lock and writing the new one"
             )
         return relock
 
@@ -478,11 +478,12 @@ class Bench:
             )
             (root / "envs" / f"{name}.yaml").write_text(text)
             (root / "envs" / "locks").mkdir(exist_ok=True)
-            shutil.copy(
-                lock.lock_path(DEFAULT, self.default.name),
+            # The default's lock under this cell's name (a lock names the spec that owns it,
+            # and a build refuses another spec's); the fingerprint ignores names and archs.
+            lock.write(
+                replace(self.lock, spec_name=name),
                 lock.lock_path(root / "envs" / f"{name}.yaml", name),
             )
-            # The lock's spec name differs; the fingerprint ignores names and archs.
         (root / "m.yaml").write_text(
             "name: bench\nspecs: [envs/bench-120f.yaml, envs/bench-90a.yaml]\n"
         )
@@ -586,13 +587,15 @@ def render_md(doc: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[c["met"]]
         lines.append(f"| {c['name']} | {c['what']} | {figures} | {ratio} | {c['goal']} | {met} |")
     notes = [f"- **{c['name']}**: {c['note']}" for c in doc["cases"] if c["note"]]
+    notes += [f"- {note}" for note in doc.get("notes", [])]
     older = [c for c in doc["cases"] if c.get("measured", doc["date"]) != doc["date"]]
     if older:
         dates = sorted({c.get("measured") or "an earlier run" for c in older})
+        ran = "; ".join(f"'{c['name']}'" for c in doc["cases"] if c not in older)
+        kept = "; ".join(f"'{c['name']}'" for c in older)
         notes.append(
-            f"- Only {', '.join(c['name'] for c in doc['cases'] if c not in older)} were run on "
-            f"{doc['date']} (`--merge`); {', '.join(c['name'] for c in older)} keep their figures "
-            f"from the run of {', '.join(dates)}."
+            f"- Only {ran} were run on {doc['date']} (`--merge`); {kept} keep their figures from "
+            f"the run of {', '.join(dates)}."
         )
     if notes:
         lines += ["", "## Notes", "", *notes]
@@ -640,21 +643,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--merge", action="store_true", help="replace only these cases in results.json"
     )
     parser.add_argument("--work", help="scratch directory (default: a temp dir beside the repo)")
+    parser.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a line for the Notes of results.md (what a profile found, say); repeatable",
+    )
     args = parser.parse_args(argv)
     # cudaenv is measured as installed, with its bytecode cached: under
     # PYTHONDONTWRITEBYTECODE=1 every run recompiles cudaenv, PyYAML and packaging (~60 ms on
     # 2 cores), which no user pays and the raw-uv anchors never do. The warm-up writes it.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix=".bench-", dir=REPO))
-    work.mkdir(parents=True, exist_ok=True)
-    bench = Bench(work, args.quick)
     cases: list[Case] = []
     wanted = args.cases.split(",")
     known = {"build-warm", "build-cold", "plan", "relock", "verify", "doctor", "growth", "matrix"}
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
     today = dt.date.today().isoformat()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix=".bench-", dir=REPO))
+    work.mkdir(parents=True, exist_ok=True)
     try:
+        # Inside the try: a bench that cannot start (no lock, say) leaves no scratch dir.
+        bench = Bench(work, args.quick)
         for key, fn in (
             ("build-warm", bench.build_warm),
             ("build-cold", bench.build_cold),
@@ -692,6 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "quick": args.quick,
         "cases": [c.__dict__ for c in cases],
+        "notes": args.note,
     }
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (OUT / "results.md").write_text(render_md(doc))

@@ -66,6 +66,8 @@ def _command(argv: Sequence[str]) -> str:
 
 def _load_spec(arg: Path | str) -> spec.EnvSpec:
     """A spec path, or MATRIX.yaml:CELL for one cell of a matrix (what CI runners get)."""
+    if ":" not in str(arg):
+        return spec.load(arg)  # the matrix module (and its imports) only for FILE:CELL
     from builder import matrix
 
     cell = matrix.split_cell_arg(str(arg))
@@ -80,11 +82,9 @@ def _lock_file(s: spec.EnvSpec) -> Path:
 
 def _check_lock_owner(s: spec.EnvSpec, path: Path) -> None:
     """Refuse to overwrite the lock of another spec whose name maps to the same file."""
-    try:
-        existing = lock.read(path)
-    except BuildError:
-        return  # none yet, or broken: writing it is what `cudaenv lock` is for
-    lock.check_owner(existing, path, s.name)
+    owner = lock.owner(path)
+    if owner is not None and owner != s.name:
+        lock.check_owner_name(owner, path, s.name)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

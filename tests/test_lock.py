@@ -233,3 +233,23 @@ def test_markers_keep_their_writers_spelling() -> None:
     (pkg,) = lock.parse_packages(doc, "uv output")
     assert pkg.marker == "sys_platform == 'linux'"
     assert pkg.wheels[0].name == "a-1-py3-none-any.whl"  # from the URL: uv writes no name
+
+
+def test_a_lock_is_parsed_once_per_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = lock.lock_path(ENVSPECS / "toolchain-cu130.yaml", "toolchain-cu130")
+    path = tmp_path / src.name
+    path.write_bytes(src.read_bytes())
+    first = lock.read(path)
+    assert lock.owner(path) == "toolchain-cu130"
+
+    def no_parse(p: Path, raw: bytes) -> lock.Lock:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(lock, "_parse", no_parse)
+    assert lock.read(path) == first  # from the memo
+    # Another content is another key: never a stale answer.
+    path.write_text(path.read_text().replace('version = "13.0.88"', 'version = "13.0.89"', 1))
+    with pytest.raises(AssertionError, match="parsed again"):
+        lock.read(path)
+    monkeypatch.undo()
+    assert lock.owner(tmp_path / "missing.toml") is None
