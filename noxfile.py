@@ -74,7 +74,10 @@ def bench(session: nox.Session) -> None:
     """Time cudaenv against raw uv and pip; writes benchmarks/results.{json,md,png}.
     Not part of the tests: the full run downloads the default stack cold twice and runs a
     pip install (~20 min). `nox -s bench -- --quick` for a short one."""
-    _install(session, "bench")
+    # Not editable: users install cudaenv as a package, and an editable install's import
+    # finder costs every cudaenv start ~11 ms that no user pays.
+    session.install("--reinstall-package", "cudaenv", ".")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bench"))
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
