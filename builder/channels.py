@@ -135,3 +135,13 @@ def missing_header(error: str) -> tuple[str, str | None] | None:
     header = m.group(1)
     component = next((c for prefix, c in HEADER_COMPONENT if header.startswith(prefix)), None)
     return header, component
+
+
+def component_fix(header: str, component: str | None) -> str:
+    """The fix for a compile that could not find ``header``."""
+    if component is None:
+        return f"the toolkit lacks {header}: add the component that ships it"
+    return (
+        f"add '{component}' to the spec's toolchain.components (it ships {header}), "
+        "then `cudaenv lock SPEC` and `cudaenv build SPEC`"
+    )

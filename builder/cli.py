@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from builder import __version__, archs, lock, resolve, spec
 from builder.errors import (
     BuildError,
-    CommandFailed,
     CudaenvError,
     ReportError,
     SpecError,
@@ -205,7 +204,7 @@ def _write_record(
         code, reason = 130, "interrupted"
     else:
         assert isinstance(exc, CudaenvError)
-        code = _exit_code(exc)
+        code = exc.exit_code
         reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else str(exc)
     status = STATUS_OF_EXIT.get(code, "error")
     if isinstance(exc, VerifyFailed | ToolMissing) and stage == "verify":
@@ -738,10 +737,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _exit_code(exc: CudaenvError) -> int:
-    return exc.exit_code
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     global QUIET_PROGRESS
     parser = make_parser()
@@ -768,7 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             print(f"error: {exc}", file=sys.stderr)
-        return _exit_code(exc)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; the previous env (if any) is untouched", file=sys.stderr)
         return 130
@@ -776,6 +771,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["CommandFailed", "main", "make_parser"]

@@ -8,7 +8,6 @@ an unknown ``schema_version`` is a clear error naming the file, never a KeyError
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +121,3 @@ def write(manifest: Manifest, env_dir: Path) -> Path:
     return atomic_write_text(
         env_dir / FILE, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
     )
-
-
-def packages_of(manifest: Manifest) -> Mapping[str, str]:
-    return dict(manifest.packages)

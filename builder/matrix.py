@@ -31,7 +31,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import archs, jsondoc, proc, report
+from builder import jsondoc, proc, report
 from builder import spec as specs
 from builder.archs import Arch
 from builder.errors import STATUS_OF_EXIT, CudaenvError, ReportError, SpecError
@@ -530,7 +530,7 @@ def matrix_report(name: str, results: Sequence[CellResult], out: Path) -> report
         )
         for r in results
     )
-    return report.MatrixReport(name=name, created=report._now(), cells=cells)
+    return report.MatrixReport(name=name, created=report.timestamp(), cells=cells)
 
 
 def github_matrix(matrix: Matrix) -> dict[str, Any]:
@@ -546,6 +546,3 @@ def github_matrix(matrix: Matrix) -> dict[str, Any]:
             for c in matrix.cells
         ]
     }
-
-
-__all__ = ["AXES", "Cell", "CellResult", "Matrix", "archs", "load", "run"]

@@ -32,7 +32,8 @@ COLUMNS = ("resolve", "build", *CHECKS)
 CELL_STATUSES = ("passed", "failed", "refused", "error", "not run")
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """Now, as every report spells its ``created``."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -126,7 +127,7 @@ def verify_report(
         versions=tuple(versions),
         checks=tuple(results),
         seconds=seconds,
-        created=_now(),
+        created=timestamp(),
     )
 
 
@@ -323,7 +324,7 @@ def merge(reports: Sequence[AnyReport], name: str = "merged") -> MatrixReport:
             columns=columns_of(status, rep),
             verify=rep,
         )
-    return MatrixReport(name=name, created=_now(), cells=tuple(cells.values()))
+    return MatrixReport(name=name, created=timestamp(), cells=tuple(cells.values()))
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

@@ -60,10 +60,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             header, component = missing
             hint = f" (the toolkit has no {header})"
             if component:
-                fix = (
-                    f"add '{component}' to the spec's toolchain.components (it ships {header}), "
-                    "then `cudaenv lock SPEC` and `cudaenv build SPEC`"
-                )
+                fix = channels.component_fix(header, component)
         return CheckResult(
             name="flashinfer-jit",
             status=FAILED,

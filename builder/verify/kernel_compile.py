@@ -10,6 +10,7 @@ compiler nvcc drives (its path and ``--version``). An unchanged env reuses it an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -77,13 +78,21 @@ def host_compiler(env: Mapping[str, str]) -> HostCompiler:
     if not found or not os.access(found, os.X_OK):
         where = f"named by -ccbin/NVCC_CCBIN ({named})" if named else "on the env's PATH"
         return HostCompiler(path=None, identity="", error=f"no host compiler {want} {where}")
-    try:
-        done = proc.run([found, "--version"], env=dict(env), check=False, timeout=60)
-        banner = (done.stdout or done.stderr).strip().splitlines()[:1]
-    except proc.CommandFailed:
-        banner = []
     real = os.path.realpath(found)
-    return HostCompiler(path=found, identity=f"{real} {' '.join(banner)}")
+    st = Path(real).stat()
+    return HostCompiler(path=found, identity=f"{real} {_banner(real, st.st_size, st.st_mtime_ns)}")
+
+
+@functools.lru_cache(maxsize=32)
+def _banner(compiler: str, size: int, mtime_ns: int) -> str:
+    """The first line of ``compiler --version``, once per compiler file (size and mtime are
+    the key's part, so a replaced compiler is asked again): every arch of every check that
+    builds our kernel would otherwise start it again."""
+    try:
+        done = proc.run([compiler, "--version"], check=False, timeout=60)
+    except proc.CommandFailed:
+        return ""
+    return next(iter((done.stdout or done.stderr).strip().splitlines()), "")
 
 
 def _key(*parts: str) -> str:
@@ -111,12 +120,12 @@ def build_kernel(
             error=host.error,
             missing_tool="host compiler",
         )
-    version = proc.run([nvcc, "--version"], env=env, timeout=60).stdout
+    # The nvcc binary is named by its resolved path, size and mtime: what `nvcc --version`
+    # would add is derived from that file, and asking it cost a process per arch and check.
     real = os.path.realpath(nvcc)
     stat = Path(real).stat()
     key = _key(
         src,
-        version,
         real,
         str(stat.st_size),
         str(stat.st_mtime_ns),
@@ -205,12 +214,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         elif headers:
             header, component = headers[0]
             summary = f"nvcc {facts.nvcc_release} cannot find {header}: " + "; ".join(failures)
-            fix = (
-                f"add '{component}' to the spec's toolchain.components (it ships {header}), "
-                "then `cudaenv lock SPEC` and `cudaenv build SPEC`"
-                if component
-                else f"the toolkit lacks {header}: add the component that ships it"
-            )
+            fix = channels.component_fix(header, component)
         else:
             summary = f"nvcc {facts.nvcc_release} cannot build " + "; ".join(failures)
             fix = (
