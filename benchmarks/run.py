@@ -9,7 +9,7 @@ ratio is the least disturbed figure a shared machine gives.
 
 Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png; with
 --merge, only the cases run replace theirs and the others keep their figures and date.
-Cases: build-warm, build-cold, plan, relock, verify, doctor, growth, matrix.
+Cases: build-warm, build-cold, plan, relock, platforms, verify, doctor, growth, matrix.
 Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,...]
 """
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
-from builder import channels, interpreters, lock, proc, spec  # noqa: E402
+from builder import channels, interpreters, lock, platforms, proc, spec  # noqa: E402
 
 DEFAULT = REPO / "envspecs" / "default.yaml"
 TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
@@ -168,7 +168,7 @@ class Bench:
         self.lock = lock.read(lock.lock_path(DEFAULT, self.default.name))
         self.python = interpreters.find(self.default.python, allow_download=False).path
         self.req = work / "requirements.lock.txt"
-        self.req.write_text(self.lock.requirements_txt())
+        self.req.write_text(self.lock.requirements_txt(platforms.host_name()))
 
     def raw_uv_build(self, target: Path, cache: Path | None = None) -> None:
         env = {"UV_CACHE_DIR": str(cache)} if cache else {}
@@ -341,26 +341,28 @@ class Bench:
         )
 
         def raw() -> None:
-            sh(
-                [
-                    self.uv,
-                    "pip",
-                    "compile",
-                    ws / "in.txt",
-                    "-c",
-                    ws / "constraints.txt",
-                    "--python-version",
-                    self.default.python,
-                    "--python-platform",
-                    "x86_64-manylinux_2_34",
-                    "--quiet",
-                    "-o",
-                    ws / "pylock.raw.toml",
-                    "--python",
-                    self.python,
-                ],
-                env={"UV_PYTHON_DOWNLOADS": "never"},
-            )
+            # The same work as cudaenv's: one uv resolution per platform of the spec.
+            for name in self.default.platforms:
+                sh(
+                    [
+                        self.uv,
+                        "pip",
+                        "compile",
+                        ws / "in.txt",
+                        "-c",
+                        ws / "constraints.txt",
+                        "--python-version",
+                        self.default.python,
+                        "--python-platform",
+                        platforms.get(name).uv_tag,
+                        "--quiet",
+                        "-o",
+                        ws / f"pylock.raw-{name}.toml",
+                        "--python",
+                        self.python,
+                    ],
+                    env={"UV_PYTHON_DOWNLOADS": "never"},
+                )
 
         ta, tb = alternate(lambda: cudaenv("lock", ws / "default.yaml"), raw, self.pairs)
         pairs = pair_ratios(ta, tb)
@@ -369,8 +371,9 @@ class Bench:
         startup = self.startup("import builder.cli, builder.matrix")
         relock = Case(
             name="re-lock, unchanged spec",
-            what="cudaenv lock vs raw uv pip compile of the same request; ratio: median of the "
-            "alternated pairs' ratios",
+            what="cudaenv lock vs raw uv pip compile of the same request for each of the spec's "
+            f"platforms ({', '.join(self.default.platforms)}); ratio: median of the alternated "
+            "pairs' ratios",
             figures={
                 "cudaenv lock": ta.to_json(),
                 "uv pip compile": tb.to_json(),
@@ -391,6 +394,39 @@ class Bench:
                 "reading the spec and the existing lock and writing the new one"
             )
         return relock
+
+    def lock_platforms(self) -> Case:
+        """What the second platform costs: the default spec locked for both platforms against
+        the same spec narrowed to linux-x86_64, alternated (both re-locks of a warm cache)."""
+        ws = self.work / "platforms"
+        rm(ws)
+        text = DEFAULT.read_text()
+        for sub, body in (("two", text), ("one", text + "platforms: [linux-x86_64]\n")):
+            (ws / sub / "locks").mkdir(parents=True)
+            (ws / sub / "default.yaml").write_text(body)
+        ta, tb = alternate(
+            lambda: cudaenv("lock", ws / "two" / "default.yaml"),
+            lambda: cudaenv("lock", ws / "one" / "default.yaml"),
+            self.pairs,
+        )
+        pairs = pair_ratios(ta, tb)
+        two = lock.read(next((ws / "two" / "locks").glob("pylock.*.toml")))
+        return Case(
+            name="lock for two platforms vs one",
+            what="cudaenv lock of the default spec for linux-x86_64 + linux-aarch64 vs the same "
+            "spec narrowed to linux-x86_64 (each a re-lock, warm uv cache); ratio: median of "
+            "the alternated pairs' ratios",
+            figures={
+                "two platforms": ta.to_json(),
+                "one platform": tb.to_json(),
+                "pair ratios": pairs,
+                "packages": {p: len(two.packages_on(p)) for p in two.platforms},
+            },
+            ratio=pairs["median"],
+            anchor="cudaenv lock, one platform",
+            goal="≤ 2.0 (one resolution per platform)",
+            met=pairs["median"] <= 2.0,
+        )
 
     def verify(self) -> Case:
         env_dir = self.work / "verify-env"
@@ -637,7 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer runs, no pip anchor")
     parser.add_argument(
-        "--cases", default="build-warm,build-cold,plan,relock,verify,doctor,growth,matrix"
+        "--cases",
+        default="build-warm,build-cold,plan,relock,platforms,verify,doctor,growth,matrix",
     )
     parser.add_argument(
         "--merge", action="store_true", help="replace only these cases in results.json"
@@ -656,7 +693,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     cases: list[Case] = []
     wanted = args.cases.split(",")
-    known = {"build-warm", "build-cold", "plan", "relock", "verify", "doctor", "growth", "matrix"}
+    known = {
+        "build-warm", "build-cold", "plan", "relock", "platforms", "verify", "doctor", "growth",
+        "matrix",
+    }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
     today = dt.date.today().isoformat()
@@ -670,6 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("build-cold", bench.build_cold),
             ("plan", bench.plan),
             ("relock", bench.relock),
+            ("platforms", bench.lock_platforms),
             ("verify", bench.verify),
             ("doctor", bench.doctor),
             ("growth", bench.growth),

@@ -17,7 +17,6 @@ import errno
 import fcntl
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -25,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import __version__, archs, interpreters, manifest, proc, toolchain
+from builder import __version__, archs, interpreters, manifest, platforms, proc, toolchain
 from builder.archs import Arch
 from builder.errors import BuildError
 from builder.lock import Lock
@@ -56,19 +55,27 @@ class Source:
 
 
 def up_to_date(
-    target: Path, spec: EnvSpec, lock: Lock, env_archs: tuple[Arch, ...]
+    target: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    env_archs: tuple[Arch, ...],
+    platform: str | None = None,
 ) -> Manifest | None:
-    """The manifest of ``target`` when it was built from exactly this lock, spec and archs."""
+    """The manifest of ``target`` when it was built from exactly this lock, spec and archs
+    (for ``platform``: assembled for that other machine)."""
     found = manifest.try_read(target)
     if found is None:
         return None
-    same = (
+    if platform is not None:
+        same = found.assembled and found.platform == platform
+    else:
+        same = not found.assembled and (target / "bin" / "python").exists()
+    same = same and (
         found.lock_hash == lock.content_hash()
         and found.fingerprint == spec.fingerprint()
         and found.archs == env_archs
         and found.env == spec.env
         and found.cudaenv == __version__
-        and (target / "bin" / "python").exists()
     )
     return found if same else None
 
@@ -87,17 +94,21 @@ def default_env_dir(spec: EnvSpec) -> Path:
     return ENVS_DIR / spec.name
 
 
-def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path) -> None:
+def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path, platform: str | None = None) -> None:
+    """The lock is this spec's current one and holds the target platform: this machine's, or
+    ``platform`` (``build --platform``)."""
     if lock.fingerprint != spec.fingerprint():
         raise BuildError(
             f"{lock_file} was made from another version of {spec.source} (fingerprint "
             f"{lock.fingerprint[:19]}... != {spec.fingerprint()[:19]}...); re-lock with "
             f"`cudaenv lock {spec.source}`"
         )
-    machine = lock.platform.split("-", 1)[0]
-    if machine != (platform.machine() or "x86_64"):
+    want = platform or platforms.host_name()
+    if want not in lock.platforms:
+        which = f"{want} (--platform)" if platform else f"this machine ({want})"
         raise BuildError(
-            f"{lock_file} is for {lock.platform}; this machine is {platform.machine()}"
+            f"{lock_file} is locked for {', '.join(lock.platforms)}, not for {which}: add "
+            f"{want} to `platforms:` in {spec.source} and re-lock"
         )
 
 
@@ -183,15 +194,25 @@ def build(
     env_dir: Path | None = None,
     force: bool = False,
     source: Source | None = None,
+    platform: str | None = None,
     progress: Progress = lambda _msg: None,
 ) -> BuildResult:
+    """Build the env of ``spec`` from ``lock``; with ``platform`` (another machine's than
+    this one), assemble its files for that machine instead (:func:`_assemble_into`)."""
     source = source or Source()
-    check_lock(spec, lock, lock_file)
+    if platform == platforms.host_name():
+        platform = None
+    check_lock(spec, lock, lock_file, platform)
+    if platform is not None and spec.toolchain.source != "wheels":
+        raise BuildError(
+            f"{spec.source}: a system toolkit ({spec.toolchain.path}) is this machine's; only "
+            "a wheel toolchain can be assembled for another platform"
+        )
 
     def stage(name: str, started: float) -> None:
         progress(f"{name}: {time.monotonic() - started:.1f} s")
 
-    if spec.toolchain.source == "system":
+    if spec.toolchain.source == "system" and platform is None:
         t = time.monotonic()
         release = toolchain.check_system_toolkit(spec)
         stage(f"system toolkit {spec.toolchain.path} is CUDA {release}", t)
@@ -205,15 +226,17 @@ def build(
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
         env_archs = archs.env_archs(spec.archs, spec.cuda)
-        current = up_to_date(target, spec, lock, env_archs)
+        current = up_to_date(target, spec, lock, env_archs, platform)
         if current is not None and not force:
             progress(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
             )
             return BuildResult(path=target, manifest=current, reused=True)
-        t = time.monotonic()
-        interp = interpreters.find(spec.python, allow_download=not source.offline)
-        stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
+        interp = None
+        if platform is None:
+            t = time.monotonic()
+            interp = interpreters.find(spec.python, allow_download=not source.offline)
+            stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
         # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
         umask = os.umask(0)
@@ -221,9 +244,16 @@ def build(
         tmp.chmod(0o777 & ~umask)
         try:
             try:
-                result = _build_into(
-                    spec, lock, interp, tmp, target, env_archs, stage, progress, source
-                )
+                if interp is not None:
+                    result = _build_into(
+                        spec, lock, interp, tmp, target, env_archs, stage, progress, source
+                    )
+                else:
+                    assert platform is not None
+                    result = _assemble_into(
+                        spec, lock, platforms.get(platform), tmp, target, env_archs, stage,
+                        progress, source,
+                    )  # fmt: skip
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     raise BuildError(_no_space(tmp)) from exc
@@ -271,17 +301,11 @@ def _build_into(
     t = time.monotonic()
     req = tmp / "var" / "requirements.lock.txt"
     req.parent.mkdir(parents=True, exist_ok=True)
-    req.write_text(lock.requirements_txt())
-    progress(
-        f"installing {len(lock.packages)} packages from the lock of {spec.name} (hashes required)"
-    )
+    req.write_text(lock.requirements_txt(platforms.host_name()))
+    packages = lock.packages_on(platforms.host_name())
+    progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
     try:
-        argv = [uv, "pip", "sync", "--require-hashes", "--python", str(tmp / "bin" / "python")]
-        if source.wheelhouse is not None:
-            # Only the exported files: no index is asked, hashes still checked (export.py).
-            argv += ["--no-index", "--find-links", str(source.wheelhouse)]
-        if source.offline:
-            argv.append("--offline")
+        argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *_install_argv(source)]
         proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         if "No space left on device" in exc.output:
@@ -289,7 +313,7 @@ def _build_into(
         raise BuildError(
             f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}"
         ) from exc
-    stage(f"install {len(lock.packages)} packages", t)
+    stage(f"install {len(packages)} packages", t)
     t = time.monotonic()
     fault_point("overlay", progress)
     if spec.toolchain.source == "wheels":
@@ -315,14 +339,101 @@ def _build_into(
         toolchain_source=spec.toolchain.source,
         archs=env_archs,
         spec_archs=spec.archs,
-        packages=tuple((p.name, p.version) for p in lock.packages),
+        packages=tuple((p.name, p.version) for p in packages),
         env=spec.env,
         built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         cudaenv=__version__,
         path=str(target),
+        platform=platforms.host_name(),
     )
     manifest.write(built, tmp)
     stage("manifest and hook self-check", t)
+    return built
+
+
+def _install_argv(source: Source) -> list[str]:
+    """Where uv takes the lock's files from: the index, or only an exported wheelhouse."""
+    argv = ["--require-hashes"]
+    if source.wheelhouse is not None:
+        # Only the exported files: no index is asked, hashes still checked (export.py).
+        argv += ["--no-index", "--find-links", str(source.wheelhouse)]
+    if source.offline:
+        argv.append("--offline")
+    return argv
+
+
+def _assemble_into(
+    spec: EnvSpec,
+    lock: Lock,
+    platform: platforms.Platform,
+    tmp: Path,
+    target: Path,
+    env_archs: tuple[Arch, ...],
+    stage: Callable[[str, float], None],
+    progress: Progress,
+    source: Source,
+) -> Manifest:
+    """The files of the env for another machine, none of them run: the lock's wheels for
+    ``platform`` unpacked hash-checked into ``lib/pythonX.Y/site-packages`` (uv
+    ``--python-platform`` + ``--target``), the ``cuda-home/`` overlay, the start-up hook, and
+    a manifest marked ``assembled``. Exit 0 only if :func:`toolchain.assembly_problems` finds
+    nothing. There is no interpreter: on that machine ``pythonX.Y -m venv DIR`` adds one."""
+    uv = proc.uv_bin()
+    t = time.monotonic()
+    site = tmp / "lib" / f"python{spec.python}" / "site-packages"
+    site.mkdir(parents=True)
+    req = tmp / "var" / "requirements.lock.txt"
+    req.parent.mkdir(parents=True, exist_ok=True)
+    req.write_text(lock.requirements_txt(platform.name))
+    packages = lock.packages_on(platform.name)
+    progress(
+        f"unpacking {len(packages)} packages of the lock of {spec.name} for {platform.name} "
+        "(hashes required; nothing is run)"
+    )
+    argv = [uv, "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+            "--python-platform", platform.uv_tag, "--python-version", spec.python,
+            *_install_argv(source), "-r", str(req)]  # fmt: skip
+    try:
+        proc.run(argv, env=proc.uv_env(), stream=True)
+    except proc.CommandFailed as exc:
+        raise BuildError(
+            f"{spec.name}: unpacking the lock for {platform.name} failed:\n"
+            f"{exc.output.strip()[-3000:]}"
+        ) from exc
+    stage(f"unpack {len(packages)} packages for {platform.name}", t)
+    t = time.monotonic()
+    overlay = toolchain.wheel_overlay(tmp, spec, platform)
+    toolchain.write_hooks(tmp, spec, env_archs)
+    problems = toolchain.assembly_problems(tmp, platform)
+    if problems:
+        raise BuildError(
+            f"{spec.name}: the env assembled for {platform.name} is not usable there: "
+            + "; ".join(problems)
+        )
+    stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}, {platform.name} ELF files checked)", t)
+    built = Manifest(
+        name=spec.name,
+        spec=str(spec.source),
+        fingerprint=spec.fingerprint(),
+        lock_hash=lock.content_hash(),
+        python=spec.python,
+        cuda=spec.cuda,
+        torch=lock.torch,
+        torch_cuda=lock.torch_cuda,
+        toolkit=lock.toolkit,
+        nvcc=overlay.nvcc_release,
+        toolchain_source=spec.toolchain.source,
+        archs=env_archs,
+        spec_archs=spec.archs,
+        packages=tuple((p.name, p.version) for p in packages),
+        env=spec.env,
+        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cudaenv=__version__,
+        path=str(target),
+        platform=platform.name,
+        assembled=True,
+    )
+    manifest.write(built, tmp)
     return built
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from builder import __version__, archs, lock, resolve, spec
+from builder import __version__, archs, lock, platforms, resolve, spec
 from builder.errors import (
     BuildError,
     CudaenvError,
@@ -99,11 +99,15 @@ def cmd_lock(args: argparse.Namespace) -> int:
         for note in plan.lock.notes:
             _progress(f"note: {note}")
         _progress(
-            f"wrote {out}: {len(plan.lock.packages)} packages, torch {plan.lock.torch or '-'} "
+            f"wrote {out} ({_per_platform(plan.lock)}), torch {plan.lock.torch or '-'} "
             f"(CUDA {plan.lock.torch_cuda or '-'}), cuda-toolkit {plan.lock.toolkit or '-'} "
             f"in {plan.seconds:.1f} s"
         )
     return 0
+
+
+def _per_platform(lk: lock.Lock) -> str:
+    return ", ".join(f"{len(lk.packages_on(p))} packages for {p}" for p in lk.platforms)
 
 
 def _current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
@@ -116,11 +120,14 @@ def _current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
     return resolve.resolve(s).lock, "a fresh resolution"
 
 
-def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
+def plan_table(s: spec.EnvSpec, lk: lock.Lock, platform: str) -> list[tuple[str, str]]:
+    """The lock as installed on ``platform`` (one of the lock's)."""
+    packages = lk.packages_on(platform)
+    others = [p for p in lk.platforms if p != platform]
     rows: list[tuple[str, str]] = [
         ("spec", f"{s.name} ({s.source})"),
         ("python", lk.python),
-        ("platform", lk.platform),
+        ("platform", platform + (f" (the lock also holds {', '.join(others)})" if others else "")),
         ("cuda (spec)", s.cuda),
         ("torch", lk.torch or "-"),
         ("torch's CUDA", lk.torch_cuda or "-"),
@@ -131,19 +138,37 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock) -> list[tuple[str, str]]:
         ("archs", archs.flashinfer_spelling(s.archs)),
     ]
     interesting = ("nvidia-", "cuda-toolkit", "flashinfer", "sglang", "sgl-kernel", "triton")
-    for p in lk.packages:
+    for p in packages:
         if p.name.startswith(interesting) and p.name != "cuda-toolkit":
             rows.append((p.name, p.version))
-    rows.append(("packages", str(len(lk.packages))))
+    rows.append(("packages", str(len(packages))))
     return rows
+
+
+def _platform_arg(s: spec.EnvSpec, lk: lock.Lock, given: str | None) -> str:
+    """``--platform`` (default: this machine's, else the lock's first), one of the lock's."""
+    if given is not None and given not in platforms.KNOWN:
+        raise UsageError(
+            f"--platform {given!r}: unknown platform; expected one of: {', '.join(platforms.KNOWN)}"
+        )
+    if given is not None and given not in lk.platforms:
+        raise UsageError(
+            f"--platform {given}: {s.source} is locked for {', '.join(lk.platforms)} only; add "
+            f"{given} to its `platforms:` and re-lock"
+        )
+    if given is not None:
+        return given
+    host = platforms.host_name()
+    return host if host in lk.platforms else lk.platforms[0]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     s = _load_spec(args.spec)
     lk, origin = _current_lock(s, fresh=args.fresh)
+    platform = _platform_arg(s, lk, args.platform)
     path = _lock_file(s)
     rows = [("lock", str(path) if path.exists() else f"{path} (not written yet)")]
-    rows += plan_table(s, lk)
+    rows += plan_table(s, lk, platform)
     width = max(len(k) for k, _ in rows)
     print(f"# plan for {s.name} from {origin}; nothing installed")
     for key, value in rows:
@@ -215,11 +240,34 @@ def _write_record(
     report.write_json(record, path)
 
 
+def _cross_platform(args: argparse.Namespace) -> str | None:
+    """``build --platform``: None for this machine's own, else the other platform's name."""
+    if args.platform is None:
+        return None
+    if args.platform not in platforms.KNOWN:
+        raise UsageError(
+            f"--platform {args.platform!r}: unknown platform; expected one of: "
+            f"{', '.join(platforms.KNOWN)}"
+        )
+    if args.platform == platforms.host_name():
+        return None
+    if args.verify:
+        raise UsageError(
+            f"--verify runs the env, and an env assembled for {args.platform} cannot run on "
+            f"this {platforms.host_name()} machine; verify it there"
+        )
+    if not args.env_dir:
+        # .envs/NAME is this machine's env of the spec; another machine's goes elsewhere.
+        raise UsageError(f"--platform {args.platform} needs --env-dir DIR (where to assemble it)")
+    return str(args.platform)
+
+
 def _build(args: argparse.Namespace, stage: _Stage) -> int:
     from builder import build, export
 
     if args.env_dir and len(args.specs) > 1:
         raise UsageError("--env-dir takes one spec")
+    cross = _cross_platform(args)
     for path in args.specs:
         stage.name = "resolve"
         s = _load_spec(path)
@@ -234,7 +282,7 @@ def _build(args: argparse.Namespace, stage: _Stage) -> int:
         env_dir = Path(args.env_dir) if args.env_dir else None
         wheelhouse = Path(args.wheelhouse).absolute() if args.wheelhouse else None
         if wheelhouse is not None:
-            export.check_wheelhouse(lk, wheelhouse)  # before anything is built
+            export.check_wheelhouse(lk, wheelhouse, cross)  # before anything is built
         result = build.build(
             s,
             lk,
@@ -242,9 +290,12 @@ def _build(args: argparse.Namespace, stage: _Stage) -> int:
             env_dir=env_dir,
             force=args.force,
             source=build.Source(wheelhouse=wheelhouse, offline=args.offline),
+            platform=cross,
             progress=_progress,
         )
-        verb = "reused" if result.reused else "built"
+        verb = "reused" if result.reused else ("assembled" if cross else "built")
+        if cross:
+            verb += f" (for {cross}, not runnable here)"
         _progress(f"{verb} {result.path} in {time.monotonic() - started:.1f} s")
         print(result.path)
         if args.verify:
@@ -333,6 +384,13 @@ def _verify_target(args: argparse.Namespace) -> tuple[verify.Target, Manifest | 
         if not manifest.exists(env_dir):
             raise BuildError(f"{env_dir} is not built; run `cudaenv build {args.spec}` first")
         found = manifest.read(env_dir)
+        host = platforms.host_name()
+        if found.platform is not None and found.platform != host:
+            raise UsageError(
+                f"{env_dir} was assembled for {found.platform} and cannot run on this {host} "
+                f"machine: copy it to a {found.platform} machine, make it a venv there "
+                f"(`python{found.python} -m venv {env_dir}`) and verify it there"
+            )
         lock_file = _lock_file(s)
         lk = lock.read(lock_file, spec_name=s.name) if lock_file.exists() else None
         target = spec_target(
@@ -598,6 +656,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     pl.add_argument("--fresh", action="store_true", help="resolve even if the lock is up to date")
+    pl.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="the platform whose packages to show: linux-x86_64 or linux-aarch64 (default: "
+        "this machine's)",
+    )
     pl.set_defaults(func=cmd_plan)
 
     bd = _sub(
@@ -606,7 +670,10 @@ def make_parser() -> argparse.ArgumentParser:
         "build the env of each spec from its lock",
         "Install the spec's lock (hash-checked) into a venv built beside .envs/NAME and swapped "
         "in whole when complete, then wire cuda-home/ and the start-up hook. A failed or "
-        "interrupted build leaves the previous env intact. A missing lock is resolved first.",
+        "interrupted build leaves the previous env intact. A missing lock is resolved first. "
+        "--platform linux-aarch64 on an x86_64 machine (or the reverse) assembles that "
+        "machine's env without running any of it: its wheels unpacked hash-checked, cuda-home/ "
+        "and the hook, each compiler binary checked to be that machine's.",
         "cudaenv build --verify envspecs/default.yaml",
     )
     bd.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
@@ -626,6 +693,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     bd.add_argument(
         "--offline", action="store_true", help="no network: uv --offline, no Python download"
+    )
+    bd.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="assemble the env for another machine (linux-x86_64, linux-aarch64); needs "
+        "--env-dir, not --verify",
     )
     bd.set_defaults(func=cmd_build)
 

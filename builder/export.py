@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.pylock import is_valid_pylock_path
 
-from builder import interpreters, proc, resolve
+from builder import interpreters, platforms, proc, resolve
 from builder.errors import BuildError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
@@ -40,15 +40,16 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_wheelhouse(lock: Lock, wheelhouse: Path) -> dict[str, str]:
-    """name -> file for every locked package; raises naming what is missing or tampered."""
+def check_wheelhouse(lock: Lock, wheelhouse: Path, platform: str | None = None) -> dict[str, str]:
+    """name -> file for every package locked for ``platform`` (default: this machine's);
+    raises naming what is missing or tampered."""
     by_hash: dict[str, Path] = {}
     for path in wheelhouse.iterdir():
         if path.is_file() and path.name.endswith((".whl", ".tar.gz", ".zip")):
             by_hash[sha256_of(path)] = path
     files: dict[str, str] = {}
     missing = []
-    for pkg in lock.packages:
+    for pkg in lock.packages_on(platform or platforms.host_name()):
         found = next((by_hash[h] for h in pkg.hashes if h in by_hash), None)
         if found is None:
             missing.append(f"{pkg.name}=={pkg.version}")
@@ -93,9 +94,16 @@ def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str]
     interp = dataclasses.replace(found, path=pip_python(found.path))
     wheelhouse.mkdir(parents=True, exist_ok=True)
     req = wheelhouse / f".requirements.{os.getpid()}.txt"
-    req.write_text(lock.requirements_txt())
+    # This machine's files: pip picks them for the interpreter that runs it.
+    host = platforms.host_name()
+    if host not in lock.platforms:
+        raise BuildError(
+            f"the lock of {spec.name} is for {', '.join(lock.platforms)}, not this machine "
+            f"({host}); export it on one of those"
+        )
+    req.write_text(lock.requirements_txt(host))
     progress(
-        f"downloading {len(lock.packages)} locked files into {wheelhouse} with {interp.path} -m pip"
+        f"downloading {len(lock.packages_on(host))} locked files into {wheelhouse} with {interp.path} -m pip"
     )
     try:
         proc.run(
@@ -140,10 +148,12 @@ def with_index_urls(
     ``locate``: :func:`resolve.index_files`), hashes unchanged. A package the spec pins to an
     index keeps its own URL. Raises BuildError naming the package whose file the index does
     not serve, or serves with another hash."""
-    served: dict[str, dict[str, LockedFile]] = {
-        p.name: {f.name: f for f in p.files}
-        for p in locate(spec, [p for p in lock.packages if not p.index])
-    }
+    served: dict[str, dict[str, LockedFile]] = {}
+    for name in lock.platforms:
+        # uv lists a platform's files only when asked for that platform.
+        one = dataclasses.replace(spec, platforms=(name,))
+        for p in locate(one, [p for p in lock.packages_on(name) if not p.index]):
+            served.setdefault(p.name, {}).update({f.name: f for f in p.files})
     packages = []
     for pkg in lock.packages:
         if pkg.index:

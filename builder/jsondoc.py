@@ -90,6 +90,10 @@ class Reader:
     def flag(self, key: str) -> bool:
         return bool(self._get(key, bool, "true or false", required=True))
 
+    def opt_flag(self, key: str) -> bool:
+        """A flag a document written by an older cudaenv lacks: false then."""
+        return bool(self._get(key, bool, "true or false", required=False))
+
     def items(self, key: str, *, required: bool = True) -> list[Any]:
         value = self._get(key, list, "a list", required=required)
         return list(value) if value is not None else []

@@ -41,6 +41,11 @@ class Manifest:
     built_at: str
     cudaenv: str
     path: str
+    # Where the env runs (platforms.py); None in a manifest written before platforms.
+    platform: str | None = None
+    # Assembled on another machine (`cudaenv build --platform`): its files were checked, never
+    # run; it holds no interpreter until made a venv on its platform.
+    assembled: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -63,6 +68,8 @@ class Manifest:
             "built_at": self.built_at,
             "cudaenv": self.cudaenv,
             "path": self.path,
+            "platform": self.platform,
+            "assembled": self.assembled,
         }
 
     @classmethod
@@ -87,6 +94,8 @@ class Manifest:
             built_at=r.text("built_at"),
             cudaenv=r.text("cudaenv"),
             path=r.text("path"),
+            platform=r.opt_text("platform"),
+            assembled=r.opt_flag("assembled"),
         )
 
 

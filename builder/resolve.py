@@ -12,20 +12,19 @@ import contextlib
 import hashlib
 import json
 import logging
-import platform
 import posixpath
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, channels, interpreters, proc, project
+from builder import archs, channels, interpreters, platforms, proc, project
 from builder.errors import ResolveError, ToolMissing
 from builder.lock import (
     Lock,
@@ -45,13 +44,13 @@ else:  # pragma: no cover
 
 log = logging.getLogger("cudaenv")
 
-# manylinux_2_34: what FACTS §1 measured torch's pins with; the build refuses a host whose
-# glibc is older (build.py).
-PLATFORM_TAG = "manylinux_2_34"
 
-
-def lock_platform() -> str:
-    return f"{platform.machine() or 'x86_64'}-{PLATFORM_TAG}"
+def platform_of(spec: EnvSpec) -> platforms.Platform:
+    """The one platform a resolver call is for. :func:`resolve` narrows the spec's
+    ``platforms`` to each in turn, so every uv call (and a test's stand-in for it) sees one."""
+    if len(spec.platforms) != 1:
+        raise ValueError(f"a resolver call is for one platform, not {spec.platforms}")
+    return platforms.get(spec.platforms[0])
 
 
 # --------------------------------------------------------------------------- policy
@@ -185,7 +184,7 @@ def uv_compile(
             "--python-version",
             spec.python,
             "--python-platform",
-            lock_platform(),
+            platform_of(spec).uv_tag,
             "--output-file",
             str(out),
             "--no-header",
@@ -213,9 +212,17 @@ def uv_compile(
                     "connected machine, then `cudaenv build --offline --wheelhouse DIR`"
                 ) from exc
             reqs = ", ".join(requirements)
+            where = spec.platforms[0]
+            hint = ""
+            if "platform" in exc.output.lower() or "no wheels" in exc.output.lower():
+                hint = (
+                    f"\n(a package without a {where} wheel: narrow `platforms:` in "
+                    f"{spec.source} to where the stack exists)"
+                )
             raise ResolveError(
-                f"{spec.name} ({spec.source}): uv could not resolve [{reqs}]:\n"
+                f"{spec.name} ({spec.source}): uv could not resolve [{reqs}] for {where}:\n"
                 + _uv_message(exc.output)
+                + hint
             ) from exc
         raw = out.read_bytes()
     packages = _parsed(raw)
@@ -225,8 +232,8 @@ def uv_compile(
 
 
 # What a memo of a parse holds changes with the parser: v2 = read by packaging.pylock (file
-# names from URLs unquoted, file paths kept).
-_MEMO = "v2"
+# names from URLs unquoted, file paths kept); v3 = entries carry their platforms.
+_MEMO = "v3"
 
 
 def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
@@ -244,7 +251,8 @@ def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
 
 
 def _seed_file(spec: EnvSpec) -> Path:
-    return cache_dir() / "resolutions" / f"last-{spec.name}-{lock_platform()}.pylock.toml"
+    tag = platform_of(spec).uv_tag
+    return cache_dir() / "resolutions" / f"last-{spec.name}-{tag}.pylock.toml"
 
 
 def _remember_output(spec: EnvSpec, raw: bytes) -> None:
@@ -324,8 +332,13 @@ def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, s
     for the highest and once for the lowest versions: an exact pin gives the same version
     both times (nvidia-nvjitlink floats within the major, on purpose: it links older code).
     Cached: a release on the index never changes.
+
+    The pins are cuda-toolkit's own metadata, the same on every platform, so they are read
+    where NVIDIA ships every component: linux-x86_64 (``cuda-toolkit[all]==13.0.2`` does not
+    resolve for aarch64, which has no ``nvidia-cuda-opencl`` 13.0.85 wheel).
     """
-    key = f"cuda-toolkit-{toolkit}-{lock_platform()}"
+    spec = replace(spec, platforms=("linux-x86_64",))
+    key = f"cuda-toolkit-{toolkit}-{platform_of(spec).uv_tag}"
     cached = channels.read_cached_pins(key)
     if cached is not None:
         return cached
@@ -357,6 +370,65 @@ class Plan:
     seconds: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class _TorchCuda:
+    """What torch (or the toolkit alone) decides on one platform."""
+
+    tcuda: str | None = None
+    toolkit: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+def _torch_cuda_on(spec: EnvSpec, compile_: Compiler) -> _TorchCuda:
+    """Pass 1 for the spec's one platform: torch alone, to read which CUDA it is built for
+    (its cuda-toolkit pin). A release's metadata never changes, so the answer is cached: a
+    re-lock is then one resolver call per platform, like raw ``uv pip compile``."""
+    if spec.torch is None:
+        if spec.toolchain.source != "wheels":
+            return _TorchCuda()
+        nxt = f"{spec.cuda_major}.{spec.cuda_minor + 1}"
+        probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())
+        ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
+        if ct is None:
+            return _TorchCuda(problems=(f"the index has no cuda-toolkit for CUDA {spec.cuda}",))
+        return _TorchCuda(toolkit=ct.version)
+    key = f"torch-{spec.torch}-py{spec.python}-{platform_of(spec).uv_tag}"
+    cached = channels.read_cached_pins(key)
+    if cached is None:
+        probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
+        found, found_evidence = torch_cuda(probe.packages)
+        ct_pkg = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
+        cached = {
+            "cuda": found or "",
+            "evidence": found_evidence or "",
+            "toolkit": ct_pkg.version if ct_pkg else "",
+        }
+        if found:
+            channels.write_cached_pins(key, cached)
+    tcuda, evidence = (cached["cuda"] or None), (cached["evidence"] or None)
+    if tcuda is None:
+        # pytorch#168065, vllm#28129: aarch64 installs that silently end with a CPU torch.
+        return _TorchCuda(
+            problems=(
+                f"torch {spec.torch} pins no CUDA runtime here (a CPU-only build) but the spec "
+                f"asks CUDA {spec.cuda}",
+            )
+        )
+    if tcuda != spec.cuda:
+        return _TorchCuda(
+            tcuda=tcuda,
+            problems=(
+                f"torch {spec.torch} is built for CUDA {tcuda} ({evidence}) but the spec asks "
+                f"{spec.cuda}",
+            ),
+        )
+    return _TorchCuda(tcuda=tcuda, toolkit=cached["toolkit"] or None)
+
+
+def _on(name: str, problems: Sequence[str]) -> list[str]:
+    return [f"on {name}: {p}" for p in problems]
+
+
 def resolve(
     spec: EnvSpec,
     *,
@@ -364,7 +436,8 @@ def resolve(
     compile_: Compiler | None = None,
     previous: Path | None = None,
 ) -> Plan:
-    """Resolve ``spec`` under the policy. ``compile_`` replaces the uv call in unit tests."""
+    """Resolve ``spec`` under the policy, once per platform, into one lock covering them
+    all. ``compile_`` replaces the uv call in unit tests."""
     started = time.monotonic()
     problems = spec_problems(spec)
     if problems:
@@ -380,108 +453,165 @@ def resolve(
             return uv_compile(s, r, c, o, python=py)
 
         def seeded(s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]) -> Resolution:
-            seed = previous
-            if previous is not None and previous.exists() and _seed_file(s).exists():
-                seed = _seed_file(s)  # uv's own last output for this spec
+            # uv's own last output for this spec and platform: the previous lock itself may
+            # hold two platforms' entries, which is no preference file for one.
+            seed = _seed_file(s) if previous is not None and previous.exists() else None
             return uv_compile(s, r, c, o, python=py, seed=seed)
 
         final_compile: Compiler = seeded
     else:
         final_compile = compile_
 
-    notes: list[str] = []
-    toolkit: str | None = None
-    tcuda: str | None = None
-    if spec.torch is not None:
-        # Pass 1: torch alone, to read which CUDA it is built for (its cuda-toolkit pin).
-        # A release's metadata never changes, so the answer is cached: a re-lock is then one
-        # resolver call, like raw `uv pip compile`.
-        key = f"torch-{spec.torch}-py{spec.python}-{lock_platform()}"
-        cached = channels.read_cached_pins(key)
-        if cached is None:
-            probe = compile_(spec, [f"torch=={spec.torch}"], (), ())
-            found, found_evidence = torch_cuda(probe.packages)
-            ct_pkg = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
-            cached = {
-                "cuda": found or "",
-                "evidence": found_evidence or "",
-                "toolkit": ct_pkg.version if ct_pkg else "",
-            }
-            if found:
-                channels.write_cached_pins(key, cached)
-        tcuda, evidence = (cached["cuda"] or None), (cached["evidence"] or None)
-        if tcuda is None:
-            raise ResolveError(
-                _refusal(spec, [f"torch {spec.torch} pins no CUDA runtime (a CPU build?)"])
-            )
-        if tcuda != spec.cuda:
-            raise ResolveError(
-                _refusal(
-                    spec,
-                    [
-                        f"torch {spec.torch} is built for CUDA {tcuda} ({evidence}) "
-                        f"but the spec asks {spec.cuda}"
-                    ],
-                )
-            )
-        toolkit = cached["toolkit"] or None
-    elif spec.toolchain.source == "wheels":
-        nxt = f"{spec.cuda_major}.{spec.cuda_minor + 1}"
-        probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())
-        ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
-        if ct is None:
-            raise ResolveError(
-                _refusal(spec, [f"the index has no cuda-toolkit for CUDA {spec.cuda}"])
-            )
-        toolkit = ct.version
-    pins: dict[str, str] = {}
+    ones = {name: replace(spec, platforms=(name,)) for name in spec.platforms}
+    # Pass 1 on every platform before any full resolution: a CPU-only torch anywhere is
+    # refused first, naming the platform.
+    decided = {name: _torch_cuda_on(one, compile_) for name, one in ones.items()}
+    problems = [p for name, d in decided.items() for p in _on(name, d.problems)]
+    toolkits = {d.toolkit for d in decided.values()}
+    if len(toolkits) > 1 and not problems:
+        found = ", ".join(f"{d.toolkit or 'none'} on {name}" for name, d in decided.items())
+        problems.append(
+            f"torch {spec.torch} pins cuda-toolkit {found}: one lock holds one toolkit; "
+            "narrow `platforms:`"
+        )
+    if problems:
+        raise ResolveError(_refusal(spec, problems))
+    toolkit = toolkits.pop()
+    tcuda = next(iter(decided.values())).tcuda
+
     requirements: list[str] = []
     if spec.torch is not None:
         requirements.append(f"torch=={spec.torch}")
     requirements += list(spec.packages)
-    if toolkit is not None:
-        pins = toolkit_pins(spec, toolkit, compile_)
-        if spec.toolchain.source == "wheels":
-            # Pin the compiler to the version torch pins so the resolver cannot drift (FACTS §2).
-            requirements.append(
-                f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
-            )
-    constraints = [f"{name}=={version}" for name, version in sorted(pins.items())]
-    final = final_compile(spec, requirements, constraints, ())
-    final = Resolution(
-        packages=pin_sources(spec, final.packages, wheelhouse=wheelhouse), seconds=final.seconds
-    )
-    problems = policy_problems(spec, final.packages, pins)
+    if toolkit is not None and spec.toolchain.source == "wheels":
+        # Pin the compiler to the version torch pins so the resolver cannot drift (FACTS §2).
+        requirements.append(
+            f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
+        )
+    resolved: dict[str, tuple[LockedPackage, ...]] = {}
+    for name, one in ones.items():
+        pins = toolkit_pins(one, toolkit, compile_) if toolkit is not None else {}
+        constraints = [f"{n}=={version}" for n, version in sorted(pins.items())]
+        final = final_compile(one, requirements, constraints, ())
+        packages = pin_sources(one, final.packages, wheelhouse=wheelhouse)
+        problems += _on(name, policy_problems(one, packages, pins))
+        resolved[name] = packages
+    problems += wheel_gaps(resolved)
     if problems:
         raise ResolveError(_refusal(spec, problems))
-    names = {canonicalize_name(p.name) for p in final.packages}
-    if (
-        spec.toolchain.source == "wheels"
-        and "flashinfer-python" in names
-        and "nvidia-curand" not in names
-    ):
-        notes.append(
-            "FlashInfer's sampling kernels include <curand.h> but no nvidia-curand is in the set: "
-            "add 'curand' to toolchain.components (torch 2.15 no longer pulls it)"
-        )
-    for pkg in final.packages:
-        major = channels.major_suffix(pkg.name)
-        if major is not None and major != spec.cuda_major:
-            notes.append(f"{pkg.name} kept: ships one build per CUDA major by design")
     lock = Lock(
         spec_name=spec.name,
         fingerprint=spec.fingerprint(),
         python=spec.python,
-        platform=lock_platform(),
+        platforms=spec.platforms,
         cuda=spec.cuda,
         torch=spec.torch,
         torch_cuda=tcuda,
         toolkit=toolkit,
-        packages=final.packages,
+        packages=merge(resolved),
         command=command,
-        notes=tuple(notes),
+        notes=tuple(_notes(spec, resolved)),
     )
     return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
+
+
+def _notes(spec: EnvSpec, resolved: Mapping[str, Sequence[LockedPackage]]) -> list[str]:
+    """What the lock should tell its reader, once however many platforms say it."""
+    notes: list[str] = []
+    for packages in resolved.values():
+        names = {canonicalize_name(p.name) for p in packages}
+        if (
+            spec.toolchain.source == "wheels"
+            and "flashinfer-python" in names
+            and "nvidia-curand" not in names
+        ):
+            notes.append(
+                "FlashInfer's sampling kernels include <curand.h> but no nvidia-curand is in "
+                "the set: add 'curand' to toolchain.components (torch 2.15 no longer pulls it)"
+            )
+        for pkg in packages:
+            major = channels.major_suffix(pkg.name)
+            if major is not None and major != spec.cuda_major:
+                notes.append(f"{pkg.name} kept: ships one build per CUDA major by design")
+    return list(dict.fromkeys(notes))
+
+
+def wheel_gaps(resolved: Mapping[str, Sequence[LockedPackage]]) -> list[str]:
+    """A package that has wheels on one platform and only an sdist on another would be
+    compiled from source at install there (a CUDA extension, usually failing): refused,
+    naming it and the platform."""
+    if len(resolved) < 2:
+        return []
+    with_wheels = {
+        (name, p.name) for name, packages in resolved.items() for p in packages if p.wheels
+    }
+    problems = []
+    for name, packages in resolved.items():
+        others = [o for o in resolved if o != name]
+        for p in packages:
+            if p.wheels or not any((o, p.name) in with_wheels for o in others):
+                continue
+            problems.append(
+                f"on {name}: {p.name} {p.version} has no {name} wheel, only an sdist that "
+                f"would be compiled at install time: narrow `platforms:` to {', '.join(others)}"
+            )
+    return problems
+
+
+def merge(resolved: Mapping[str, Sequence[LockedPackage]]) -> tuple[LockedPackage, ...]:
+    """One PEP 751 package list for every platform's resolution.
+
+    An entry (name, version) that every platform resolved keeps uv's marker and holds each
+    platform's files (uv lists only the target's wheels); one that some platforms resolved
+    (another version elsewhere, or a platform-only dependency) is marked with those platforms'
+    ``platform_machine`` and lists them in ``[packages.tool.cudaenv]``, so any installer
+    picks exactly one entry per platform.
+    """
+    names = list(resolved)
+    if len(names) == 1:
+        return tuple(resolved[names[0]])
+    groups: dict[tuple[str, str], dict[str, LockedPackage]] = {}
+    for name, packages in resolved.items():
+        for p in packages:
+            groups.setdefault((p.name, p.version), {})[name] = p
+    out = []
+    for by in groups.values():
+        first = next(iter(by.values()))
+        files: dict[str, LockedFile] = {}
+        for p in by.values():
+            for f in p.wheels:
+                files.setdefault(f.name, f)
+        on = tuple(n for n in names if n in by)
+        markers = {n: by[n].marker for n in on}
+        where: tuple[str, ...] = ()
+        if len(on) == len(names) and len(set(markers.values())) == 1:
+            marker = first.marker
+        else:
+            marker = _any_of([(markers[n], platforms.get(n).machine) for n in on])
+            if len(on) < len(names):
+                where = on
+        out.append(
+            replace(
+                first,
+                wheels=tuple(files.values()),
+                sdist=next((p.sdist for p in by.values() if p.sdist), None),
+                marker=marker,
+                platforms=where,
+            )
+        )
+    return tuple(sorted(out, key=lambda p: (p.name, Version(p.version))))
+
+
+def _any_of(parts: Sequence[tuple[str | None, str]]) -> str:
+    """``(m1) and platform_machine == 'x86_64' or ...``: ``and`` binds tighter than ``or``
+    (PEP 508), each marker of uv's is parenthesised whole."""
+    terms = [
+        f"platform_machine == '{machine}'"
+        if marker is None
+        else f"({marker}) and platform_machine == '{machine}'"
+        for marker, machine in parts
+    ]
+    return " or ".join(terms)
 
 
 def pin_sources(

@@ -21,6 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder import platforms as platforms_mod
 from builder.archs import DEFAULT_ARCHS, Arch
 from builder.errors import SpecError
 from builder.yamldoc import Item, Mark, Problems, compose, display, kind, string, strings, suggest
@@ -97,6 +98,8 @@ class EnvSpec:
     # package -> the only index it may come from (uv explicit index + source, then the exact
     # file URL and hash in the lock): a same-named package elsewhere cannot be substituted.
     indexes: tuple[tuple[str, str], ...] = ()
+    # Where the lock must install (platforms.py); each is resolved and policy-checked apart.
+    platforms: tuple[str, ...] = platforms_mod.DEFAULT
 
     @property
     def cuda_major(self) -> int:
@@ -117,6 +120,7 @@ class EnvSpec:
             "cuda": self.cuda,
             "torch": self.torch,
             "packages": sorted(self.packages),
+            "platforms": sorted(self.platforms),
             "toolchain": {
                 "source": self.toolchain.source,
                 "components": sorted(self.toolchain.components),
@@ -479,6 +483,18 @@ def _indexes(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | No
     return tuple(indexes)
 
 
+def _platforms(item: Item, problems: Problems) -> tuple[str, ...] | None:
+    found: list[str] = []
+    for text, sub, sub_path in strings(item, "platforms", problems, "platform names"):
+        if text not in platforms_mod.KNOWN:
+            problems.add(sub.mark, sub_path, suggest(text, platforms_mod.DEFAULT, "platform"))
+        elif text not in found:
+            found.append(text)
+    if not found and isinstance(item.value, list) and not item.value:
+        problems.add(item.mark, "platforms", "name at least one platform")
+    return tuple(found)
+
+
 # Keyed by the EnvSpec field each fills; the order is the one "expected one of: ..." lists.
 _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "name": _name,
@@ -492,6 +508,7 @@ _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "env": _env,
     "verify": _verify,
     "indexes": _indexes,
+    "platforms": _platforms,
 }
 _REQUIRED = ("name", "python", "cuda")
 # `extends` is the loader's: _load_merged consumes it while merging the base, before validation.

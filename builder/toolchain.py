@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import struct
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from builder import archs, channels, proc
 from builder.archs import Arch
 from builder.errors import BuildError, ToolMissing
 from builder.paths import cache_dir
+from builder.platforms import Platform
 from builder.spec import EnvSpec
 
 if TYPE_CHECKING:
@@ -256,8 +258,71 @@ def _compile_stub(cc: str, out: Path) -> None:
             ) from exc
 
 
-def wheel_overlay(venv: Path, spec: EnvSpec) -> Overlay:
-    """cuda-home/ from the CUDA 13 wheels' single prefix."""
+def elf_libcuda_stub(e_machine: int) -> bytes:
+    """The link stub for another machine, written without its C compiler: a 64-bit
+    little-endian ELF shared object (x86_64 = 62, aarch64 = 183) whose only content is the
+    soname ``libcuda.so.1`` (what ``cc -shared -nostdlib -Wl,-soname,libcuda.so.1`` of an
+    empty file gives: GNU ld and lld read the soname from .dynamic and record it as NEEDED).
+    """
+    dynstr = b"\0libcuda.so.1\0"
+    shstrtab = b"\0.hash\0.dynsym\0.dynstr\0.dynamic\0.shstrtab\0"
+    ehdr_size, phdr_size, shdr_size = 64, 56, 64
+
+    def align(n: int) -> int:
+        return (n + 7) & ~7
+
+    off_dynstr = ehdr_size + 2 * phdr_size
+    off_dynsym = align(off_dynstr + len(dynstr))
+    off_hash = off_dynsym + 24  # one (null) symbol
+    off_dynamic = align(off_hash + 16)  # nbucket, nchain, bucket[0], chain[0]
+    dt = [(14, 1), (4, off_hash), (5, off_dynstr), (6, off_dynsym), (10, len(dynstr)),
+          (11, 24), (0, 0)]  # fmt: skip  # SONAME HASH STRTAB SYMTAB STRSZ SYMENT NULL
+    dynamic = b"".join(struct.pack("<qQ", tag, value) for tag, value in dt)
+    off_shstrtab = off_dynamic + len(dynamic)
+    off_shdrs = align(off_shstrtab + len(shstrtab))
+    end = off_dynamic + len(dynamic)
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, SysV
+    ehdr = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 3, e_machine, 1, 0, ehdr_size, off_shdrs, 0,
+        ehdr_size, phdr_size, 2, shdr_size, 6, 5,
+    )  # fmt: skip  # ET_DYN; six sections, .shstrtab the last
+    phdrs = struct.pack("<IIQQQQQQ", 1, 6, 0, 0, 0, end, end, 0x10000)  # PT_LOAD, RW
+    phdrs += struct.pack(
+        "<IIQQQQQQ", 2, 6, off_dynamic, off_dynamic, off_dynamic, len(dynamic), len(dynamic), 8
+    )  # PT_DYNAMIC
+
+    def shdr(name: bytes, kind: int, flags: int, off: int, size: int, link: int, info: int,
+             addralign: int, entsize: int) -> bytes:  # fmt: skip
+        index = shstrtab.index(b"\0" + name + b"\0") + 1 if name else 0
+        addr = off if flags & 2 else 0
+        return struct.pack(
+            "<IIQQQQIIQQ", index, kind, flags, addr, off, size, link, info, addralign, entsize
+        )
+
+    shdrs = b"".join([
+        shdr(b"", 0, 0, 0, 0, 0, 0, 0, 0),
+        shdr(b".hash", 5, 2, off_hash, 16, 2, 0, 8, 4),
+        shdr(b".dynsym", 11, 2, off_dynsym, 24, 3, 1, 8, 24),
+        shdr(b".dynstr", 3, 2, off_dynstr, len(dynstr), 0, 0, 1, 0),
+        shdr(b".dynamic", 6, 3, off_dynamic, len(dynamic), 3, 0, 8, 16),
+        shdr(b".shstrtab", 3, 0, off_shstrtab, len(shstrtab), 0, 0, 1, 0),
+    ])  # fmt: skip
+    body = bytearray(off_shdrs)
+    body[: len(ehdr)] = ehdr
+    body[ehdr_size : ehdr_size + len(phdrs)] = phdrs
+    body[off_dynstr : off_dynstr + len(dynstr)] = dynstr
+    body[off_hash : off_hash + 16] = struct.pack("<IIII", 1, 1, 0, 0)
+    body[off_dynamic : off_dynamic + len(dynamic)] = dynamic
+    body[off_shstrtab : off_shstrtab + len(shstrtab)] = shstrtab
+    return bytes(body) + shdrs
+
+
+def wheel_overlay(venv: Path, spec: EnvSpec, platform: Platform | None = None) -> Overlay:
+    """cuda-home/ from the CUDA 13 wheels' single prefix. With ``platform`` (another
+    machine's: ``cudaenv build --platform``) nothing in it is run: the link stub is written
+    for that machine and the release is read from the nvcc wheel's metadata. The aarch64
+    wheels unpack to the same ``nvidia/cu13/{bin,include,lib,nvvm}`` as x86_64 (no
+    ``targets/sbsa-linux`` as in NVIDIA's installers)."""
     site = site_packages(venv)
     prefix = site / channels.layout(spec.cuda_major).prefix
     missing = [d for d in ("bin/nvcc", "include", "lib") if not (prefix / d).exists()]
@@ -299,12 +364,72 @@ def wheel_overlay(venv: Path, spec: EnvSpec) -> Overlay:
         raise BuildError(
             f"{prefix / 'lib'}: no libcudart.so.*; is 'cudart' among toolchain.components?"
         )
-    build_libcuda_stub(lib64 / "stubs")
+    if platform is None:
+        build_libcuda_stub(lib64 / "stubs")
+    else:
+        (lib64 / "stubs").mkdir()
+        (lib64 / "stubs" / "libcuda.so").write_bytes(elf_libcuda_stub(platform.elf_machine))
     (home / "lib").symlink_to("lib64")
-    release = nvcc_release(home)
+    release = nvcc_release(home) if platform is None else _nvcc_wheel_release(site)
     if release != spec.cuda:
         raise BuildError(f"{home}/bin/nvcc is CUDA {release} but the spec asks {spec.cuda}")
     return Overlay(cuda_home=home, prefix=prefix, nvcc_release=release)
+
+
+def _nvcc_wheel_release(site: Path) -> str:
+    """``13.0`` from the installed nvidia-cuda-nvcc wheel's version (13.0.88): what its nvcc
+    prints as ``release``, read without running a binary of another machine."""
+    for dist in sorted(site.glob("nvidia_cuda_nvcc-*.dist-info")):
+        version = dist.name.removesuffix(".dist-info").split("-", 1)[1]
+        release = channels.cuda_of_version(version)
+        if release is not None:
+            return release
+    raise BuildError(
+        f"{site}: no nvidia_cuda_nvcc-*.dist-info; is 'nvcc' among toolchain.components?"
+    )
+
+
+def elf_machine(path: Path) -> int | None:
+    """e_machine of the 64-bit little-endian ELF file ``path`` (62 x86_64, 183 aarch64);
+    None for anything else or an unreadable file."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    return int(struct.unpack_from("<H", head, 18)[0])
+
+
+# Headers FlashInfer's JIT and our kernel include from CUDA_HOME (with -isystem include/cccl).
+ASSEMBLY_INCLUDES = ("include/cuda_runtime.h", "include/cuda.h", "include/crt/host_config.h",
+                     "include/cccl/cuda/std/cstdint", "nvvm/libdevice")  # fmt: skip
+
+
+def assembly_problems(venv: Path, platform: Platform) -> list[str]:
+    """What makes an env assembled for ``platform`` unusable there, checked without running
+    anything: the compiler's binaries are that machine's, the runtime library and the link
+    stub resolve inside the tree, the include directories the JIT needs exist."""
+    home = venv / "cuda-home"
+    problems: list[str] = []
+    want = platform.elf_machine
+    for rel in ("bin/nvcc", "bin/ptxas", "nvvm/bin/cicc", "lib64/stubs/libcuda.so"):
+        got = elf_machine(home / rel)
+        if got != want:
+            what = "missing or not an ELF file" if got is None else f"an ELF file for machine {got}"
+            problems.append(f"cuda-home/{rel} is {what}, not {platform.name} (machine {want})")
+    tree = venv.resolve()
+    cudart = (home / "lib64" / "libcudart.so").resolve()
+    if not cudart.is_relative_to(tree) or elf_machine(cudart) != want:
+        problems.append(
+            f"cuda-home/lib64/libcudart.so resolves to {cudart}, not a {platform.name} library "
+            "inside the env"
+        )
+    problems += [
+        f"cuda-home/{rel} is missing" for rel in ASSEMBLY_INCLUDES if not (home / rel).exists()
+    ]
+    return problems
 
 
 def system_overlay(venv: Path, spec: EnvSpec) -> Overlay:

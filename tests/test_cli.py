@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, cli, lock, manifest, resolve, spec, verify
+from builder import archs, cli, lock, manifest, platforms, resolve, spec, verify
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.manifest import Manifest
 from builder.report import VerifyReport
@@ -266,3 +266,71 @@ def test_two_spec_names_for_one_lock_file_are_refused(argv: list[str], tmp_path:
     )
     assert lock_file.read_text() == before
     assert not (ws / ".envs").exists()
+
+
+def test_plan_shows_one_platform_of_the_lock(tmp_path: Path) -> None:
+    """The committed default lock covers both platforms; --platform picks the table."""
+    ws = workspace(tmp_path, "default.yaml")
+    done = cudaenv("plan", "envspecs/default.yaml", "--platform", "linux-aarch64", cwd=ws)
+    table = {
+        line.split("  ", 1)[0].strip(): line.split("  ", 1)[1].strip()
+        for line in done.stdout.splitlines()[1:]
+        if "  " in line
+    }
+    assert table["platform"] == "linux-aarch64 (the lock also holds linux-x86_64)"
+    assert table["torch"] == "2.14.1"
+    assert table["torch's CUDA"] == "13.0"
+    components = {
+        k: v for k, v in table.items() if k.startswith("nvidia-cuda-") or k == "nvidia-nvvm"
+    }
+    assert {"nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-nvvm"} <= set(
+        components
+    )
+    assert all(v.startswith("13.0.") for v in components.values()), components
+    # The aarch64 table lists what aarch64 installs (the lock marks x86_64-only entries).
+    lk = lock.read(lock_of(ENVSPECS / "default.yaml"))
+    assert table["packages"] == str(len(lk.packages_on("linux-aarch64")))
+    assert lk.packages_on("linux-aarch64") != lk.packages_on("linux-x86_64")
+
+
+@pytest.mark.parametrize(
+    ("platform", "message"),
+    [
+        ("linux-arm64", "error: --platform 'linux-arm64': unknown platform; expected one of: "
+                        "linux-x86_64, linux-aarch64"),
+        ("linux-aarch64", "error: --platform linux-aarch64: envspecs/torch2.9-cu128-system.yaml "
+                          "is locked for linux-x86_64 only; add linux-aarch64 to its `platforms:` "
+                          "and re-lock"),
+    ],
+)  # fmt: skip
+def test_plan_refuses_a_platform_the_lock_lacks(
+    tmp_path: Path, platform: str, message: str
+) -> None:
+    ws = workspace(tmp_path, "torch2.9-cu128-system.yaml")
+    done = cudaenv(
+        "plan", "envspecs/torch2.9-cu128-system.yaml", "--platform", platform, cwd=ws, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [message]
+
+
+def test_build_refuses_a_lock_without_this_machines_platform(tmp_path: Path) -> None:
+    host = platforms.host_name()
+    other = next(p for p in platforms.KNOWN if p != host)
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    path = ws / "envspecs" / "toolchain-cu130.yaml"
+    write(path, path.read_text() + f"platforms: [{other}]\n")
+    s = spec.load(path)
+    committed = lock.read(lock_of(ENVSPECS / "toolchain-cu130.yaml"))
+    lock.write(
+        dataclasses.replace(committed, fingerprint=s.fingerprint(), platforms=(other,)),
+        lock_of(path),
+    )
+    done = cudaenv("build", "--offline", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: envspecs/locks/pylock.toolchain-cu130.toml is locked for {other}, not for "
+        f"this machine ({host}): add {host} to `platforms:` in "
+        "envspecs/toolchain-cu130.yaml and re-lock"
+    )
+    assert not (ws / ".envs").exists() or not any((ws / ".envs").iterdir())

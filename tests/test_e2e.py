@@ -6,8 +6,10 @@ the default spec: ~9.4 GB hard-linked from uv's cache).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,7 +69,7 @@ def fake_cuda_128(tmp_path: Path) -> Path:
 
 @pytest.mark.network
 def test_sglang_alone_resolves_a_mixed_toolkit(tmp_path: Path) -> None:
-    s = spec.load(ENVSPECS / "default.yaml")
+    s = dataclasses.replace(spec.load(ENVSPECS / "default.yaml"), platforms=("linux-x86_64",))
     res = resolve.uv_compile(s, ["sglang==0.5.23"])
     versions = {p.name: p.version for p in res.packages}
     assert versions["nvidia-cuda-runtime"].startswith("13.0.")
@@ -530,3 +532,103 @@ def test_doctor_blackwell_case_in_a_real_env(default_env: Path, fake_cuda_128: P
         "CUDA 13.0; SM 12.x needs 12.9+"
     )
     assert "    fix: this env was built by cudaenv" in done.stdout
+
+
+# --------------------------------------------------------------------------- other platforms
+
+
+@pytest.mark.network
+def test_the_toolchain_env_is_assembled_for_aarch64_on_another_machine(tmp_path: Path) -> None:
+    """`build --platform linux-aarch64`: the aarch64 wheels unpacked hash-checked, cuda-home/
+    made of aarch64 binaries, a manifest marked assembled; verify refuses to run it here; a
+    lock whose aarch64 hash is wrong fails and leaves the assembled env as it was."""
+    from builder import manifest, platforms, toolchain
+
+    if platforms.host_name() == "linux-aarch64":
+        pytest.skip("this machine is aarch64: --platform linux-aarch64 is a plain build")
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    dest = tmp_path / "arm-env"
+    argv = ("build", "envspecs/toolchain-cu130.yaml", "--platform", "linux-aarch64",
+            "--env-dir", str(dest))  # fmt: skip
+    cudaenv(*argv, cwd=ws)
+    home = dest / "cuda-home"
+    for rel in ("bin/nvcc", "bin/ptxas", "nvvm/bin/cicc", "lib64/stubs/libcuda.so"):
+        assert toolchain.elf_machine(home / rel) == 183, rel
+    assert (home / "lib64" / "libcudart.so").resolve().is_relative_to(dest.resolve())
+    built = manifest.read(dest)
+    assert (built.platform, built.assembled, built.nvcc) == ("linux-aarch64", True, "13.0")
+    committed = lock.read(lock_of(ENVSPECS / "toolchain-cu130.yaml"))
+    assert dict(built.packages) == {
+        p.name: p.version for p in committed.packages_on("linux-aarch64")
+    }
+    again = cudaenv(*argv, cwd=ws)
+    assert "is up to date" in again.stderr
+    refused = cudaenv(
+        "verify", "envspecs/toolchain-cu130.yaml", "--env-dir", str(dest), cwd=ws, check=False
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {dest} was assembled for linux-aarch64 and cannot run on this "
+        f"{platforms.host_name()} machine: copy it to a linux-aarch64 machine, make it a venv "
+        f"there (`python3.12 -m venv {dest}`) and verify it there"
+    ]
+    # A wrong aarch64 hash in the lock: uv refuses the file, the assembled env stays.
+    lock_file = lock_of(ws / "envspecs" / "toolchain-cu130.yaml")
+    text = lock_file.read_text()
+    line = next(ln for ln in text.splitlines() if "nvidia_cuda_nvcc-" in ln and "aarch64" in ln)
+    bad = line.split('sha256 = "')[0] + 'sha256 = "' + "0" * 64 + '" } },'
+    lock_file.write_text(text.replace(line, bad))
+    before = sorted(p.relative_to(dest) for p in dest.rglob("*"))
+    failed = cudaenv(*argv, "--force", cwd=ws, check=False)
+    assert failed.returncode == 4, failed.stderr
+    assert "unpacking the lock for linux-aarch64 failed" in failed.stderr
+    assert "hash" in failed.stderr.lower()
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == before
+
+
+def _no_aarch64_emulation() -> str | None:
+    """Why this machine cannot run aarch64 binaries, or None where it can (qemu-user with
+    binfmt, and a cross g++ as nvcc's host compiler)."""
+    handler = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    if not handler.exists() or "enabled" not in handler.read_text():
+        return "no qemu-aarch64 binfmt handler (Debian: qemu-user-static binfmt-support)"
+    if not shutil.which("aarch64-linux-gnu-g++"):
+        return "no aarch64-linux-gnu-g++ (Debian: g++-aarch64-linux-gnu)"
+    if not Path("/usr/aarch64-linux-gnu/lib").is_dir():
+        return "no aarch64 C library at /usr/aarch64-linux-gnu (Debian: libc6-arm64-cross)"
+    return None
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_the_assembled_aarch64_nvcc_compiles_our_kernel_for_dgx_spark(tmp_path: Path) -> None:
+    """Stretch: where this machine runs aarch64 binaries under qemu-user, the assembled
+    aarch64 nvcc compiles and links our top-k/top-p kernel for 12.1f (DGX Spark, GB10)
+    against the env's own static cudart."""
+    from builder import platforms, toolchain
+    from builder.verify import cubin, kernel_compile
+
+    why = _no_aarch64_emulation()
+    if why is not None:
+        pytest.skip(why)
+    if platforms.host_name() == "linux-aarch64":
+        pytest.skip("this machine is aarch64: the plain e2e builds cover it")
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    dest = tmp_path / "arm-env"
+    cudaenv("build", "envspecs/toolchain-cu130.yaml", "--platform", "linux-aarch64",
+            "--env-dir", str(dest), cwd=ws)  # fmt: skip
+    env = {
+        "PATH": f"{dest / 'cuda-home' / 'bin'}:{os.environ['PATH']}",
+        "QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu",
+        "NVCC_CCBIN": str(shutil.which("aarch64-linux-gnu-g++")),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+    }
+    built = kernel_compile.build_kernel(
+        dest / "cuda-home" / "bin" / "nvcc", Arch.parse("12.1f"), tmp_path / "work", env=env
+    )
+    assert built.error is None, built.error
+    assert toolchain.elf_machine(built.path) == 183
+    # This machine's cuobjdump reads the aarch64 executable's fatbin: sm_121 cubins only.
+    cuobjdump, where = cubin.find_cuobjdump(env_facts(cuda_home=str(tmp_path / "none")))
+    assert cuobjdump is not None, where
+    assert cubin.list_elf(cuobjdump, built.path) == ["sm_121"]

@@ -142,12 +142,14 @@ def test_a_file_without_url_or_path_is_never_written(tmp_path: Path) -> None:
 
 def test_requirements_carry_every_hash() -> None:
     lk = lock.read(lock_of(TOOLCHAIN))
-    lines = lk.requirements_txt().splitlines()
+    lines = lk.requirements_txt("linux-x86_64").splitlines()
     assert len(lines) == len(lk.packages) == 6
     nvcc = next(ln for ln in lines if ln.startswith("nvidia-cuda-nvcc=="))
     assert nvcc.startswith("nvidia-cuda-nvcc==13.0.88 ; ")
     assert "--hash=sha256:" in nvcc
-    assert "wheels/" not in lk.requirements_txt()  # builds install by name through the index
+    assert "wheels/" not in lk.requirements_txt(
+        "linux-x86_64"
+    )  # builds install by name through the index
 
 
 def test_stale_lock_is_refused(in_tmp: Path) -> None:

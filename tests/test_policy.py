@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from packaging.pylock import Pylock
 
 from builder import lock, resolve, spec
 from builder.errors import ResolveError
 from builder.lock import LockedFile, LockedPackage
 from tests.helpers import ENVSPECS, write
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 DATA = Path(__file__).parent / "data"
 TOOLKIT_REQ = "cuda-toolkit[cccl,crt,cudart,nvcc,nvvm]==13.0.3.0"
@@ -129,13 +137,20 @@ class FakeUv:
     def __init__(self, answers: dict[str, list[LockedPackage]]) -> None:
         self.answers = answers
         self.calls: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
+        self.platforms: list[str] = []
 
     def __call__(
         self, s: spec.EnvSpec, reqs: Sequence[str], cons: Sequence[str], over: Sequence[str]
     ) -> resolve.Resolution:
         self.calls.append((tuple(reqs), tuple(cons), tuple(over)))
+        self.platforms.append(resolve.platform_of(s).name)
         key = " + ".join(reqs) + (" lowest" if "--resolution=lowest" in over else "")
-        return resolve.Resolution(packages=tuple(self.answers[key]), seconds=0.0)
+        # A recorded answer for one platform ("linux-aarch64: torch==...") wins over the
+        # answer for every platform.
+        answer = self.answers.get(f"{self.platforms[-1]}: {key}", self.answers.get(key))
+        if answer is None:
+            raise KeyError(f"{self.platforms[-1]}: {key}")
+        return resolve.Resolution(packages=tuple(answer), seconds=0.0)
 
 
 def test_resolve_refuses_before_the_full_resolution(
@@ -149,9 +164,14 @@ def test_resolve_refuses_before_the_full_resolution(
         resolve.resolve(s, compile_=fake)
     assert str(info.value) == (
         "x (s.yaml): refused by the matching policy, nothing was installed:\n"
-        "  - torch 2.14.1 is built for CUDA 13.0 (cuda-toolkit==13.0.3.0) but the spec asks 13.2"
+        "  - on linux-x86_64: torch 2.14.1 is built for CUDA 13.0 (cuda-toolkit==13.0.3.0) but "
+        "the spec asks 13.2\n"
+        "  - on linux-aarch64: torch 2.14.1 is built for CUDA 13.0 (cuda-toolkit==13.0.3.0) but "
+        "the spec asks 13.2"
     )
-    assert [c[0] for c in fake.calls] == [("torch==2.14.1",)]
+    # Torch alone, once per platform: nothing more was resolved.
+    assert [c[0] for c in fake.calls] == [("torch==2.14.1",)] * 2
+    assert fake.platforms == ["linux-x86_64", "linux-aarch64"]
 
 
 def test_resolve_pins_the_toolkit_torch_pins(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,11 +209,14 @@ def test_resolve_pins_the_toolkit_torch_pins(in_tmp: Path, monkeypatch: pytest.M
     assert "nvidia-cuda-nvcc==13.0.88" in cons
     assert plan.lock.toolkit == "13.0.3.0"
     assert plan.lock.torch_cuda == "13.0"
-    assert [p.name for p in plan.lock.packages] == [p.name for p in final]
-    # The second resolve reads the cached torch pin and channel pins: one uv call, the final one.
+    assert [p.name for p in plan.lock.packages] == sorted(p.name for p in final)
+    # The second resolve reads the cached torch pin and channel pins: one uv call per
+    # platform, the final one.
     fake.calls.clear()
+    fake.platforms.clear()
     resolve.resolve(s, compile_=fake)
-    assert [c[0][0] for c in fake.calls] == ["torch==2.14.1"]
+    assert [c[0][0] for c in fake.calls] == ["torch==2.14.1"] * 2
+    assert fake.platforms == ["linux-x86_64", "linux-aarch64"]
     assert len(fake.calls[0][0]) == 3
 
 
@@ -210,3 +233,196 @@ def test_cuda12_wheel_toolchain_is_refused(in_tmp: Path) -> None:
         "NVIDIA/cuda-python#2100): use `toolchain: {source: system, path: /usr/local/cuda-12.8}`",
     ]
     assert fake.calls == []
+
+
+# --------------------------------------------------------------------------- two platforms
+
+
+def cuda_torch_answers(**extra: list[LockedPackage]) -> dict[str, list[LockedPackage]]:
+    toolkit_all = [pkg("cuda-toolkit", "13.0.3.0"), *(pkg(n, v) for n, v in CU130_PINS.items())]
+    final = [pkg("torch", "2.14.1"), *toolkit_all]
+    return {
+        "torch==2.14.1": [pkg("torch", "2.14.1"), pkg("cuda-toolkit", "13.0.3.0")],
+        "cuda-toolkit[all]==13.0.3.0": toolkit_all,
+        "cuda-toolkit[all]==13.0.3.0 lowest": toolkit_all,
+        "torch==2.14.1 + " + TOOLKIT_REQ: final,
+        **extra,
+    }
+
+
+def test_a_cpu_only_torch_on_one_platform_is_refused_naming_it(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytorch#168065: on aarch64 the same torch version can resolve to a CPU-only wheel (no
+    CUDA runtime among its requirements). Recorded: torch 2.9.1's aarch64 resolution."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(in_tmp / "cache"))
+    write(in_tmp / "s.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\n')
+    s = spec.load("s.yaml")
+    assert s.platforms == ("linux-x86_64", "linux-aarch64")
+    fake = FakeUv(
+        cuda_torch_answers(
+            **{"linux-aarch64: torch==2.14.1": [pkg("torch", "2.14.1"), pkg("numpy", "2.3.5")]}
+        )
+    )
+    with pytest.raises(ResolveError) as info:
+        resolve.resolve(s, compile_=fake)
+    assert str(info.value) == (
+        "x (s.yaml): refused by the matching policy, nothing was installed:\n"
+        "  - on linux-aarch64: torch 2.14.1 pins no CUDA runtime here (a CPU-only build) but "
+        "the spec asks CUDA 13.0"
+    )
+    # Refused after torch alone on each platform: no full resolution ran.
+    assert [c[0] for c in fake.calls] == [("torch==2.14.1",)] * 2
+    # Narrowed to x86_64, the same answers lock.
+    narrow = spec.load(
+        write(in_tmp / "s.yaml", s.source.read_text() + "platforms: [linux-x86_64]\n")
+    )
+    assert resolve.resolve(narrow, compile_=fake).lock.platforms == ("linux-x86_64",)
+
+
+def test_the_policy_runs_on_each_platforms_resolution(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(in_tmp / "cache"))
+    s = spec.load(
+        write(in_tmp / "s.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\n')
+    )
+    answers = cuda_torch_answers()
+    drifted = [
+        p if p.name != "nvidia-cuda-nvcc" else pkg("nvidia-cuda-nvcc", "13.5.37")
+        for p in answers["torch==2.14.1 + " + TOOLKIT_REQ]
+    ]
+    answers["linux-aarch64: torch==2.14.1 + " + TOOLKIT_REQ] = drifted
+    with pytest.raises(ResolveError) as info:
+        resolve.resolve(s, compile_=FakeUv(answers))
+    assert str(info.value).splitlines()[1:] == [
+        "  - on linux-aarch64: nvidia-cuda-nvcc 13.5.37 is not the CUDA 13.0 build (13.0.88): "
+        "mixed toolkit minors break JIT (flashinfer#3493)"
+    ]
+
+
+def sdist_only(name: str, version: str) -> LockedPackage:
+    return LockedPackage(
+        name=name,
+        version=version,
+        sdist=LockedFile(name=f"{name}-{version}.tar.gz", sha256="1" * 64),
+    )
+
+
+def test_a_package_with_only_an_sdist_on_one_platform_is_refused_naming_both() -> None:
+    resolved = {
+        "linux-x86_64": (pkg("torch", "2.14.1"), pkg("sgl-kernel", "0.4.10")),
+        "linux-aarch64": (pkg("torch", "2.14.1"), sdist_only("sgl-kernel", "0.4.10")),
+    }
+    assert resolve.wheel_gaps(resolved) == [
+        "on linux-aarch64: sgl-kernel 0.4.10 has no linux-aarch64 wheel, only an sdist that "
+        "would be compiled at install time: narrow `platforms:` to linux-x86_64"
+    ]
+    # A pure-Python package with an sdist alone everywhere is no gap.
+    both = {k: (sdist_only("tiny", "1.0"),) for k in resolved}
+    assert resolve.wheel_gaps(both) == []
+
+
+def wheel(name: str, version: str, machine: str) -> LockedFile:
+    return LockedFile(
+        name=f"{name}-{version}-py3-none-manylinux_2_34_{machine}.whl", sha256=machine[0] * 64
+    )
+
+
+def test_two_resolutions_merge_into_entries_each_platform_picks_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """Same version on both: one entry with both platforms' wheels. A version per platform,
+    or a platform-only dependency: entries marked with their platform_machine and listed in
+    [packages.tool.cudaenv]. The lock validates with packaging.pylock, reads back equal, and
+    each platform's markers (evaluated as an installer there would) select what it resolved."""
+    from packaging.markers import Marker
+
+    from builder import platforms
+
+    x86 = (
+        LockedPackage(name="torch", version="2.14.1", marker="sys_platform == 'linux'",
+                      wheels=(wheel("torch", "2.14.1", "x86_64"),)),
+        LockedPackage(name="torchcodec", version="0.17.0", marker="platform_machine != 'aarch64'",
+                      wheels=(wheel("torchcodec", "0.17.0", "x86_64"),)),
+        LockedPackage(name="numpy", version="2.3.5", wheels=(wheel("numpy", "2.3.5", "x86_64"),)),
+    )  # fmt: skip
+    arm = (
+        LockedPackage(name="torch", version="2.14.1", marker="sys_platform == 'linux'",
+                      wheels=(wheel("torch", "2.14.1", "aarch64"),)),
+        LockedPackage(name="numpy", version="2.3.4", wheels=(wheel("numpy", "2.3.4", "aarch64"),)),
+        LockedPackage(name="av", version="16.1.0", marker="platform_machine == 'aarch64' or platform_machine == 'arm64'",
+                      wheels=(wheel("av", "16.1.0", "aarch64"),)),
+    )  # fmt: skip
+    merged = resolve.merge({"linux-x86_64": x86, "linux-aarch64": arm})
+    by = {(p.name, p.version): p for p in merged}
+    assert [f.name for f in by["torch", "2.14.1"].wheels] == [
+        "torch-2.14.1-py3-none-manylinux_2_34_x86_64.whl",
+        "torch-2.14.1-py3-none-manylinux_2_34_aarch64.whl",
+    ]
+    assert by["torch", "2.14.1"].marker == "sys_platform == 'linux'"
+    assert by["torch", "2.14.1"].platforms == ()
+    assert by["numpy", "2.3.5"].platforms == ("linux-x86_64",)
+    assert by["numpy", "2.3.5"].marker == "platform_machine == 'x86_64'"
+    assert by["av", "16.1.0"].marker == (
+        "(platform_machine == 'aarch64' or platform_machine == 'arm64') and "
+        "platform_machine == 'aarch64'"
+    )
+    lk = lock.Lock(
+        spec_name="x", fingerprint="sha256:0", python="3.12",
+        platforms=("linux-x86_64", "linux-aarch64"), cuda="13.0", torch="2.14.1",
+        torch_cuda="13.0", toolkit=None, packages=merged,
+    )  # fmt: skip
+    # Every file needs a url or a path to be written.
+    lk = dataclasses.replace(
+        lk,
+        packages=tuple(
+            dataclasses.replace(
+                p,
+                wheels=tuple(
+                    dataclasses.replace(f, url=f"https://files.test/{f.name}") for f in p.wheels
+                ),
+            )
+            for p in lk.packages
+        ),
+    )
+    out = tmp_path / "pylock.x.toml"
+    lock.write(lk, out)
+    doc = tomllib.loads(out.read_text())
+    Pylock.from_dict(doc)
+    assert len(doc["environments"]) == 2
+    assert lock.read(out) == lk
+    expected = {
+        "linux-x86_64": {("torch", "2.14.1"), ("torchcodec", "0.17.0"), ("numpy", "2.3.5")},
+        "linux-aarch64": {("torch", "2.14.1"), ("numpy", "2.3.4"), ("av", "16.1.0")},
+    }
+    for name, want in expected.items():
+        assert {(p.name, p.version) for p in lk.packages_on(name)} == want
+        env = platforms.get(name).marker_environment("3.12")
+        picked = {
+            (p.name, p.version)
+            for p in lk.packages
+            if p.marker is None or Marker(p.marker).evaluate(env)
+        }
+        assert picked == want
+        lines = lk.requirements_txt(name).splitlines()
+        assert sorted(ln.split(" ")[0] for ln in lines) == sorted(f"{n}=={v}" for n, v in want)
+
+
+def test_the_toolkit_pins_are_read_where_nvidia_ships_every_component(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuda-toolkit[all]==13.0.2 does not resolve for aarch64 (no nvidia-cuda-opencl wheel):
+    the pins, cuda-toolkit's own metadata, are read for linux-x86_64 whatever the platform."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(in_tmp / "cache"))
+    s = spec.load(
+        write(
+            in_tmp / "s.yaml",
+            'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\nplatforms: [linux-aarch64]\n',
+        )
+    )
+    fake = FakeUv(cuda_torch_answers())
+    resolve.resolve(s, compile_=fake)
+    asked = dict(zip([c[0][0] for c in fake.calls], fake.platforms, strict=True))
+    assert asked["cuda-toolkit[all]==13.0.3.0"] == "linux-x86_64"
+    assert asked["torch==2.14.1"] == "linux-aarch64"

@@ -254,7 +254,7 @@ def test_unknown_top_key_lists_every_key_in_order(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + "zzz: 1\n")
     assert problems(path) == [
         "s.yaml:7:1: zzz: unknown key; expected one of: name, summary, extends, python, cuda, "
-        "torch, packages, toolchain, archs, env, verify, indexes"
+        "torch, packages, toolchain, archs, env, verify, indexes, platforms"
     ]
 
 
@@ -373,4 +373,21 @@ def test_string_and_strings_record_located_problems() -> None:
         "f.yaml:5:3: l[1]: expected names, got null",
         "f.yaml:6:3: l[2]: expected names, got the string ' '",
         "f.yaml:7:3: m: expected a list of names, got a mapping",
+    ]
+
+
+def test_platforms_default_to_both_and_are_checked(in_tmp: Path) -> None:
+    assert spec.load(write(in_tmp / "s.yaml", GOOD)).platforms == ("linux-x86_64", "linux-aarch64")
+    narrow = spec.load(write(in_tmp / "n.yaml", GOOD + "platforms: [linux-aarch64]\n"))
+    assert narrow.platforms == ("linux-aarch64",)
+    # The platforms decide what is resolved: another list is another lock.
+    assert narrow.fingerprint() != spec.load(in_tmp / "s.yaml").fingerprint()
+    path = write(in_tmp / "bad.yaml", GOOD + "platforms: [linux-arm64, macos-arm64]\n")
+    assert problems(path) == [
+        "bad.yaml:7:13: platforms[0]: unknown platform 'linux-arm64'; did you mean 'linux-aarch64'?",
+        "bad.yaml:7:26: platforms[1]: unknown platform 'macos-arm64'; expected one of: "
+        "linux-x86_64, linux-aarch64",
+    ]
+    assert problems(write(in_tmp / "e.yaml", GOOD + "platforms: []\n")) == [
+        "e.yaml:7:12: platforms: name at least one platform"
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import archs, proc, spec, toolchain
+from builder import archs, platforms, proc, spec, toolchain
 from tests.helpers import write
 
 HOSTILE = {
@@ -142,3 +142,85 @@ def test_libcuda_stub_has_the_driver_soname(tmp_path: Path) -> None:
     if done.returncode != 0:
         pytest.skip("readelf is not installed")
     assert "Library soname: [libcuda.so.1]" in done.stdout
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_stub_written_for_another_machine_is_that_machines_with_the_driver_soname(
+    tmp_path: Path, machine: str
+) -> None:
+    plat = platforms.get(f"linux-{machine}")
+    stub = tmp_path / "libcuda.so"
+    stub.write_bytes(toolchain.elf_libcuda_stub(plat.elf_machine))
+    assert toolchain.elf_machine(stub) == plat.elf_machine
+    done = subprocess.run(
+        ["readelf", "-hd", str(stub)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip("readelf is not installed")
+    assert "Library soname: [libcuda.so.1]" in done.stdout
+    assert "DYN (Shared object file)" in done.stdout
+    assert "Warning" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def test_the_written_stub_links_like_the_compiled_one(tmp_path: Path) -> None:
+    """What FlashInfer's link step does with -lcuda: a shared object that records the driver's
+    soname as NEEDED, with this machine's own linker (the stub written for it)."""
+    cc = proc.which("cc") or proc.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    host = platforms.get(platforms.host_name())
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "libcuda.so").write_bytes(toolchain.elf_libcuda_stub(host.elf_machine))
+    src = write(tmp_path / "use.c", "extern int cuInit(unsigned); int f(void){return cuInit(0);}\n")
+    out = tmp_path / "use.so"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", str(src), "-Wl,--no-as-needed", f"-L{tmp_path / 'stubs'}",
+         "-lcuda", "-o", str(out)],
+        check=True,
+    )  # fmt: skip
+    done = subprocess.run(["readelf", "-d", str(out)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip("readelf is not installed")
+    assert "Shared library: [libcuda.so.1]" in done.stdout
+
+
+def fake_toolkit_tree(root: Path, e_machine: int) -> Path:
+    """cuda-home/ as the overlay lays it out, each binary a minimal ELF of ``e_machine``."""
+    elf = toolchain.elf_libcuda_stub(e_machine)
+    home = root / "cuda-home"
+    for rel in ("bin/nvcc", "bin/ptxas", "nvvm/bin/cicc", "lib64/stubs/libcuda.so"):
+        write(home / rel, "").write_bytes(elf)
+    prefix = root / "lib" / "python3.12" / "site-packages" / "nvidia" / "cu13" / "lib"
+    write(prefix / "libcudart.so.13", "").write_bytes(elf)
+    (home / "lib64" / "libcudart.so").symlink_to(
+        os.path.relpath(prefix / "libcudart.so.13", home / "lib64")
+    )
+    for rel in toolchain.ASSEMBLY_INCLUDES:
+        write(home / rel, "")
+    return root
+
+
+def test_assembly_checks_pass_a_tree_of_the_platform_and_name_each_fault(tmp_path: Path) -> None:
+    arm = platforms.get("linux-aarch64")
+    tree = fake_toolkit_tree(tmp_path / "arm", arm.elf_machine)
+    assert toolchain.assembly_problems(tree, arm) == []
+    # The same tree made of x86_64 files: every binary is named.
+    x86 = fake_toolkit_tree(tmp_path / "x86", platforms.get("linux-x86_64").elf_machine)
+    problems = toolchain.assembly_problems(x86, arm)
+    assert (
+        problems[0]
+        == "cuda-home/bin/nvcc is an ELF file for machine 62, not linux-aarch64 (machine 183)"
+    )
+    assert len(problems) == 5  # nvcc, ptxas, cicc, the stub, libcudart
+    # A runtime library outside the tree, a text file as ptxas, a missing header.
+    outside = tmp_path / "elsewhere.so"
+    outside.write_bytes(toolchain.elf_libcuda_stub(arm.elf_machine))
+    (tree / "cuda-home" / "lib64" / "libcudart.so").unlink()
+    (tree / "cuda-home" / "lib64" / "libcudart.so").symlink_to(outside)
+    (tree / "cuda-home" / "bin" / "ptxas").write_text("#!/bin/sh\n")
+    (tree / "cuda-home" / "include" / "cuda_runtime.h").unlink()
+    assert toolchain.assembly_problems(tree, arm) == [
+        "cuda-home/bin/ptxas is missing or not an ELF file, not linux-aarch64 (machine 183)",
+        f"cuda-home/lib64/libcudart.so resolves to {outside}, not a linux-aarch64 library inside the env",
+        "cuda-home/include/cuda_runtime.h is missing",
+    ]
