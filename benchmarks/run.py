@@ -321,11 +321,10 @@ class Bench:
         )
         return plan_case
 
-    def relock(self) -> Case:
-        ws = self.work / "relock"
-        rm(ws)
-        (ws / "locks").mkdir(parents=True)
-        shutil.copy(DEFAULT, ws / "default.yaml")
+    def raw_compile(self, ws: Path, names: Sequence[str]) -> Callable[[], None]:
+        """Raw ``uv pip compile`` of the default spec's final request (its packages, the
+        toolkit pin and the channel's constraints), once per platform in ``names``: the same
+        work as cudaenv's last resolver call per platform."""
         pins = (
             channels.read_cached_pins(f"cuda-toolkit-{self.lock.toolkit}-x86_64-manylinux_2_34")
             or {}
@@ -335,35 +334,31 @@ class Bench:
             *self.default.packages,
             f"cuda-toolkit[{','.join(sorted(self.default.toolchain.components))}]=={self.lock.toolkit}",
         ]
+        ws.mkdir(parents=True, exist_ok=True)
         (ws / "in.txt").write_text("\n".join(reqs) + "\n")
         (ws / "constraints.txt").write_text(
             "\n".join(f"{k}=={v}" for k, v in sorted(pins.items())) + "\n"
         )
 
         def raw() -> None:
-            # The same work as cudaenv's: one uv resolution per platform of the spec.
-            for name in self.default.platforms:
+            for name in names:
                 sh(
-                    [
-                        self.uv,
-                        "pip",
-                        "compile",
-                        ws / "in.txt",
-                        "-c",
-                        ws / "constraints.txt",
-                        "--python-version",
-                        self.default.python,
-                        "--python-platform",
-                        platforms.get(name).uv_tag,
-                        "--quiet",
-                        "-o",
-                        ws / f"pylock.raw-{name}.toml",
-                        "--python",
-                        self.python,
-                    ],
+                    [self.uv, "pip", "compile", ws / "in.txt", "-c", ws / "constraints.txt",
+                     "--python-version", self.default.python,
+                     "--python-platform", platforms.get(name).uv_tag,
+                     "--quiet", "-o", ws / f"pylock.raw-{name}.toml", "--python", self.python],
                     env={"UV_PYTHON_DOWNLOADS": "never"},
-                )
+                )  # fmt: skip
 
+        return raw
+
+    def relock(self) -> Case:
+        ws = self.work / "relock"
+        rm(ws)
+        (ws / "locks").mkdir(parents=True)
+        shutil.copy(DEFAULT, ws / "default.yaml")
+        # The same work as cudaenv's: one uv resolution per platform of the spec.
+        raw = self.raw_compile(ws / "raw", self.default.platforms)
         ta, tb = alternate(lambda: cudaenv("lock", ws / "default.yaml"), raw, self.pairs)
         pairs = pair_ratios(ta, tb)
         ratio = pairs["median"]
@@ -410,6 +405,13 @@ class Bench:
             self.pairs,
         )
         pairs = pair_ratios(ta, tb)
+        # What the second platform costs uv itself: the anchor of the ratio above.
+        ua, ub = alternate(
+            self.raw_compile(ws / "raw-two", ("linux-x86_64", "linux-aarch64")),
+            self.raw_compile(ws / "raw-one", ("linux-x86_64",)),
+            self.pairs,
+        )
+        uv_pairs = pair_ratios(ua, ub)
         two = lock.read(next((ws / "two" / "locks").glob("pylock.*.toml")))
         return Case(
             name="lock for two platforms vs one",
@@ -420,12 +422,17 @@ class Bench:
                 "two platforms": ta.to_json(),
                 "one platform": tb.to_json(),
                 "pair ratios": pairs,
+                "raw uv, two platforms": ua.to_json(),
+                "raw uv, one platform": ub.to_json(),
+                "raw uv pair ratios": uv_pairs,
                 "packages": {p: len(two.packages_on(p)) for p in two.platforms},
             },
             ratio=pairs["median"],
             anchor="cudaenv lock, one platform",
-            goal="≤ 2.0 (one resolution per platform)",
-            met=pairs["median"] <= 2.0,
+            # A second platform is a second resolution: cudaenv may not add more than uv's
+            # own cost of it does (the aarch64 resolution is the slower of the two).
+            goal=f"≤ raw uv's two/one ratio x 1.10 ({uv_pairs['median'] * 1.10:.2f})",
+            met=pairs["median"] <= uv_pairs["median"] * 1.10,
         )
 
     def verify(self) -> Case:

@@ -255,3 +255,15 @@ def test_a_lock_is_parsed_once_per_content(tmp_path: Path, monkeypatch: pytest.M
         lock.read(path)
     monkeypatch.undo()
     assert lock.owner(tmp_path / "missing.toml") is None
+
+
+def test_a_lock_written_before_platforms_reads_as_its_one_platform(tmp_path: Path) -> None:
+    text = lock_of(TOOLCHAIN).read_text()
+    start = text.index("platforms = [", text.index("[tool.cudaenv]"))
+    end = text.index("\n", start)
+    old = text[:start] + 'platform = "x86_64-manylinux_2_34"' + text[end:]
+    out = write(tmp_path / "pylock.old.toml", old)
+    assert lock.read(out).platforms == ("linux-x86_64",)
+    write(out, text[:start] + text[end + 1 :])
+    with pytest.raises(BuildError, match=r"\[tool.cudaenv\] lacks 'platforms'; run `cudaenv lock`"):
+        lock.read(out)
