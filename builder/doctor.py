@@ -20,7 +20,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder import archs, channels, manifest, proc
+from builder import archs, caches, channels, manifest, proc
 from builder.errors import CudaenvError
 from builder.manifest import Manifest
 
@@ -704,12 +704,41 @@ def rule_probe(facts: Facts) -> list[Finding]:
     return out
 
 
+def rule_caches(facts: Facts) -> list[Finding]:
+    """A cudaenv env keeps every JIT cache in its own var/ and Triton's tools at its own
+    binaries; a cache elsewhere is shared with envs of other toolkits (flashinfer#5145)."""
+    if facts.manifest is None or not facts.prefix:
+        return []
+    # Only the variables the probe was asked for: a probe of an older cudaenv reports none.
+    if not any(v in facts.env for v in caches.VARIABLES):
+        return []
+    wrong = caches.outside_env(facts.prefix, facts.env)
+    if not wrong:
+        return []
+    return [
+        Finding(
+            code="cache-outside-env",
+            severity=WARNING,
+            cause=f"{len(wrong)} JIT cache setting(s) of this env point outside it: compiled "
+            "results are shared with envs of other toolkits and can be reused stale "
+            "(flashinfer#5145)",
+            evidence=tuple(wrong),
+            fix=(
+                f"rebuild the env so its hook sets them: cudaenv build {facts.manifest.spec} "
+                "--force",
+                "or remove the override from the spec's `env:` / the code that sets it",
+            ),
+        )
+    ]
+
+
 RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_probe,
     rule_nvcc,
     rule_wheels,
     rule_driver,
     rule_jit_cache,
+    rule_caches,
     rule_host_compiler,
     rule_no_host_compiler,
     rule_glibc,
@@ -731,6 +760,7 @@ ROOT_FIRST = (
     "flashinfer-companion-mismatch",
     "driver-too-old",
     "stale-jit-cache",
+    "cache-outside-env",
     "gpu-arch-missing",
     "old-jit-cache",
     "no-driver",
@@ -797,7 +827,12 @@ def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding
     # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
     script = str(resources.files("builder.probe").joinpath("doctor_probe.py"))
     started = time.monotonic()
-    argv = [os.fspath(python), script, *(["--deep"] if deep else [])]
+    argv = [
+        os.fspath(python),
+        script,
+        "--env=" + ",".join(caches.VARIABLES),
+        *(["--deep"] if deep else []),
+    ]
     try:
         done = proc.run(argv, check=False, timeout=DEEP_TIMEOUT if deep else PROBE_TIMEOUT)
     except proc.CommandFailed as exc:
@@ -861,6 +896,17 @@ def facts_table(facts: Facts) -> list[tuple[str, str]]:
     for gpu in facts.gpus:
         rows.append((f"GPU {gpu.index}", f"{gpu.name} SM {gpu.capability_text}"))
     rows.append(("JIT cache", f"{facts.jit_root} ({len(facts.jit_entries)} op(s))"))
+    for cache in caches.CACHES:
+        if cache.variable in facts.env:
+            rows.append(
+                (
+                    f"  {cache.variable}",
+                    facts.env.get(cache.variable) or f"(unset: {cache.owner}'s default)",
+                )
+            )
+    for variable, _tool in caches.TRITON_TOOLS:
+        if facts.env.get(variable):
+            rows.append((f"  {variable}", str(facts.env[variable])))
     rows.append(("host C++", facts.cxx_banner or "none"))
     nv = sorted(
         f"{k}=={v}"

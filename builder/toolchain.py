@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, channels, proc
+from builder import archs, caches, channels, proc
 from builder.archs import Arch
 from builder.errors import BuildError, ToolMissing
 from builder.paths import cache_dir
@@ -470,14 +470,23 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
         "flashinfer_archs": archs.flashinfer_spelling(env_archs),
         "torch_archs": archs.torch_spelling(env_archs),
         "env": list(spec.env),
-        "saved": [
-            "CUDA_HOME",
-            "CUDA_PATH",
-            "FLASHINFER_CUDA_ARCH_LIST",
-            "TORCH_CUDA_ARCH_LIST",
-            "FLASHINFER_WORKSPACE_BASE",
-            *[k for k, _ in spec.env],
+        "caches": [(c.variable, c.subdir) for c in caches.CACHES],
+        # Only binaries the toolkit has: Triton falls back to its own silently otherwise.
+        "tools": [
+            (v, t) for v, t in caches.TRITON_TOOLS if (venv / "cuda-home" / "bin" / t).exists()
         ],
+        "saved": list(
+            dict.fromkeys(
+                [
+                    "CUDA_HOME",
+                    "CUDA_PATH",
+                    "FLASHINFER_CUDA_ARCH_LIST",
+                    "TORCH_CUDA_ARCH_LIST",
+                    *caches.VARIABLES,
+                    *[k for k, _ in spec.env],
+                ]
+            )
+        ),
     }
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(_render("hook.py.j2", values))
@@ -487,5 +496,7 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     if activate.exists():
         with activate.open("a") as fh:
             fh.write(_render("activate.sh.j2", values))
-    (venv / "var" / "flashinfer").mkdir(parents=True, exist_ok=True)
+    # Made now: not every library creates its cache directory before writing into it.
+    for cache in caches.CACHES:
+        (venv / "var" / cache.subdir).mkdir(parents=True, exist_ok=True)
     return [hook, pth, activate]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from builder import archs, doctor, interpreters, manifest, proc
+from builder import archs, caches, doctor, interpreters, manifest, proc
 from builder.errors import UsageError
 from builder.manifest import Manifest
 from tests.helpers import REPO, write
@@ -94,9 +94,13 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEnv]:
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CUDA_HOME", str(home))
+    # As the start-up hook of a built env sets them (builder/caches.py).
+    for cache in caches.CACHES:
+        monkeypatch.setenv(cache.variable, str(tmp_path / "venv" / "var" / cache.subdir))
+    for variable, _tool in caches.TRITON_TOOLS:
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("CXX", str(gxx))
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))
     fake.dists(HEALTHY_DISTS)
     yield fake
 
@@ -245,7 +249,7 @@ def test_flashinfer_companion_mismatch(env: FakeEnv) -> None:
 
 
 def test_jit_cache_of_another_toolkit_and_version(env: FakeEnv, tmp_path: Path) -> None:
-    cache = tmp_path / "ws" / ".cache" / "flashinfer"
+    cache = tmp_path / "venv" / "var" / "flashinfer" / ".cache" / "flashinfer"
     write(
         cache / "0.7.2" / "120f" / "cached_ops" / "sampling" / "build.ninja",
         "ninja_required_version = 1.3\ncuda_home = /usr/local/cuda-12.8\n",
@@ -628,4 +632,47 @@ def test_deep_on_an_env_without_torch_or_flashinfer_is_healthy(
     monkeypatch.setenv("CUDA_HOME", str(fake_nvcc(tmp_path / "cuda-13.0", "13.0")))
     facts, findings, _ = doctor.probe(str(bare.python), deep=True)
     assert facts is not None
+    assert problems(findings) == []
+
+
+def test_a_cache_outside_a_cudaenv_env_is_flagged(
+    env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cudaenv env keeps every JIT cache in var/ and Triton's ptxas at its own; anything
+    else is named, with the variable and where it points."""
+    manifest.write(a_manifest("12.0f", spec="envspecs/mine.yaml"), env.python.parent.parent)
+    findings, facts = run(env)
+    assert problems(findings) == []
+    assert facts.env["TRITON_CACHE_DIR"] == str(tmp_path / "venv" / "var" / "triton")
+    shared = tmp_path / "home" / ".triton" / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    ptxas = write(tmp_path / "venv" / "cuda-home" / "bin" / "ptxas", "")
+    findings, _ = run(env)
+    assert problems(findings) == ["cache-outside-env"]
+    assert findings[0].evidence == (
+        f"TRITON_CACHE_DIR={shared} (Triton)",
+        "TORCH_EXTENSIONS_DIR unset (torch uses its default, outside the env)",
+        "TRITON_PTXAS_PATH unset (Triton uses its bundled ptxas, not the env's)",
+        "TRITON_PTXAS_BLACKWELL_PATH unset (Triton uses its bundled ptxas, not the env's)",
+    )
+    assert (
+        findings[0].fix[0]
+        == "rebuild the env so its hook sets them: cudaenv build envspecs/mine.yaml --force"
+    )
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(ptxas))
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", "/usr/local/cuda/bin/ptxas")
+    findings, _ = run(env)
+    assert findings[0].evidence[-1] == (
+        "TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda/bin/ptxas (not the env's ptxas)"
+    )
+    # Every location is shown, cudaenv env or not.
+    text = doctor.render(env.python, *run(env)[::-1])
+    rows = {line.split()[0]: line.split()[-1] for line in text.splitlines() if line.strip()}
+    assert rows["TRITON_CACHE_DIR"] == str(shared)
+    assert rows["TORCH_EXTENSIONS_DIR"] == "default)"  # "(unset: torch's default)"
+    assert rows["TRITON_PTXAS_BLACKWELL_PATH"] == "/usr/local/cuda/bin/ptxas"
+    # Not a cudaenv env: the locations are reported, nothing is flagged.
+    (env.python.parent.parent / manifest.FILE).unlink()
+    findings, _ = run(env)
     assert problems(findings) == []

@@ -262,6 +262,25 @@ def test_default_env_uses_its_own_nvcc_over_the_shells(
     first, second = done.stdout.strip().splitlines()[-2:]
     assert first == "13.0 13.0"
     assert second == str(default_env / "cuda-home")
+    # Triton, torch extensions and the rest compile into the env, with the env's ptxas.
+    code = (
+        "import os; print(os.environ['TRITON_CACHE_DIR'], os.environ['TORCH_EXTENSIONS_DIR'], "
+        "os.environ['TRITON_PTXAS_PATH'])"
+    )
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={**os.environ, "TRITON_CACHE_DIR": "/tmp/shared-triton"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    triton, extensions, ptxas = done.stdout.split()
+    assert triton == str(default_env / "var" / "triton")
+    assert extensions == str(default_env / "var" / "torch_extensions")
+    assert ptxas == str(default_env / "cuda-home" / "bin" / "ptxas")
+    assert Path(ptxas).samefile(
+        next(default_env.glob("lib/python3.*/site-packages/nvidia/cu13/bin/ptxas"))
+    )
     # Without the hook the same interpreter is fooled: the test would catch a broken hook.
     done = subprocess.run(
         [default_env / "bin" / "python", "-c", code],
@@ -504,6 +523,9 @@ def test_doctor_default_env_is_healthy(default_env: Path) -> None:
     facts, findings, _ = doctor.probe(str(default_env / "bin" / "python"), deep=True)
     assert facts is not None
     assert [f.code for f in findings if f.severity == doctor.ERROR] == []
+    # Every JIT cache in the env, Triton on the env's ptxas: nothing to flag.
+    assert "cache-outside-env" not in [f.code for f in findings]
+    assert facts.env["TRITON_PTXAS_PATH"] == str(default_env / "cuda-home" / "bin" / "ptxas")
     assert facts.deep is not None
     assert facts.deep["flashinfer"]["cuda_version"] == "13.0"
     assert facts.deep["flashinfer"]["cuda_path"] == str(default_env / "cuda-home")

@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import archs, platforms, proc, spec, toolchain
+from builder import archs, caches, platforms, proc, spec, toolchain
 from tests.helpers import write
 
 HOSTILE = {
@@ -223,4 +223,54 @@ def test_assembly_checks_pass_a_tree_of_the_platform_and_name_each_fault(tmp_pat
         "cuda-home/bin/ptxas is missing or not an ELF file, not linux-aarch64 (machine 183)",
         f"cuda-home/lib64/libcudart.so resolves to {outside}, not a linux-aarch64 library inside the env",
         "cuda-home/include/cuda_runtime.h is missing",
+    ]
+
+
+def test_every_jit_cache_lives_in_the_env_and_triton_uses_its_ptxas(
+    in_tmp: Path, venv: Path
+) -> None:
+    """The hook and activate point each library's own cache variable into ENV/var and
+    Triton's tool variables at the env's binaries, whatever the shell exported; a tool the
+    toolkit lacks is left to Triton (it falls back silently to its bundled one)."""
+    s = hostile_spec(in_tmp)
+    ptxas = write(venv / "cuda-home" / "bin" / "ptxas", "")
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    names = list(caches.VARIABLES)
+    shell = {name: f"/shared/{name.lower()}" for name in names}
+    code = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
+    done = subprocess.run(
+        [venv / "bin" / "python", "-c", code],
+        env={**os.environ, **shell},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+    for cache in caches.CACHES:
+        assert got[cache.variable] == str(venv / "var" / cache.subdir)
+        assert (venv / "var" / cache.subdir).is_dir()
+    assert got["TRITON_PTXAS_PATH"] == got["TRITON_PTXAS_BLACKWELL_PATH"] == str(ptxas)
+    # No cuobjdump/nvdisasm in this toolkit: the shell's value stays, as Triton's own default would.
+    assert got["TRITON_CUOBJDUMP_PATH"] == shell["TRITON_CUOBJDUMP_PATH"]
+    assert caches.outside_env(str(venv), got) == [
+        "TRITON_CUOBJDUMP_PATH=/shared/triton_cuobjdump_path (not the env's cuobjdump)",
+        "TRITON_NVDISASM_PATH=/shared/triton_nvdisasm_path (not the env's nvdisasm)",
+    ]
+    # activate: the same values for a shell, and deactivate gives the shell's back.
+    script = (
+        f'. {venv}/bin/activate; printf "%s\\n" "$TRITON_CACHE_DIR" "$TRITON_PTXAS_PATH" '
+        '"$SGLANG_JIT_CACHE_DIR"; deactivate; printf "%s\\n" "$TRITON_CACHE_DIR"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, **shell},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [
+        str(venv / "var" / "triton"),
+        f"{venv}/cuda-home/bin/ptxas",
+        str(venv / "var" / "sglang" / "jit"),
+        "/shared/triton_cache_dir",
     ]

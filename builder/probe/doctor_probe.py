@@ -264,6 +264,14 @@ def main() -> int:
                 "FLASHINFER_WORKSPACE_BASE",
                 "CUDAENV_SHELL_CUDA_HOME",
                 "CXX",
+                # cudaenv names the JIT cache variables it knows (builder/caches.py).
+                *[
+                    name
+                    for arg in sys.argv[1:]
+                    if arg.startswith("--env=")
+                    for name in arg[len("--env=") :].split(",")
+                    if name
+                ],
             )
         },
     }
