@@ -269,7 +269,7 @@ def test_default_env_uses_its_own_nvcc_over_the_shells(
     )
     done = subprocess.run(
         [default_env / "bin" / "python", "-c", code],
-        env={**os.environ, "TRITON_CACHE_DIR": "/tmp/shared-triton"},
+        env={**os.environ, "TRITON_CACHE_DIR": "/srv/shared/triton"},
         capture_output=True,
         text=True,
         check=True,
