@@ -22,3 +22,12 @@ def cache_dir() -> Path:
         return Path(own)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cudaenv"
+
+
+def jit_store_dir() -> Path | None:
+    """The machine-wide store of compiled JIT results (probe/jit_store.py): ``$CUDAENV_JIT_STORE``
+    (``off`` turns it off), else ``jit-store`` in the cache directory."""
+    own = os.environ.get("CUDAENV_JIT_STORE")
+    if own == "off":
+        return None
+    return Path(own) if own else cache_dir() / "jit-store"

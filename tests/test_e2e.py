@@ -263,18 +263,18 @@ def test_default_env_uses_its_own_nvcc_over_the_shells(
     assert first == "13.0 13.0"
     assert second == str(default_env / "cuda-home")
     # Triton, torch extensions and the rest compile into the env, with the env's ptxas.
-    code = (
+    cache_code = (
         "import os; print(os.environ['TRITON_CACHE_DIR'], os.environ['TORCH_EXTENSIONS_DIR'], "
         "os.environ['TRITON_PTXAS_PATH'])"
     )
-    done = subprocess.run(
-        [default_env / "bin" / "python", "-c", code],
+    cached = subprocess.run(
+        [default_env / "bin" / "python", "-c", cache_code],
         env={**os.environ, "TRITON_CACHE_DIR": "/srv/shared/triton"},
         capture_output=True,
         text=True,
         check=True,
     )
-    triton, extensions, ptxas = done.stdout.split()
+    triton, extensions, ptxas = cached.stdout.split()
     assert triton == str(default_env / "var" / "triton")
     assert extensions == str(default_env / "var" / "torch_extensions")
     assert ptxas == str(default_env / "cuda-home" / "bin" / "ptxas")
@@ -482,7 +482,11 @@ def test_verify_archs_builds_the_extra_arch_into_the_envs_cache(default_env: Pat
         "flashinfer-jit": "passed",
         "cubin": "passed",
     }, done.stdout
-    assert checks["flashinfer-jit"]["summary"].startswith("sampling module for 9.0a: built in")
+    # Built here, or placed from the machine-wide store where an env of this toolchain built
+    # 9.0a before (an earlier run): either way into this env's own cache, checked below.
+    assert checks["flashinfer-jit"]["summary"].startswith(
+        ("sampling module for 9.0a: built in", "sampling module for 9.0a: reused from the store")
+    )
     assert "/90a/" in checks["flashinfer-jit"]["evidence"]["library"]
     assert str(default_env) in checks["flashinfer-jit"]["evidence"]["library"]
     assert checks["cubin"]["evidence"]["flashinfer sampling"].endswith(": sm_90a")

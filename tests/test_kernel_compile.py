@@ -26,14 +26,25 @@ case " $NVCC_APPEND_FLAGS " in *" --bogus "*) echo "nvcc fatal   : Unknown optio
 if [ -n "$FAKE_MISSING_HEADER" ]; then
   echo "topk_topp.cu:3:10: fatal error: $FAKE_MISSING_HEADER: No such file or directory" >&2; exit 1
 fi
-while [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then echo cubin > "$2"; fi; shift; done
+dep=""
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-o" ]; then echo cubin > "$2"; fi
+  if [ "$1" = "-MF" ]; then dep="$2"; fi
+  shift
+done
+# The depfile nvcc writes with --generate-dependencies-with-compile: the CUB header it read.
+if [ -n "$dep" ]; then echo "out: $(dirname "$0")/../include/cub.cuh" > "$dep"; fi
 """
 
 
 @pytest.fixture
 def toolkit(tmp_path: Path) -> Path:
-    home = tmp_path / "cuda-home"
+    return make_toolkit(tmp_path / "cuda-home")
+
+
+def make_toolkit(home: Path, cub: str = "CUB 13.0") -> Path:
     write(home / "bin" / "nvcc", FAKE_NVCC).chmod(0o755)
+    write(home / "include" / "cub.cuh", cub)
     return home
 
 
@@ -157,3 +168,48 @@ def test_host_compiler_named_by_ccbin(tmp_path: Path) -> None:
     assert host.path == str(clang) and "clang version 18" in host.identity
     missing = kernel_compile.host_compiler({"PATH": "/nonexistent", "NVCC_CCBIN": "/nope/g++"})
     assert missing.path is None and "named by -ccbin/NVCC_CCBIN (/nope/g++)" in str(missing.error)
+
+
+@pytest.mark.parametrize("change", [None, "nvcc", "cccl", "arch", "host compiler"])
+def test_the_store_serves_another_env_of_the_same_toolchain_only(
+    tmp_path: Path, change: str | None
+) -> None:
+    """Env A builds; env B (another path, its own work dir) reuses A's binary from the
+    machine-wide store, unless its nvcc, its CCCL header, the arch or the host compiler
+    differ: then B compiles."""
+    env = env_with(tmp_path, "gcc 12.2.0")
+    a = make_toolkit(tmp_path / "envA" / "cuda-home")
+    arch = archs.Arch.parse("12.0f")
+    first = kernel_compile.build_kernel(
+        a / "bin" / "nvcc", arch, tmp_path / "envA" / "work", env=env, owner="envA"
+    )
+    assert first.error is None and first.stored is None
+    b = make_toolkit(
+        tmp_path / "envB" / "cuda-home", cub="CUB 13.3" if change == "cccl" else "CUB 13.0"
+    )
+    if change == "nvcc":
+        write(b / "bin" / "nvcc", FAKE_NVCC + "# 13.5\n").chmod(0o755)
+    if change == "host compiler":
+        env = env_with(tmp_path, "gcc 14.1.0")
+    arch_b = archs.Arch.parse("9.0a") if change == "arch" else arch
+    second = kernel_compile.build_kernel(
+        b / "bin" / "nvcc", arch_b, tmp_path / "envB" / "work", env=env, owner="envB"
+    )
+    assert second.error is None
+    calls_b = b / "bin" / "calls"
+    if change is None:
+        assert second.reused and second.stored is not None
+        assert second.stored[1] == "envA"
+        assert not calls_b.exists()  # B's nvcc never ran
+        assert second.path.read_text() == first.path.read_text()
+        result = kernel_compile.check(
+            target(
+                tmp_path, archs=(arch,), work=tmp_path / "envC" / "work", env_dir=tmp_path / "envC"
+            ),
+            facts(make_toolkit(tmp_path / "envC" / "cuda-home"), env),
+        )
+        assert "reused from the store: 12.0f: first built " in result.summary
+        assert result.summary.endswith("for envA)")
+    else:
+        assert not second.reused and second.stored is None
+        assert len(calls_b.read_text().splitlines()) == 1

@@ -12,9 +12,13 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
+import jit_store
 from doctor_probe import nvcc_info, which
 from flashinfer_light import cuda_facts, import_flashinfer_jit, installed
 
@@ -79,15 +83,58 @@ def jit_sampling() -> dict[str, object]:
         sampling, _ = import_flashinfer_jit("sampling")
         spec = sampling.gen_sampling_module()
         reused = bool(spec.is_compiled)
-        spec.build(verbose=False)
-        return {
+        store = os.environ.get("CUDAENV_JIT_STORE", "")
+        stored: dict[str, object] | None = None
+        if store and store != "off" and not reused:
+            stored = build_through_store(spec, Path(store))
+        else:
+            spec.build(verbose=False)
+        out: dict[str, object] = {
             "library": str(spec.get_library_path()),
             "reused": reused,
             "seconds": time.monotonic() - started,
         }
+        if stored is not None:
+            out["store"] = stored
+        return out
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
         return {"error": text[-6000:], "seconds": time.monotonic() - started}
+
+
+def build_through_store(spec: Any, root: Path) -> dict[str, object]:
+    """FlashInfer's build of ``spec`` through cudaenv's store (jit_store.py): a result some
+    env of the same toolchain built is placed with ninja logs for this env, so ninja has
+    nothing to do; a miss is built here and kept for the next env."""
+    ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
+    if ninja is None or not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
+        spec.build(verbose=False)
+        return {"used": False, "why": "no ninja on PATH or a FlashInfer without write_ninja"}
+    spec.write_ninja()
+    build_dir = Path(spec.ninja_path).parent
+    store = jit_store.Store(root)
+    key = jit_store.key_of(
+        jit_store.ninja_material(store, build_dir, sys.prefix, ninja, os.environ)
+    )
+    library = Path(spec.get_library_path())
+    with store.locked(key):  # a concurrent builder of this key finishes first
+        meta = jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
+        placed = library.stat().st_mtime_ns if meta is not None and library.exists() else None
+        spec.build(verbose=False)
+        hit = placed is not None and library.stat().st_mtime_ns == placed
+        kept = None
+        if not hit:
+            kept = jit_store.publish_ninja(
+                store, key, build_dir, sys.prefix, ninja, {"env": sys.prefix}
+            )
+    store.hasher.save()
+    out: dict[str, object] = {"used": True, "key": key[:16], "hit": hit}
+    if hit and meta is not None:
+        out["first_built"] = meta.get("first_built")
+        out["env"] = meta.get("env")
+    else:
+        out["kept"] = kept is not None
+    return out
 
 
 def main() -> int:

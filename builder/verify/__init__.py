@@ -31,6 +31,7 @@ from builder import proc
 from builder.archs import Arch
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.jsondoc import Reader
+from builder.paths import jit_store_dir
 
 log = logging.getLogger("cudaenv")
 
@@ -157,9 +158,12 @@ class EnvFacts:
 
 
 def target_env(target: Target) -> dict[str, str]:
-    """The environment the probe starts with: ours plus the target's overrides."""
+    """The environment the probe starts with: ours plus the target's overrides, and where the
+    JIT store is (none with ``--fresh``: everything is compiled again)."""
     env = dict(os.environ)
     env.update(dict(target.extra_env))
+    store = jit_store_dir()
+    env["CUDAENV_JIT_STORE"] = "off" if target.fresh or store is None else str(store)
     return env
 
 

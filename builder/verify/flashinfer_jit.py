@@ -82,6 +82,14 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             fix="run the env's own python (its start-up hook sets FLASHINFER_WORKSPACE_BASE)",
         )
     how = "reused from the env's JIT cache" if jit.get("reused") else f"built in {seconds:.1f} s"
+    stored = jit.get("store")
+    if isinstance(stored, dict) and stored.get("used"):
+        evidence.append(("JIT store key", str(stored.get("key"))))
+        if stored.get("hit"):
+            day = str(stored.get("first_built") or "?")[:10]
+            how = f"reused from the store (first built {day} for {stored.get('env')})"
+        elif stored.get("kept"):
+            how += ", kept in the store for envs of the same toolchain"
     return CheckResult(
         name="flashinfer-jit",
         status=PASSED,

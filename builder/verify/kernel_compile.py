@@ -23,6 +23,8 @@ from pathlib import Path
 
 from builder import channels, proc
 from builder.archs import Arch
+from builder.paths import jit_store_dir
+from builder.probe import jit_store
 from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target, env_of
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
@@ -42,6 +44,8 @@ class KernelBuild:
     reused: bool
     error: str | None = None
     missing_tool: str | None = None
+    # Set when the binary came from the machine-wide store: when and for which env it was built.
+    stored: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +110,11 @@ def build_kernel(
     *,
     env: Mapping[str, str] | None = None,
     fresh: bool = False,
+    owner: str = "",
 ) -> KernelBuild:
+    """Our kernel for ``arch`` with ``nvcc``: reused from ``work`` when this env built it,
+    else from the machine-wide JIT store when an env of the same toolchain did (``owner``
+    names this env there), else compiled and kept in both."""
     env = dict(env if env is not None else os.environ)
     src = source()
     host = host_compiler(env)
@@ -140,10 +148,60 @@ def build_kernel(
         return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "topk_topp.cu").write_text(src)
+    root = jit_store_dir()
+    if root is None:
+        return _compile(nvcc, arch, out, env)
+    store = jit_store.Store(root)
+    cuda_home = str(Path(nvcc).parent.parent)
+    material = {
+        "kind": "topk_topp",
+        "source": hashlib.sha256(src.encode()).hexdigest(),
+        "flags": [*FLAGS, arch.gencode()],
+        "tools": jit_store.tool_identities(store.hasher, cuda_home, [host.path], env),
+    }
+    key = jit_store.key_of(material)
+    # Paths in the depfile are kept relative to the toolkit's parent (the env's root for a
+    # cudaenv env), so another env's toolkit at another path can match.
+    prefix = str(Path(cuda_home).parent)
+    with store.locked(key):
+        found = None if fresh else store.find(key, prefix)
+        if found is not None:
+            variant, meta = found
+            jit_store.copy_out(variant / "files" / "kernel", out)
+            out.chmod(0o755)
+            store.hasher.save()
+            stored = (str(meta.get("first_built", "?"))[:10], str(meta.get("env", "?")))
+            return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True, stored=stored)
+        built = _compile(nvcc, arch, out, env, depfile=out.with_suffix(".d"))
+        if built.error is None:
+            # The source is in the key already; its copy in this work dir is not an input.
+            deps = [d for d in _depfile(out.with_suffix(".d")) if not d.startswith(str(out_dir))]
+            if deps:
+                inputs = [jit_store.normalise(d, jit_store.env_roots(prefix)) for d in deps]
+                store.publish(key, {"kernel": out}, inputs, {"env": owner or prefix}, prefix)
+        store.hasher.save()
+    return built
+
+
+def _depfile(path: Path) -> list[str]:
+    """The files of a make-style depfile (``out: a b \\``), empty when it cannot be read."""
+    try:
+        text = path.read_text().replace("\\\n", " ")
+    except OSError:
+        return []
+    _, _, rest = text.partition(":")
+    return [word for word in rest.split() if word]
+
+
+def _compile(
+    nvcc: Path, arch: Arch, out: Path, env: Mapping[str, str], depfile: Path | None = None
+) -> KernelBuild:
+    src_file = out.parent / "topk_topp.cu"
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    deps = ["--generate-dependencies-with-compile", "-MF", str(depfile)] if depfile else []
     started = time.monotonic()
     done = proc.run(
-        [nvcc, *FLAGS, arch.gencode(), "-o", tmp, out_dir / "topk_topp.cu"],
+        [nvcc, *FLAGS, *deps, arch.gencode(), "-o", tmp, src_file],
         env=env,
         check=False,
         timeout=1800,
@@ -189,9 +247,11 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     missing_tool: str | None = None
     headers: list[tuple[str, str | None]] = []
     reused: list[str] = []
+    stored: list[str] = []
     total = 0.0
     for arch in target.archs:
-        built = build_kernel(nvcc, arch, target.work, env=env, fresh=target.fresh)
+        owner = str(target.env_dir or target.python)
+        built = build_kernel(nvcc, arch, target.work, env=env, fresh=target.fresh, owner=owner)
         total += built.seconds
         if built.error:
             failures.append(f"{arch}: {built.error}")
@@ -200,6 +260,12 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             if found:
                 headers.append(found)
             evidence.append((str(arch), f"failed after {built.seconds:.1f} s"))
+        elif built.stored is not None:
+            day, owner = built.stored
+            stored.append(f"{arch}: first built {day} for {owner}")
+            evidence.append(
+                (str(arch), f"{built.path} reused from the store (first built {day} for {owner})")
+            )
         elif built.reused:
             reused.append(str(arch))
             evidence.append(
@@ -232,6 +298,8 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             missing_tool=missing_tool,
         )
     how = f" (reused for {' '.join(reused)})" if reused else ""
+    if stored:
+        how += f" (reused from the store: {'; '.join(stored)})"
     return CheckResult(
         name="kernel-compile",
         status=PASSED,

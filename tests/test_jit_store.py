@@ -1,0 +1,251 @@
+"""The machine-wide JIT store (builder/probe/jit_store.py) with real ninja, on a toy build
+laid out as FlashInfer lays out its own: absolute paths of the env in every command, a
+depfile per object (``deps = gcc``), a link step. The compiler is a script that records each
+run, so a test sees whether anything was compiled."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from builder.probe import jit_store
+from tests.helpers import write
+
+# A compiler: output = flags + source + header; a depfile naming both; one line per run.
+FAKECC = """\
+import sys
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+dep = args[args.index("-MF") + 1]
+src = args[args.index("-c") + 1]
+inc = args[args.index("-I") + 1]
+flags = [a for a in args if a.startswith("-gencode")]
+header = inc + "/cub.cuh"
+open(out, "w").write(" ".join(flags) + open(src).read() + open(header).read())
+open(dep, "w").write(out + ": " + src + " " + header + "\\n")
+open(sys.argv[0] + ".runs", "a").write(out + "\\n")
+"""
+LINK = """\
+import sys
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+open(out, "w").write("".join(open(a).read() for a in args[: args.index("-o")]))
+open(sys.argv[0] + ".runs", "a").write(out + "\\n")
+"""
+
+
+def ninja() -> str:
+    found = shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("ninja is not installed")
+    return found
+
+
+def make_env(root: Path, tools: Path, *, arch: str = "120f", cub: str = "cub 13.0") -> Path:
+    """An env at ``root``: a toolkit (cuda-home with an nvcc file), a source, and the
+    module's build.ninja as FlashInfer writes it (absolute paths of this env)."""
+    write(root / "cuda-home" / "bin" / "nvcc", "nvcc 13.0.88\n")
+    write(root / "cuda-home" / "include" / "cub.cuh", cub + "\n")
+    write(root / "site" / "sampling.cu", "__global__ void k() {}\n")
+    build = root / "var" / "cache" / "sampling"
+    build.mkdir(parents=True)
+    py = sys.executable
+    write(
+        build / "build.ninja",
+        f"""ninja_required_version = 1.3
+cuda_home = {root}/cuda-home
+cxx = c++
+cuda_cflags = -I {root}/cuda-home/include -gencode=arch=compute_{arch},code=sm_{arch}
+
+rule cuda_compile
+  command = {py} {tools}/fakecc.py -MF $out.d $cuda_cflags -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+
+rule link
+  command = {py} {tools}/link.py $in -o $out
+
+build {build}/sampling.cuda.o: cuda_compile {root}/site/sampling.cu
+build {build}/sampling.so: link {build}/sampling.cuda.o
+default {build}/sampling.so
+""",
+    )
+    return build
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Path:
+    d = tmp_path / "tools"
+    write(d / "fakecc.py", FAKECC)
+    write(d / "link.py", LINK)
+    return d
+
+
+@pytest.fixture
+def host_path(tmp_path: Path) -> str:
+    """A PATH whose c++, gcc and g++ are scripts of known content (the host compiler)."""
+    bin_dir = tmp_path / "host-bin"
+    for name in ("c++", "gcc", "g++"):
+        write(bin_dir / name, "#!/bin/sh\necho gcc 12.2.0\n").chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+def runs(tools: Path) -> list[str]:
+    out = []
+    for name in ("fakecc.py.runs", "link.py.runs"):
+        path = tools / name
+        out += path.read_text().splitlines() if path.exists() else []
+    return out
+
+
+def key_for(store: jit_store.Store, build: Path, root: Path, path: str) -> str:
+    env = {"PATH": path, "CUDA_HOME": str(root / "cuda-home")}
+    return jit_store.key_of(jit_store.ninja_material(store, build, str(root), ninja(), env))
+
+
+def run_ninja(build: Path) -> str:
+    done = subprocess.run(
+        [ninja(), "-C", str(build)], capture_output=True, text=True, check=True, timeout=120
+    )
+    return done.stdout
+
+
+def build_and_publish(store: jit_store.Store, root: Path, tools: Path, path: str) -> str:
+    build = make_env(root, tools)
+    key = key_for(store, build, root, path)
+    run_ninja(build)
+    assert jit_store.publish_ninja(store, key, build, str(root), ninja(), {"env": str(root)})
+    return key
+
+
+def test_the_logs_written_are_the_ones_ninja_writes(tmp_path: Path, tools: Path) -> None:
+    """After a real ninja build: each .ninja_log hash is our hash of that edge's command, and
+    .ninja_deps read and written back is byte for byte ninja's file."""
+    build = make_env(tmp_path / "env", tools)
+    run_ninja(build)
+    logged = {
+        line.split("\t")[3]: line.split("\t")[4]
+        for line in (build / ".ninja_log").read_text().splitlines()[1:]
+    }
+    edges = jit_store.compdb(ninja(), build)
+    assert len(edges) == 2
+    for edge in edges:
+        assert logged[edge["output"]] == jit_store.command_hash(edge["command"])
+    recorded = jit_store.read_deps(build / ".ninja_deps")
+    jit_store.write_deps(tmp_path / "again", [(k, m, d) for k, (m, d) in recorded.items()])
+    assert (tmp_path / "again").read_bytes() == (build / ".ninja_deps").read_bytes()
+
+
+def test_a_second_env_of_the_same_toolchain_reuses_the_result_and_ninja_has_no_work(
+    tmp_path: Path, tools: Path, host_path: str
+) -> None:
+    store = jit_store.Store(tmp_path / "store")
+    key = build_and_publish(store, tmp_path / "envA", tools, host_path)
+    assert len(runs(tools)) == 2  # one compile, one link
+    other = tmp_path / "elsewhere" / "envB"
+    build = make_env(other, tools)
+    assert key_for(store, build, other, host_path) == key  # the env's path is not in the key
+    meta = jit_store.place_ninja(store, key, build, str(other), ninja())
+    assert meta is not None and meta["env"] == str(tmp_path / "envA")
+    assert "no work to do" in run_ninja(build)
+    assert len(runs(tools)) == 2  # nothing compiled for env B
+    assert (build / "sampling.so").read_text() == (
+        tmp_path / "envA" / "var" / "cache" / "sampling" / "sampling.so"
+    ).read_text()
+    # ninja reads back what was written for env B: its own paths, its own commands.
+    deps = jit_store.read_deps(build / ".ninja_deps")
+    assert deps[str(build / "sampling.cuda.o")][1] == [
+        str(other / "site" / "sampling.cu"),
+        str(other / "cuda-home" / "include" / "cub.cuh"),
+    ]
+
+
+@pytest.mark.parametrize("change", ["nvcc", "cccl", "arch", "host compiler"])
+def test_any_difference_misses(tmp_path: Path, tools: Path, host_path: str, change: str) -> None:
+    """A changed nvcc, a changed CCCL header, another arch, another host compiler: never the
+    stored result; ninja compiles, and the result is kept beside the first."""
+    store = jit_store.Store(tmp_path / "store")
+    key = build_and_publish(store, tmp_path / "envA", tools, host_path)
+    other = tmp_path / "envB"
+    path = host_path
+    if change == "arch":
+        build = make_env(other, tools, arch="90a")
+    elif change == "cccl":
+        build = make_env(other, tools, cub="cub 13.3")
+    else:
+        build = make_env(other, tools)
+    if change == "nvcc":
+        write(other / "cuda-home" / "bin" / "nvcc", "nvcc 13.5.37\n")
+    if change == "host compiler":
+        bin_dir = tmp_path / "other-host"
+        for name in ("c++", "gcc", "g++"):
+            write(bin_dir / name, "#!/bin/sh\necho gcc 14.1.0\n").chmod(0o755)
+        path = f"{bin_dir}:/usr/bin:/bin"
+    new_key = key_for(store, build, other, path)
+    assert (new_key == key) == (change == "cccl")  # a header is checked under the key
+    assert jit_store.place_ninja(store, new_key, build, str(other), ninja()) is None
+    assert not (build / "sampling.so").exists()
+    before = len(runs(tools))
+    run_ninja(build)
+    assert len(runs(tools)) == before + 2
+    assert jit_store.publish_ninja(store, new_key, build, str(other), ninja(), {"env": "B"})
+    # Both variants are kept: env A's toolchain still finds its own.
+    assert (
+        jit_store.place_ninja(
+            store, key, make_env(tmp_path / "envC", tools), str(tmp_path / "envC"), ninja()
+        )
+        is not None
+    )
+
+
+def test_a_stored_file_is_never_changed_through_an_env(
+    tmp_path: Path, tools: Path, host_path: str
+) -> None:
+    store = jit_store.Store(tmp_path / "store")
+    key = build_and_publish(store, tmp_path / "envA", tools, host_path)
+    build = make_env(tmp_path / "envB", tools)
+    assert jit_store.place_ninja(store, key, build, str(tmp_path / "envB"), ninja())
+    # A compiler writing its output in place (no new file) into env B's cache.
+    with (build / "sampling.so").open("r+") as fh:
+        fh.write("rewritten in place")
+    stored = [p.read_text() for p in store.entries(key).glob("*/files/*")]
+    assert len(stored) == 2
+    assert not any("rewritten" in text for text in stored)
+
+
+def test_builders_of_one_key_wait_and_compile_once(
+    tmp_path: Path, tools: Path, host_path: str
+) -> None:
+    """Two builders (matrix cells of one toolchain) at once: the second waits on the key's
+    lock and finds the first one's result instead of compiling the same module again."""
+    store = jit_store.Store(tmp_path / "store")
+    envs = [tmp_path / "cellA", tmp_path / "cellB"]
+    builds = [make_env(env, tools) for env in envs]
+    key = key_for(store, builds[0], envs[0], host_path)
+    outcome: dict[str, bool] = {}
+
+    def cell(env: Path, build: Path) -> None:
+        with store.locked(key):
+            if jit_store.place_ninja(store, key, build, str(env), ninja()) is not None:
+                run_ninja(build)
+                outcome[env.name] = True
+                return
+            time.sleep(0.5)  # a long compile: the other cell arrives meanwhile
+            run_ninja(build)
+            jit_store.publish_ninja(store, key, build, str(env), ninja(), {"env": env.name})
+            outcome[env.name] = False
+
+    threads = [threading.Thread(target=cell, args=pair) for pair in zip(envs, builds, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(outcome.values()) == [False, True]  # one compiled, one reused
+    assert len(runs(tools)) == 2
+    assert all((build / "sampling.so").exists() for build in builds)
