@@ -458,6 +458,39 @@ def test_verify_default_env(default_env: Path) -> None:
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_a_second_env_of_the_toolchain_reuses_the_stores_compiles(
+    default_env: Path, tmp_path: Path
+) -> None:
+    """The main job's env has compiled (or offers what it compiled to the store); a second
+    env of the same lock at another path, built and verified, reuses FlashInfer's sampling
+    module and our kernel from the machine-wide store: ninja has nothing to do."""
+    ws = default_env.parent.parent
+    checks = "kernel-compile,flashinfer-jit,cubin"
+    cudaenv("verify", "envspecs/default.yaml", "--checks", checks, cwd=ws)
+    other = tmp_path / "second-env"
+    report = tmp_path / "second.json"
+    cudaenv("build", "envspecs/default.yaml", "--env-dir", str(other), cwd=ws)
+    cudaenv("verify", "envspecs/default.yaml", "--env-dir", str(other), "--checks", checks,
+            "--report", str(report), cwd=ws)  # fmt: skip
+    got = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    assert {n: c["status"] for n, c in got.items()} == dict.fromkeys(checks.split(","), "passed")
+    jit = got["flashinfer-jit"]
+    assert "reused from the store (first built " in jit["summary"], jit
+    assert jit["evidence"]["library"].startswith(str(other))
+    assert "reused from the store: 12.0f: first built " in got["kernel-compile"]["summary"]
+    # The placed module is what ninja (the one on PATH, which FlashInfer runs) now considers
+    # built: a rebuild has no work to do.
+    build_dir = Path(jit["evidence"]["library"]).parent
+    ninja = shutil.which("ninja")
+    assert ninja is not None
+    done = subprocess.run(
+        [ninja, "-C", str(build_dir), "-n"], capture_output=True, text=True, check=True
+    )
+    assert "no work to do" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_verify_archs_builds_the_extra_arch_into_the_envs_cache(default_env: Path) -> None:
     """An env built for 12.0f, verified for 9.0a (an H200): FlashInfer's sampling module is
     JIT-built for 9.0a in the env's own cache (the hook honours the explicit list) and the

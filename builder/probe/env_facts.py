@@ -85,8 +85,8 @@ def jit_sampling() -> dict[str, object]:
         reused = bool(spec.is_compiled)
         store = os.environ.get("CUDAENV_JIT_STORE", "")
         stored: dict[str, object] | None = None
-        if store and store != "off" and not reused:
-            stored = build_through_store(spec, Path(store))
+        if store and store != "off":
+            stored = build_through_store(spec, Path(store), compiled=reused)
         else:
             spec.build(verbose=False)
         out: dict[str, object] = {
@@ -102,10 +102,11 @@ def jit_sampling() -> dict[str, object]:
         return {"error": text[-6000:], "seconds": time.monotonic() - started}
 
 
-def build_through_store(spec: Any, root: Path) -> dict[str, object]:
+def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, object]:
     """FlashInfer's build of ``spec`` through cudaenv's store (jit_store.py): a result some
     env of the same toolchain built is placed with ninja logs for this env, so ninja has
-    nothing to do; a miss is built here and kept for the next env."""
+    nothing to do; a miss is built here and kept for the next env. An env that has the
+    result already (``compiled``) only offers it to the store."""
     ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
     if ninja is None or not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
         spec.build(verbose=False)
@@ -118,7 +119,7 @@ def build_through_store(spec: Any, root: Path) -> dict[str, object]:
     )
     library = Path(spec.get_library_path())
     with store.locked(key):  # a concurrent builder of this key finishes first
-        meta = jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
+        meta = None if compiled else jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
         placed = library.stat().st_mtime_ns if meta is not None and library.exists() else None
         spec.build(verbose=False)
         hit = placed is not None and library.stat().st_mtime_ns == placed

@@ -40,14 +40,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-VERSION = "v1"
+VERSION = "v2"  # the entry format; v2: entries say which ninja log format they were built with
 ENV = "@ENV@"
 # What nvcc reads from the environment on top of its command line.
 NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 # The binaries nvcc runs (bin/ and nvvm/bin/ of CUDA_HOME): their content is in the key.
 TOOLKIT_TOOLS = ("bin/nvcc", "bin/ptxas", "bin/fatbinary", "bin/nvlink", "bin/cudafe++",
                  "bin/bin2c", "nvvm/bin/cicc")  # fmt: skip
-NINJA_LOG_HEADER = "# ninja log v5"
 DEPS_SIGNATURE = b"# ninjadeps\n"
 DEPS_VERSION = 4
 
@@ -70,8 +69,63 @@ def murmur64a(data: bytes, seed: int = 0xDECAFBADDECAFBAD) -> int:
     return h ^ (h >> r)
 
 
-def command_hash(command: str) -> str:
-    return format(murmur64a(command.encode()), "x")
+_SECRET = (0x2D358DCCAA6C78A5, 0x8BB84B93962EACC9, 0x4B33A62ED433D4A3)
+_MASK = (1 << 64) - 1
+
+
+def _mix(a: int, b: int) -> int:
+    r = a * b
+    return (r & _MASK) ^ (r >> 64)
+
+
+def rapidhash(data: bytes, seed: int = 0xBDD89AA982704029) -> int:
+    """rapidhash (v1), what ninja >= 1.13 hashes a command line with (log format 7)."""
+    s0, s1, s2 = _SECRET
+    n = len(data)
+
+    def r64(i: int) -> int:
+        return int.from_bytes(data[i : i + 8], "little")
+
+    def r32(i: int) -> int:
+        return int.from_bytes(data[i : i + 4], "little")
+
+    seed ^= _mix(seed ^ s0, s1) ^ n
+    if n <= 16:
+        if n >= 4:
+            delta = (n & 24) >> (n >> 3)
+            a = (r32(0) << 32) | r32(n - 4)
+            b = (r32(delta) << 32) | r32(n - 4 - delta)
+        elif n > 0:
+            a, b = (data[0] << 56) | (data[n >> 1] << 32) | data[n - 1], 0
+        else:
+            a = b = 0
+    else:
+        i, o = n, 0
+        if i > 48:
+            see1 = see2 = seed
+            while i >= 48:
+                seed = _mix(r64(o) ^ s0, r64(o + 8) ^ seed)
+                see1 = _mix(r64(o + 16) ^ s1, r64(o + 24) ^ see1)
+                see2 = _mix(r64(o + 32) ^ s2, r64(o + 40) ^ see2)
+                o, i = o + 48, i - 48
+            seed ^= see1 ^ see2
+        if i > 16:
+            seed = _mix(r64(o) ^ s2, r64(o + 8) ^ seed ^ s1)
+            if i > 32:
+                seed = _mix(r64(o + 16) ^ s2, r64(o + 24) ^ seed)
+        a, b = r64(o + i - 16), r64(o + i - 8)
+    r = (a ^ s1) * (b ^ seed)
+    a, b = r & _MASK, r >> 64
+    return _mix(a ^ s0 ^ n, b ^ s1)
+
+
+# The .ninja_log formats cudaenv writes, each with the hash ninja keys a command by:
+# MurmurHash64A up to ninja 1.11 (v5), rapidhash from 1.13 (v7).
+LOG_HASHES = {"# ninja log v5": murmur64a, "# ninja log v7": rapidhash}
+
+
+def command_hash(command: str, header: str = "# ninja log v5") -> str:
+    return format(LOG_HASHES[header](command.encode()), "x")
 
 
 def read_deps(path: Path) -> dict[str, tuple[int, list[str]]]:
@@ -124,10 +178,13 @@ def write_deps(path: Path, records: Sequence[tuple[str, int, Sequence[str]]]) ->
     path.write_bytes(b"".join(chunks))
 
 
-def write_log(path: Path, records: Iterable[tuple[str, int, str]]) -> None:
-    """A ``.ninja_log`` (v5) saying each ``(output, mtime_ns, command)`` was built by it."""
-    lines = [NINJA_LOG_HEADER]
-    lines += [f"0\t0\t{mtime}\t{output}\t{command_hash(cmd)}" for output, mtime, cmd in records]
+def write_log(path: Path, header: str, records: Iterable[tuple[str, int, str]]) -> None:
+    """A ``.ninja_log`` of format ``header`` saying each ``(output, mtime_ns, command)`` was
+    built by it."""
+    lines = [header]
+    lines += [
+        f"0\t0\t{mtime}\t{output}\t{command_hash(cmd, header)}" for output, mtime, cmd in records
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -364,6 +421,9 @@ def place_ninja(
     if found is None:
         return None
     variant, meta = found
+    header = meta.get("ninja_log")
+    if header not in LOG_HASHES:
+        return None
     edges = compdb(ninja, build_dir)
     roots = env_roots(prefix)
     by_name = {normalise(e["output"], roots): e for e in edges}
@@ -387,7 +447,7 @@ def place_ninja(
         log.append((edge["output"], stamp, edge["command"]))
         if name in deps:
             records.append((edge["output"], stamp, [localise(d, prefix) for d in deps[name]]))
-    write_log(build_dir / ".ninja_log", log)
+    write_log(build_dir / ".ninja_log", header, log)
     write_deps(build_dir / ".ninja_deps", records)
     return meta
 
@@ -396,10 +456,11 @@ def publish_ninja(
     store: Store, key: str, build_dir: Path, prefix: str, ninja: str, meta: Mapping[str, Any]
 ) -> Path | None:
     """Keep what ninja just built in ``build_dir`` under ``key``. Only a build whose logs
-    cudaenv can write again (ninja log v5, deps format 4) is kept."""
+    cudaenv can write again (:data:`LOG_HASHES`, deps format 4) is kept."""
     log = build_dir / ".ninja_log"
     try:
-        if log.read_text().splitlines()[0] != NINJA_LOG_HEADER:
+        header = log.read_text().splitlines()[0]
+        if header not in LOG_HASHES:
             return None
         recorded = read_deps(build_dir / ".ninja_deps")
     except (OSError, ValueError, IndexError):
@@ -421,5 +482,11 @@ def publish_ninja(
         if found is not None:
             deps[name] = [normalise(d, roots) for d in found[1]]
             inputs += deps[name]
-    doc = {**meta, "outputs": sorted(file_of), "file_of": file_of, "deps": deps}
+    doc = {
+        **meta,
+        "outputs": sorted(file_of),
+        "file_of": file_of,
+        "deps": deps,
+        "ninja_log": header,
+    }
     return store.publish(key, files, inputs, doc, prefix)
