@@ -283,6 +283,12 @@ def _build(args: argparse.Namespace, stage: _Stage) -> int:
         wheelhouse = Path(args.wheelhouse).absolute() if args.wheelhouse else None
         if wheelhouse is not None:
             export.check_wheelhouse(lk, wheelhouse, cross)  # before anything is built
+            imported = export.import_jit(wheelhouse)
+            if imported:
+                _progress(
+                    f"{imported} JIT result(s) from {wheelhouse / export.JIT_DIR} added to the "
+                    "store; each is used only where its toolkit, flags and inputs match"
+                )
         result = build.build(
             s,
             lk,
@@ -520,10 +526,22 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
         # The directory the index-neutral lock's paths name: filled, the lock installs as is.
         wheelhouse = (lock_file.parent / lk.wheelhouse).absolute()
+    if args.with_jit and wheelhouse is None:
+        raise UsageError(
+            "--with-jit puts the env's JIT results into a wheelhouse: add --wheelhouse DIR"
+        )
     if wheelhouse is not None:
         out = export.export(s, lk, wheelhouse, _progress)
         _progress(
             f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}"
+        )
+    if args.with_jit:
+        assert wheelhouse is not None
+        env_dir = (Path(args.env_dir) if args.env_dir else build.default_env_dir(s)).absolute()
+        carried = export.export_jit(env_dir, wheelhouse)
+        _progress(
+            f"carried {carried} JIT result(s) of {env_dir} into {wheelhouse / export.JIT_DIR}: "
+            "`cudaenv build --offline --wheelhouse` places them in the machine's store"
         )
     if pylock_out is not None:
         _progress(f"asking uv for the URL of every file of {lock_file} on this machine's index")
@@ -713,6 +731,15 @@ def make_parser() -> argparse.ArgumentParser:
         "of the same files with their URLs on the index this machine's uv is configured with; "
         "a file the index serves with another hash is refused.",
         "cudaenv export envspecs/default.yaml --wheelhouse /srv/wheels",
+    )
+    ex.add_argument(
+        "--with-jit",
+        action="store_true",
+        help="also carry the env's compiled JIT results (from its last verify) in the "
+        "wheelhouse, so the first verify on an air-gapped machine compiles nothing",
+    )
+    ex.add_argument(
+        "--env-dir", help="with --with-jit: where the spec's env is (default .envs/NAME)"
     )
     ex.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     ex.add_argument(

@@ -26,7 +26,8 @@ from builder import interpreters, platforms, proc, resolve
 from builder.errors import BuildError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
-from builder.paths import cache_dir
+from builder.paths import cache_dir, jit_store_dir
+from builder.probe import jit_store
 from builder.spec import EnvSpec
 
 MANIFEST = "cudaenv-export.json"
@@ -127,6 +128,39 @@ def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str]
     return proc.atomic_write_text(
         wheelhouse / MANIFEST, json.dumps(doc, indent=2, sort_keys=True) + "\n"
     )
+
+
+# The store entries a wheelhouse carries (`export --with-jit`), in the store's own layout.
+JIT_DIR = "jit-store"
+
+
+def export_jit(env_dir: Path, wheelhouse: Path) -> int:
+    """Copy the store entries the env at ``env_dir`` uses into ``wheelhouse/jit-store``; how
+    many it uses. Refuses an env that has none recorded (never verified, or the store off)."""
+    root = jit_store_dir()
+    used = jit_store.used_entries(env_dir)
+    if root is None or not used:
+        raise BuildError(
+            f"{env_dir} has no JIT results in the store to carry: verify it first "
+            "(`cudaenv verify SPEC`) with the store on (CUDAENV_JIT_STORE is not `off`)"
+        )
+    jit_store.copy_entries(root, wheelhouse / JIT_DIR, used)
+    missing = [u for u in used if not (wheelhouse / JIT_DIR / u / "entry.json").is_file()]
+    if missing:
+        raise BuildError(
+            f"the store no longer holds {len(missing)} JIT result(s) {env_dir} used "
+            f"({missing[0]}, ...): verify the env again, then export"
+        )
+    return len(used)
+
+
+def import_jit(wheelhouse: Path) -> int:
+    """Add the JIT results a wheelhouse carries to this machine's store; how many were new."""
+    root = jit_store_dir()
+    carried = wheelhouse / JIT_DIR
+    if root is None or not carried.is_dir():
+        return 0
+    return len(jit_store.copy_entries(carried, root, jit_store.all_entries(carried)))
 
 
 def check_pylock_name(path: Path) -> None:

@@ -6,6 +6,7 @@ leaves either no env or the previous one, working.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -367,6 +368,44 @@ def test_offline_build_from_a_wheelhouse(tmp_path: Path) -> None:
     assert done.returncode == 4
     assert "no file with a locked hash for 1 package(s): nvidia-cuda-nvcc==13.0.88" in done.stderr
     assert works(ws / ENV)
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_an_air_gapped_first_verify_reuses_the_exported_jit_results(tmp_path: Path) -> None:
+    """flashinfer#1352 (first runs fail offline): the env's compiled kernel travels in the
+    wheelhouse (export --with-jit), an offline build on a machine with an empty store adds it
+    there, and the first verify reuses it instead of compiling."""
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    here = {"CUDAENV_JIT_STORE": str(tmp_path / "store-here")}
+    cudaenv("build", TOOLCHAIN, "--verify", cwd=ws, env=here)
+    wheelhouse = tmp_path / "wheelhouse"
+    done = cudaenv(
+        "export", TOOLCHAIN, "--wheelhouse", str(wheelhouse), "--with-jit", cwd=ws, env=here
+    )
+    assert "carried 1 JIT result(s)" in done.stderr, done.stderr
+    there = {
+        "CUDAENV_JIT_STORE": str(tmp_path / "store-there"),
+        "UV_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
+        "UV_CACHE_DIR": str(tmp_path / "empty-cache"),
+        "UV_PYTHON_DOWNLOADS": "never",
+    }
+    other = tmp_path / "offline-env"
+    done = cudaenv("build", TOOLCHAIN, "--offline", "--wheelhouse", str(wheelhouse),
+                   "--env-dir", str(other), "--verify", "--report", str(tmp_path / "r.json"),
+                   cwd=ws, env=there)  # fmt: skip
+    assert "1 JIT result(s) from" in done.stderr
+    checks = {c["name"]: c for c in json.loads((tmp_path / "r.json").read_text())["checks"]}
+    assert checks["kernel-compile"]["status"] == "passed"
+    assert "reused from the store: 12.0f: first built " in checks["kernel-compile"]["summary"]
+    # Without the results (an env never verified): refused, naming what to do.
+    fresh = tmp_path / "never-verified"
+    cudaenv("build", TOOLCHAIN, "--env-dir", str(fresh), cwd=ws, env=here)
+    done = cudaenv("export", TOOLCHAIN, "--wheelhouse", str(tmp_path / "w2"), "--with-jit",
+                   "--env-dir", str(fresh), cwd=ws, env=here, check=False)  # fmt: skip
+    assert done.returncode == 4
+    assert "has no JIT results in the store to carry: verify it first" in done.stderr
 
 
 def test_shipped_specs_are_the_ones_tested() -> None:

@@ -261,3 +261,40 @@ def test_builders_of_one_key_wait_and_compile_once(
     assert sorted(outcome.values()) == [False, True]  # one compiled, one reused
     assert len(runs(tools)) == 2
     assert all((build / "sampling.so").exists() for build in builds)
+
+
+def test_an_envs_results_travel_in_a_wheelhouse_and_join_another_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """export --with-jit carries exactly the entries the env used; build --wheelhouse adds
+    them to another machine's store (where each is still used only on a full match)."""
+    from builder import export
+    from builder.errors import BuildError
+
+    here = tmp_path / "store-here"
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(here))
+    env = tmp_path / "env"
+    write(env / "cudaenv.json", "{}")
+    wheelhouse = tmp_path / "wheels"
+    with pytest.raises(BuildError, match="has no JIT results in the store to carry"):
+        export.export_jit(env, wheelhouse)
+    store = jit_store.Store(here)
+    built = write(tmp_path / "kernel.bin", "cubin")
+    header = write(tmp_path / "cub.cuh", "CUB 13.0")
+    used = store.publish("k" * 64, {"kernel": built}, [str(header)], {"env": str(env)}, str(env))
+    other = store.publish("o" * 64, {"kernel": built}, [str(header)], {"env": "x"}, "x")
+    assert used is not None and other is not None
+    jit_store.note_use(store, used, str(env))
+    jit_store.note_use(store, used, str(tmp_path / "not-a-cudaenv-env"))  # never written
+    assert jit_store.used_entries(env) == [str(used.relative_to(here))]
+    assert export.export_jit(env, wheelhouse) == 1
+    assert jit_store.all_entries(wheelhouse / export.JIT_DIR) == [str(used.relative_to(here))]
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-there"))
+    assert export.import_jit(wheelhouse) == 1
+    assert export.import_jit(wheelhouse) == 0  # already there
+    there = jit_store.Store(tmp_path / "store-there")
+    assert there.find("k" * 64, str(env)) is not None
+    header.write_text("CUB 13.3")  # another toolkit's header there: never placed
+    assert jit_store.Store(tmp_path / "store-there").find("k" * 64, str(env)) is None
+    monkeypatch.setenv("CUDAENV_JIT_STORE", "off")
+    assert export.import_jit(wheelhouse) == 0

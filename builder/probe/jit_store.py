@@ -380,6 +380,65 @@ class Store:
         return final
 
 
+# Where a cudaenv env lists the store entries it uses (`cudaenv export --with-jit` carries them).
+USED = Path("var") / "cudaenv" / "jit-entries.json"
+
+
+def note_use(store: Store, variant: Path, prefix: str) -> None:
+    """Add ``variant`` to the entries the env at ``prefix`` uses; only a cudaenv env (one with
+    a ``cudaenv.json``) is written to."""
+    if not os.path.exists(os.path.join(prefix, "cudaenv.json")):
+        return
+    path = Path(prefix) / USED
+    with contextlib.suppress(OSError, ValueError):
+        rel = str(variant.relative_to(store.root))
+        used = json.loads(path.read_text()) if path.exists() else []
+        if not isinstance(used, list):
+            used = []
+        if rel not in used:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps([*used, rel], indent=1))
+            tmp.replace(path)
+
+
+def used_entries(prefix: Path) -> list[str]:
+    try:
+        used = json.loads((prefix / USED).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(u) for u in used] if isinstance(used, list) else []
+
+
+def copy_entries(src_root: Path, dst_root: Path, entries: Iterable[str]) -> list[str]:
+    """Copy each entry (``v2/ab/KEY/VARIANT``) of the store at ``src_root`` that ``dst_root``
+    lacks, whole (written beside, then renamed); the entries copied. An entry is only ever
+    used where its key and every input match, so carrying one to another machine cannot
+    place a result built for another toolkit."""
+    copied = []
+    for rel in entries:
+        src, dst = src_root / rel, dst_root / rel
+        if not (src / "entry.json").is_file() or dst.exists():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=dst.parent))
+        try:
+            shutil.copytree(src, tmp / "entry")
+            try:
+                os.rename(tmp / "entry", dst)
+            except OSError:
+                if not dst.exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        copied.append(rel)
+    return copied
+
+
+def all_entries(root: Path) -> list[str]:
+    return sorted(str(p.parent.relative_to(root)) for p in root.glob(f"{VERSION}/*/*/*/entry.json"))
+
+
 def copy_out(src: Path, dst: Path) -> None:
     """A copy, never a hard link: a compiler that rewrites its output in place would change
     the stored file."""
@@ -449,6 +508,7 @@ def place_ninja(
             records.append((edge["output"], stamp, [localise(d, prefix) for d in deps[name]]))
     write_log(build_dir / ".ninja_log", header, log)
     write_deps(build_dir / ".ninja_deps", records)
+    note_use(store, variant, prefix)
     return meta
 
 
@@ -489,4 +549,7 @@ def publish_ninja(
         "deps": deps,
         "ninja_log": header,
     }
-    return store.publish(key, files, inputs, doc, prefix)
+    kept = store.publish(key, files, inputs, doc, prefix)
+    if kept is not None:
+        note_use(store, kept, prefix)
+    return kept

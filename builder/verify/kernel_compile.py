@@ -168,6 +168,7 @@ def build_kernel(
         if found is not None:
             variant, meta = found
             jit_store.copy_out(variant / "files" / "kernel", out)
+            jit_store.note_use(store, variant, owner or prefix)
             out.chmod(0o755)
             store.hasher.save()
             stored = (str(meta.get("first_built", "?"))[:10], str(meta.get("env", "?")))
@@ -178,7 +179,9 @@ def build_kernel(
             deps = [d for d in _depfile(out.with_suffix(".d")) if not d.startswith(str(out_dir))]
             if deps:
                 inputs = [jit_store.normalise(d, jit_store.env_roots(prefix)) for d in deps]
-                store.publish(key, {"kernel": out}, inputs, {"env": owner or prefix}, prefix)
+                kept = store.publish(key, {"kernel": out}, inputs, {"env": owner or prefix}, prefix)
+                if kept is not None:
+                    jit_store.note_use(store, kept, owner or prefix)
         store.hasher.save()
     return built
 
