@@ -505,6 +505,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.severity == doctor.ERROR for f in findings) else 0
 
 
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from builder import doctor, fingerprint, interpreters
+
+    if args.compare:
+        if args.python:
+            raise UsageError("fingerprint takes --python or --compare A.json B.json, not both")
+        a, b = (fingerprint.read(Path(p)) for p in args.compare)
+        diffs = fingerprint.differences(a["parts"], b["parts"])
+        for line in diffs:
+            print(line)
+        if not diffs:
+            print(f"same fingerprint {a['fingerprint']}")
+        return 1 if diffs else 0
+    python = interpreters.python_arg(args.python) if args.python else doctor.default_python()
+    facts, findings, _ = doctor.probe(python, deep=False)
+    if facts is None:
+        raise UsageError(findings[0].cause if findings else f"{python}: cannot be probed")
+    doc = fingerprint.document(python, facts)
+    print(json.dumps(doc, indent=2) if args.json else doc["fingerprint"])
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from builder import build, export
 
@@ -791,6 +813,26 @@ def make_parser() -> argparse.ArgumentParser:
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
     dr.set_defaults(func=cmd_doctor)
+
+    fp = _sub(
+        sub,
+        "fingerprint",
+        "one hash of what decides JIT results and kernel behaviour in an env",
+        "Print one hash over the env's installed distributions and versions, the toolkit its "
+        "JIT uses (release and the content of nvcc, cicc, ptxas, ...), the host compiler, the "
+        "arch lists and the variables that change a compile; the env's own path does not "
+        "count. Run it on every node of a deployment: equal hashes, equal compiles. "
+        "--compare A.json B.json (two `--json` outputs) names each difference and exits 1 "
+        "when there is one.",
+        "cudaenv fingerprint --python .venv/bin/python --json > node1.json",
+    )
+    fp.add_argument(
+        "--python",
+        help="the interpreter or env directory (default: $VIRTUAL_ENV's, else python3)",
+    )
+    fp.add_argument("--json", action="store_true", help="print the parts as JSON too")
+    fp.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="name the differences")
+    fp.set_defaults(func=cmd_fingerprint)
 
     mx = _sub(
         sub,

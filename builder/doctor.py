@@ -830,7 +830,9 @@ def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding
     argv = [
         os.fspath(python),
         script,
-        "--env=" + ",".join(caches.VARIABLES),
+        # The cache variables (doctor) and what else changes a compile (fingerprint).
+        "--env="
+        + ",".join((*caches.VARIABLES, "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")),
         *(["--deep"] if deep else []),
     ]
     try:

@@ -36,7 +36,17 @@ def test_help_says_what_cudaenv_is_and_every_command_has_an_example() -> None:
     assert "matched CUDA toolchain" in top
     assert "FILE:CELL" in top and "SPEC is a spec file" in top
     assert "argparse" not in top
-    commands = ["lock", "plan", "build", "export", "verify", "doctor", "matrix", "report"]
+    commands = [
+        "lock",
+        "plan",
+        "build",
+        "export",
+        "verify",
+        "doctor",
+        "fingerprint",
+        "matrix",
+        "report",
+    ]
     for name in commands:
         done = subprocess.run(
             [sys.executable, "-m", "builder.cli", name, "--help"],
@@ -334,3 +344,82 @@ def test_build_refuses_a_lock_without_this_machines_platform(tmp_path: Path) -> 
         "envspecs/toolchain-cu130.yaml and re-lock"
     )
     assert not (ws / ".envs").exists() or not any((ws / ".envs").iterdir())
+
+
+def fingerprint_doc(**versions: str) -> dict[str, object]:
+    from builder import fingerprint
+
+    parts = {
+        "python": "3.12.1",
+        "distributions": {"torch": "2.14.1", "flashinfer-python": "0.7.2", **versions},
+        "toolkit": {"cuda_home": "ENV/cuda-home", "nvcc_release": "13.0", "binaries": {}},
+        "variables": {"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
+    }
+    return {
+        "schema_version": 1,
+        "python": "x",
+        "fingerprint": fingerprint.digest(parts),
+        "parts": parts,
+    }
+
+
+def test_fingerprint_compare_names_each_difference(tmp_path: Path) -> None:
+    """The default env against a venv whose toolkit drifted (flashinfer#3493): nvcc, crt,
+    nvvm and cccl are named with both versions; equal fingerprints say so and exit 0."""
+    matched = {"nvidia-cuda-nvcc": "13.0.88", "nvidia-cuda-crt": "13.0.88", "nvidia-nvvm": "13.0.88",
+               "nvidia-cuda-cccl": "13.0.85"}  # fmt: skip
+    mixed = {"nvidia-cuda-nvcc": "13.5.37", "nvidia-cuda-crt": "13.5.37", "nvidia-nvvm": "13.5.37",
+             "nvidia-cuda-cccl": "13.3.5.0.6"}  # fmt: skip
+    a = write(tmp_path / "a.json", json.dumps(fingerprint_doc(**matched)))
+    b = write(tmp_path / "b.json", json.dumps(fingerprint_doc(**mixed)))
+    done = cudaenv("fingerprint", "--compare", str(a), str(b), cwd=tmp_path, check=False)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "distributions.nvidia-cuda-cccl: 13.0.85 -> 13.3.5.0.6",
+        "distributions.nvidia-cuda-crt: 13.0.88 -> 13.5.37",
+        "distributions.nvidia-cuda-nvcc: 13.0.88 -> 13.5.37",
+        "distributions.nvidia-nvvm: 13.0.88 -> 13.5.37",
+    ]
+    same = cudaenv("fingerprint", "--compare", str(a), str(a), cwd=tmp_path)
+    assert same.stdout.startswith("same fingerprint sha256:")
+    bad = write(tmp_path / "bad.json", "{}")
+    done = cudaenv("fingerprint", "--compare", str(a), str(bad), cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {bad}: not a fingerprint of this cudaenv (write it with `cudaenv fingerprint --json`)"
+    ]
+
+
+def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
+    """Two copies of one env at different paths (two nodes, two --env-dir): one hash; a
+    changed arch list or toolkit binary: another."""
+    from builder import doctor, fingerprint
+
+    def facts(prefix: Path, arch: str) -> doctor.Facts:
+        if not (prefix / "cuda-home" / "bin" / "nvcc").exists():
+            write(prefix / "cuda-home" / "bin" / "nvcc", "nvcc 13.0.88")
+        doc = {
+            "python": {"executable": str(prefix / "bin" / "python"), "version": "3.12.1",
+                       "prefix": str(prefix)},
+            "distributions": {"torch": "2.14.1"},
+            "cuda_homes": [{"source": "CUDA_HOME", "path": str(prefix / "cuda-home"),
+                            "nvcc": str(prefix / "cuda-home" / "bin" / "nvcc"), "exists": True,
+                            "release": "13.0"}],
+            "env": {"CUDA_HOME": str(prefix / "cuda-home"), "FLASHINFER_CUDA_ARCH_LIST": arch,
+                    "TRITON_CACHE_DIR": str(prefix / "var" / "triton")},
+        }  # fmt: skip
+        return doctor.Facts.from_json(doc, None)
+
+    one = fingerprint.document("a", facts(tmp_path / "node1" / "env", "12.0f"))
+    two = fingerprint.document("b", facts(tmp_path / "node2" / "other", "12.0f"))
+    assert one["fingerprint"] == two["fingerprint"]
+    assert one["parts"]["variables"]["TRITON_CACHE_DIR"] == "ENV/var/triton"
+    other_arch = fingerprint.document("c", facts(tmp_path / "node3", "9.0a"))
+    assert fingerprint.differences(one["parts"], other_arch["parts"]) == [
+        "variables.FLASHINFER_CUDA_ARCH_LIST: 12.0f -> 9.0a"
+    ]
+    write(tmp_path / "node2" / "other" / "cuda-home" / "bin" / "nvcc", "nvcc 13.5.37")
+    changed = fingerprint.document("b", facts(tmp_path / "node2" / "other", "12.0f"))
+    assert [d.split(":")[0] for d in fingerprint.differences(one["parts"], changed["parts"])] == [
+        "toolkit.binaries.bin/nvcc"
+    ]

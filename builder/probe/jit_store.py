@@ -228,7 +228,10 @@ class Hasher:
         except OSError:
             return None
         ident = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-        found = self.memo.get(ident)
+        # A file changed in the last seconds may change again within one timestamp tick
+        # without its identity changing (ccache's "too new" rule): hashed, never memoised.
+        recent = time.time_ns() - st.st_mtime_ns < 2 * 10**9
+        found = None if recent else self.memo.get(ident)
         if found is not None:
             return found
         h = hashlib.sha256()
@@ -238,6 +241,8 @@ class Hasher:
                     h.update(block)
         except OSError:
             return None
+        if recent:
+            return h.hexdigest()
         self.memo[ident] = h.hexdigest()
         self.dirty = True
         return self.memo[ident]
