@@ -505,6 +505,47 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.severity == doctor.ERROR for f in findings) else 0
 
 
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from builder import adopt, interpreters
+
+    python = interpreters.python_arg(args.python)
+    found = adopt.inspect(python)
+    journal = adopt.read_journal(found.prefix)
+    if args.undo:
+        for line in adopt.undo(found.prefix, python, _progress):
+            _progress(line)
+        _progress(f"{found.prefix} is as it was before adopt")
+        return 0
+    if journal is not None and journal.get("state") == "done":
+        _progress(
+            f"{found.prefix} is adopted already; `cudaenv adopt --undo --python {args.python}` "
+            "first to adopt it again"
+        )
+        return 0
+    if journal is not None:
+        # A run killed outright: put the env back as it was, then adopt from there.
+        _progress(f"a previous adopt of {found.prefix} did not finish: undoing it first")
+        adopt.undo(found.prefix, python, _progress)
+        found = adopt.inspect(python)
+    env_archs = _parse_archs(args.archs) if args.archs else None
+    planned = adopt.plan(found, env_archs=env_archs, force=args.force)
+    for line in planned.lines():
+        print(line)
+    if args.dry_run:
+        print("(dry run: nothing changed)")
+        return 0
+    built = adopt.apply(planned, _progress)
+    _progress(f"adopted {found.prefix}: nvcc {built.nvcc} in cuda-home/, archs "
+              f"{archs.flashinfer_spelling(built.archs)}; `cudaenv adopt --undo` reverts")  # fmt: skip
+    if args.no_verify:
+        return 0
+    verify_args = argparse.Namespace(
+        spec=None, python=str(python), env_dir=None, checks=None, archs=None, fresh=False,
+        report=None, markdown=None,
+    )  # fmt: skip
+    return cmd_verify(verify_args)
+
+
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     from builder import doctor, fingerprint, interpreters
 
@@ -813,6 +854,28 @@ def make_parser() -> argparse.ArgumentParser:
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
     dr.set_defaults(func=cmd_doctor)
+
+    ad = _sub(
+        sub,
+        "adopt",
+        "give an existing venv or conda env the toolchain its torch is built for",
+        "Read torch's CUDA from the env itself, install the matching toolkit components there "
+        "with uv (realigning drifted ones), add the cuda-home/ overlay, the start-up hook, the "
+        "activate block and the env's own JIT caches, then verify. Every change is journalled: "
+        "--undo restores the same distributions and versions and removes every cudaenv file; "
+        "an interrupted adopt is undone, and a rerun finishes from where the env was. Refuses "
+        "(exit 3, nothing changed) a CPU-only or missing torch, a CUDA 12 torch without its "
+        "toolkit on the machine, a system Python (unless --force), and a set uv cannot "
+        "resolve without breaking the env's own pins.",
+        "cudaenv adopt --python .venv/bin/python --dry-run",
+    )
+    ad.add_argument("--python", required=True, help="the env's interpreter or directory")
+    ad.add_argument("--archs", help="arch list for the JIT (default: 12.0f plus visible GPUs)")
+    ad.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    ad.add_argument("--undo", action="store_true", help="put the env back as before adopt")
+    ad.add_argument("--force", action="store_true", help="also adopt a system or distro Python")
+    ad.add_argument("--no-verify", action="store_true", help="skip the verify that follows")
+    ad.set_defaults(func=cmd_adopt)
 
     fp = _sub(
         sub,

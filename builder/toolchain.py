@@ -490,8 +490,6 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     }
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(_render("hook.py.j2", values))
-    pth = site / PTH_NAME
-    pth.write_text(f"import {HOOK_MODULE}\n")
     activate = venv / "bin" / "activate"
     if activate.exists():
         with activate.open("a") as fh:
@@ -499,4 +497,8 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     # Made now: not every library creates its cache directory before writing into it.
     for cache in caches.CACHES:
         (venv / "var" / cache.subdir).mkdir(parents=True, exist_ok=True)
+    # Last, and whole: until this file exists the interpreter starts as before (what an
+    # interrupted `cudaenv adopt` relies on).
+    pth = site / PTH_NAME
+    proc.atomic_write_text(pth, f"import {HOOK_MODULE}\n")
     return [hook, pth, activate]

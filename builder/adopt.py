@@ -1,0 +1,418 @@
+"""``cudaenv adopt``: give an env the user already has the toolchain torch is built for.
+
+Where a user stands: a working venv (uv, venv/pip, virtualenv) or conda env with torch and
+FlashInfer, a system ``/usr/local/cuda`` of another release, and a JIT that cannot build.
+Adopt reads torch's CUDA from the env itself (torch's own ``cuda-toolkit`` pin), installs the
+matching toolkit components with uv into that env (realigning drifted ones: nvcc 13.5 and
+cccl 13.3 beside runtime 13.0, flashinfer#3493), then adds what a built env has: the
+``cuda-home/`` overlay, the start-up hook, the ``activate`` block, the JIT caches in ``var/``
+and a manifest.
+
+Every change goes into a journal first (``var/cudaenv/adopt.json``). A failure or interrupt
+inside adopt undoes what was done before it returns; a run killed outright leaves the journal,
+and the next ``adopt`` (or ``adopt --undo``) puts the env back as it was first. The start-up
+hook's ``.pth`` is written last, so until the very end the interpreter behaves as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+
+from builder import __version__, archs, caches, channels, manifest, platforms, proc, toolchain
+from builder.archs import Arch
+from builder.build import fault_point
+from builder.errors import BuildError, CudaenvError
+from builder.manifest import Manifest
+from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
+
+JOURNAL = Path("var") / "cudaenv" / "adopt.json"
+ADOPTED_SPEC = "(adopted)"
+Progress = Callable[[str], None]
+
+
+class Refused(CudaenvError):
+    """adopt will not touch this env; nothing was changed."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Env:
+    """What the probe found in the interpreter to adopt."""
+
+    python: Path
+    prefix: Path
+    version: str
+    is_env: bool  # a venv or a conda env, not a system or distro Python
+    purelib: Path
+    dists: dict[str, str]
+    torch: str | None
+    torch_cuda: str | None
+    torch_requires: tuple[str, ...]
+    cuda_home: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    env: Env
+    cuda: str
+    requirements: tuple[str, ...]  # what uv installs ("" for a system toolkit)
+    changes: tuple[tuple[str, str | None, str | None], ...]  # name, before, after
+    system_toolkit: Path | None
+    spec: EnvSpec
+    files: tuple[str, ...] = field(default=())
+
+    def lines(self) -> list[str]:
+        out = [f"adopt {self.env.prefix}: torch {self.env.torch} is built for CUDA {self.cuda}"]
+        if self.system_toolkit is not None:
+            out.append(f"  toolkit: the machine's {self.system_toolkit} (CUDA {self.cuda})")
+        for name, before, after in self.changes:
+            verb = "install" if before is None else ("remove" if after is None else "replace")
+            what = (
+                after if before is None else (before if after is None else f"{before} -> {after}")
+            )
+            out.append(f"  {verb} {name} {what}")
+        if not self.changes and self.system_toolkit is None:
+            out.append("  packages: nothing to install, the toolkit already matches")
+        out += [f"  add {f}" for f in self.files]
+        return out
+
+
+def inspect(python: Path) -> Env:
+    script = str(resources.files("builder.probe").joinpath("adopt_probe.py"))
+    done = proc.run([python, script], timeout=120)
+    try:
+        doc = json.loads(done.stdout.strip().splitlines()[-1])
+        torch = doc["torch"]
+        return Env(
+            python=python,
+            prefix=Path(doc["prefix"]),
+            version=str(doc["version"]),
+            is_env=doc["prefix"] != doc["base_prefix"] or bool(doc["conda"]),
+            purelib=Path(doc["purelib"]),
+            dists={str(k): str(v) for k, v in doc["distributions"].items()},
+            torch=torch.get("version") if torch.get("installed") else None,
+            torch_cuda=torch.get("cuda"),
+            torch_requires=tuple(torch.get("requires") or ()),
+            cuda_home=str(doc.get("cuda_home") or ""),
+        )
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise BuildError(
+            f"{python}: the adopt probe printed no facts: {done.stdout[-300:]!r}"
+        ) from exc
+
+
+def torch_pin(env: Env) -> tuple[str, str] | None:
+    """(name, version) of the CUDA package torch pins exactly on this platform:
+    ``cuda-toolkit`` (torch >= 2.10) or ``nvidia-cuda-runtime*`` (older)."""
+    marker_env: dict[str, str] = {str(k): str(v) for k, v in default_environment().items()}
+    marker_env["python_version"] = env.version
+    host = platforms.KNOWN.get(platforms.host_name())
+    if host is not None:
+        marker_env.update(host.marker_environment(env.version))
+    for text in env.torch_requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({**marker_env, "extra": ""}):
+            continue
+        name = req.name.lower()
+        if name == "cuda-toolkit" or name.startswith("nvidia-cuda-runtime"):
+            pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+            if pins:
+                return name, pins[0]
+    return None
+
+
+# Where a CUDA 12 env's toolkit may be, after the env's own CUDA_HOME.
+SYSTEM_TOOLKITS = ("/usr/local/cuda-{cuda}", "/usr/local/cuda")
+
+
+def _system_toolkit(cuda: str, env: Env) -> Path | None:
+    """A toolkit on this machine whose nvcc is CUDA ``cuda`` (CUDA 12 has no pip nvcc)."""
+    candidates = [env.cuda_home, *(c.format(cuda=cuda) for c in SYSTEM_TOOLKITS)]
+    for text in dict.fromkeys(c for c in candidates if c):
+        path = Path(text)
+        if (path / "bin" / "nvcc").exists():
+            with contextlib.suppress(CudaenvError):
+                if toolchain.nvcc_release(path) == cuda:
+                    return path
+    return None
+
+
+def _refuse(env: Env, why: str) -> Refused:
+    return Refused(f"{env.python}: {why}; nothing was changed")
+
+
+def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = False) -> Plan:
+    """What adopt will do, or Refused naming why it will not (nothing is changed either way)."""
+    if not env.is_env and not force:
+        raise _refuse(
+            env,
+            "not inside a virtual environment or conda env (a system or distro Python); "
+            "pass --force to change it anyway",
+        )
+    if env.torch is None:
+        raise _refuse(env, "no torch here: adopt matches the toolkit to torch's CUDA")
+    if not env.torch_cuda:
+        raise _refuse(
+            env,
+            f"torch {env.torch} is a CPU-only build (torch.version.cuda is None): no CUDA to match",
+        )
+    cuda = env.torch_cuda
+    major = int(cuda.split(".")[0])
+    components = list(DEFAULT_COMPONENTS)
+    if "flashinfer-python" in env.dists:
+        components.append("curand")  # FlashInfer's sampling kernels include <curand.h>
+    chosen = env_archs or archs.DEFAULT_ARCHS
+    if env_archs is None and archs.cuda_problems(cuda, chosen):
+        # 12.0f needs CUDA 12.9; before it, the arch-specific 12.0a is what nvcc knows.
+        chosen = tuple(dataclasses.replace(a, suffix="a") for a in chosen)
+    problems = archs.cuda_problems(cuda, chosen)
+    if problems:
+        raise _refuse(env, "; ".join(problems) + " (name the archs with --archs)")
+    spec = EnvSpec(
+        name=f"adopted-{env.prefix.name}",
+        python=env.version,
+        cuda=cuda,
+        source=env.prefix / "cudaenv-adopted",
+        archs=chosen,
+        toolchain=Toolchain(source="wheels", components=tuple(components)),
+    )
+    if not channels.has_pip_nvcc(major):
+        toolkit = _system_toolkit(cuda, env)
+        if toolkit is None:
+            raise _refuse(
+                env,
+                f"torch {env.torch} is built for CUDA {cuda}, which has no nvcc on PyPI, and no "
+                f"CUDA {cuda} toolkit is on this machine (CUDA_HOME, /usr/local/cuda-{cuda}): "
+                f"install CUDA {cuda} there",
+            )
+        spec = dataclasses.replace(spec, toolchain=Toolchain(source="system", path=toolkit))
+        return Plan(env=env, cuda=cuda, requirements=(), changes=(), system_toolkit=toolkit,
+                    spec=spec, files=_files(env))  # fmt: skip
+    pin = torch_pin(env)
+    extras = channels.toolkit_extras(tuple(components))
+    if pin is not None and pin[0] == "cuda-toolkit":
+        requirements: tuple[str, ...] = (f"cuda-toolkit[{extras}]=={pin[1]}",)
+    else:
+        nxt = f"{major}.{int(cuda.split('.')[1]) + 1}"
+        requirements = (f"cuda-toolkit[{extras}]>={cuda},<{nxt}",)
+        if pin is not None:
+            requirements += (f"{pin[0]}=={pin[1]}",)
+    changes = _dry_run(env, requirements)
+    return Plan(env=env, cuda=cuda, requirements=requirements, changes=changes,
+                system_toolkit=None, spec=spec, files=_files(env))  # fmt: skip
+
+
+def _files(env: Env) -> tuple[str, ...]:
+    return (
+        "cuda-home/ (the toolkit in CUDA_HOME's shape)",
+        f"{env.purelib.relative_to(env.prefix)}/{toolchain.HOOK_MODULE}.py and {toolchain.PTH_NAME}",
+        "bin/activate: the cudaenv block (when the env has one)",
+        f"var/: the JIT caches ({len(caches.CACHES)} directories) and var/cudaenv/",
+        manifest.FILE,
+    )
+
+
+_CHANGE = re.compile(r"^\s*([+-])\s+([A-Za-z0-9._-]+)==(\S+)")
+
+
+def _dry_run(
+    env: Env, requirements: Sequence[str]
+) -> tuple[tuple[str, str | None, str | None], ...]:
+    argv = [
+        proc.uv_bin(),
+        "pip",
+        "install",
+        "--dry-run",
+        "--python",
+        str(env.python),
+        *requirements,
+    ]
+    try:
+        done = proc.run(argv, env=proc.uv_env(), timeout=1800)
+    except proc.CommandFailed as exc:
+        lines = [ln for ln in exc.output.strip().splitlines() if ln.strip()][-15:]
+        raise _refuse(
+            env,
+            "uv cannot install the matched toolkit without breaking what this env pins:\n"
+            + "\n".join(lines),
+        ) from exc
+    before: dict[str, str] = {}
+    after: dict[str, str] = {}
+    for line in (done.stdout + "\n" + done.stderr).splitlines():
+        m = _CHANGE.match(line)
+        if m:
+            (before if m.group(1) == "-" else after)[m.group(2).lower()] = m.group(3)
+    names = sorted(set(before) | set(after))
+    return tuple((n, before.get(n), after.get(n)) for n in names)
+
+
+# --------------------------------------------------------------------------- apply / undo
+
+
+def _journal(prefix: Path) -> Path:
+    return prefix / JOURNAL
+
+
+def read_journal(prefix: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads(_journal(prefix).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _write_journal(prefix: Path, doc: dict[str, object]) -> None:
+    path = _journal(prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proc.atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+
+
+def apply(p: Plan, progress: Progress) -> Manifest:
+    """Adopt as planned. Anything that stops it midway (an error, Ctrl-C, SIGTERM) undoes what
+    was done before it is raised again."""
+    env = p.env
+    activate = env.prefix / "bin" / "activate"
+    var_before = sorted(str(c.relative_to(env.prefix)) for c in (env.prefix / "var").glob("*")) if (
+        env.prefix / "var").is_dir() else []  # fmt: skip
+    journal: dict[str, object] = {
+        "state": "started",
+        "python": str(env.python),
+        "before": env.dists,
+        "changes": [list(c) for c in p.changes],
+        "activate": activate.read_text() if activate.exists() else None,
+        "var_before": var_before,
+        "var_existed": (env.prefix / "var").exists(),
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    _write_journal(env.prefix, journal)
+    try:
+        if p.requirements:
+            progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
+            argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python), *p.requirements]
+            try:
+                proc.run(argv, env=proc.uv_env(), stream=True, timeout=3600)
+            except proc.CommandFailed as exc:
+                raise BuildError(
+                    f"installing the toolkit failed:\n{exc.output.strip()[-2000:]}"
+                ) from exc
+        fault_point("adopt-overlay", progress)
+        env_archs = archs.env_archs(p.spec.archs, p.cuda)
+        if p.system_toolkit is None:
+            overlay = toolchain.wheel_overlay(env.prefix, p.spec)
+        else:
+            overlay = toolchain.system_overlay(env.prefix, p.spec)
+        fault_point("adopt-hooks", progress)
+        toolchain.write_hooks(env.prefix, p.spec, env_archs)
+        after = inspect(env.python).dists
+        built = Manifest(
+            name=p.spec.name,
+            spec=ADOPTED_SPEC,
+            fingerprint="adopted",
+            lock_hash="sha256:"
+            + hashlib.sha256(json.dumps(after, sort_keys=True).encode()).hexdigest(),
+            python=env.version,
+            cuda=p.cuda,
+            torch=env.torch,
+            torch_cuda=env.torch_cuda,
+            toolkit=next(
+                (v for n, _, v in p.changes if n == "cuda-toolkit" and v),
+                env.dists.get("cuda-toolkit"),
+            ),
+            nvcc=overlay.nvcc_release,
+            toolchain_source=p.spec.toolchain.source,
+            archs=env_archs,
+            spec_archs=p.spec.archs,
+            packages=tuple(sorted(after.items())),
+            env=(),
+            built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            cudaenv=__version__,
+            path=str(env.prefix),
+            platform=platforms.host_name(),
+        )
+        manifest.write(built, env.prefix)
+        journal["state"] = "done"
+        _write_journal(env.prefix, journal)
+        return built
+    except BaseException:
+        with contextlib.suppress(Exception):
+            undo(env.prefix, env.python, progress)
+        raise
+
+
+def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
+    """Put the env back as the journal says it was: the same distributions and versions, no
+    cudaenv file. What was restored, one line each."""
+    journal = read_journal(prefix)
+    if journal is None:
+        raise BuildError(
+            f"{prefix} has no adopt journal ({JOURNAL}): it was not adopted by cudaenv"
+        )
+    done: list[str] = []
+    # Files first: the hook goes before anything else, so the interpreter is plain again.
+    site = toolchain.site_packages(prefix)
+    for rel in (
+        site / toolchain.PTH_NAME,
+        site / f"{toolchain.HOOK_MODULE}.py",
+        prefix / manifest.FILE,
+    ):
+        if rel.exists():
+            rel.unlink()
+            done.append(f"removed {rel.relative_to(prefix)}")
+    home = prefix / "cuda-home"
+    if home.is_symlink() or home.exists():
+        if home.is_symlink():
+            home.unlink()
+        else:
+            shutil.rmtree(home)
+        done.append("removed cuda-home/")
+    activate = prefix / "bin" / "activate"
+    original = journal.get("activate")
+    if isinstance(original, str) and activate.exists() and activate.read_text() != original:
+        proc.atomic_write_text(activate, original)
+        done.append("restored bin/activate")
+    before = journal.get("before")
+    if isinstance(before, dict):
+        now = inspect(python).dists
+        added = sorted(n for n in now if n not in before)
+        changed = sorted(f"{n}=={v}" for n, v in before.items() if now.get(n) != v)
+        uv = proc.uv_bin()
+        if added:
+            progress(f"removing {len(added)} package(s) adopt added")
+            proc.run([uv, "pip", "uninstall", "--python", str(python), *added], env=proc.uv_env())
+            done += [f"uninstalled {n}" for n in added]
+        if changed:
+            progress(f"reinstalling {len(changed)} package(s) at their versions before adopt")
+            proc.run([uv, "pip", "install", "--no-deps", "--python", str(python), *changed],
+                     env=proc.uv_env(), timeout=3600)  # fmt: skip
+            done += [f"reinstalled {c}" for c in changed]
+    var = prefix / "var"
+    listed = journal.get("var_before")
+    kept = {str(v) for v in listed} if isinstance(listed, list) else set()
+    if var.is_dir():
+        for child in sorted(var.iterdir()):
+            if str(child.relative_to(prefix)) not in kept and child.name != "cudaenv":
+                shutil.rmtree(child, ignore_errors=True)
+    _journal(prefix).unlink(missing_ok=True)
+    cudaenv_dir = var / "cudaenv"
+    if "var/cudaenv" not in kept and cudaenv_dir.is_dir():
+        shutil.rmtree(cudaenv_dir, ignore_errors=True)
+    if not journal.get("var_existed") and var.is_dir() and not any(var.iterdir()):
+        var.rmdir()
+    return done

@@ -1,0 +1,246 @@
+"""`cudaenv adopt`: refusals on what the probe reports (unit), and the whole repair of a
+real venv holding the default lock's packages (e2e: real uv, real NVIDIA wheels)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import adopt, lock, proc
+from tests.helpers import ENVSPECS, cudaenv, lock_of, write
+
+
+def an_env(tmp_path: Path, **changes: object) -> adopt.Env:
+    base = adopt.Env(
+        python=tmp_path / "venv" / "bin" / "python",
+        prefix=tmp_path / "venv",
+        version="3.12",
+        is_env=True,
+        purelib=tmp_path / "venv" / "lib" / "python3.12" / "site-packages",
+        dists={"torch": "2.14.1", "flashinfer-python": "0.7.2"},
+        torch="2.14.1",
+        torch_cuda="13.0",
+        torch_requires=('cuda-toolkit[cudart,curand]==13.0.3; platform_system == "Linux"',),
+        cuda_home="",
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"is_env": False}, "not inside a virtual environment or conda env (a system or distro "
+                            "Python); pass --force to change it anyway"),
+        ({"torch": None, "torch_cuda": None}, "no torch here: adopt matches the toolkit to torch's CUDA"),
+        ({"torch_cuda": None}, "torch 2.14.1 is a CPU-only build (torch.version.cuda is None): no "
+                               "CUDA to match"),
+        ({"torch": "2.9.1", "torch_cuda": "12.8"}, "torch 2.9.1 is built for CUDA 12.8, which has no "
+                                                 "nvcc on PyPI, and no CUDA 12.8 toolkit is on this "
+                                                 "machine (CUDA_HOME, /usr/local/cuda-12.8): install "
+                                                 "CUDA 12.8 there"),
+    ],
+)  # fmt: skip
+def test_refusals_name_why_and_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: dict[str, object], why: str
+) -> None:
+    monkeypatch.setattr(adopt, "SYSTEM_TOOLKITS", ())
+    env = an_env(tmp_path, **changes)
+    with pytest.raises(adopt.Refused) as info:
+        adopt.plan(env)
+    assert str(info.value) == f"{env.python}: {why}; nothing was changed"
+    assert info.value.exit_code == 3
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_cuda_12_torch_uses_the_machines_toolkit_of_its_release(tmp_path: Path) -> None:
+    home = tmp_path / "cuda-12.8"
+    write(
+        home / "bin" / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
+    )
+    (home / "bin" / "nvcc").chmod(0o755)
+    env = an_env(tmp_path, torch="2.9.1", torch_cuda="12.8", cuda_home=str(home))
+    planned = adopt.plan(env)
+    assert planned.system_toolkit == home and planned.requirements == ()
+    assert planned.lines()[1] == f"  toolkit: the machine's {home} (CUDA 12.8)"
+
+
+def test_torch_pin_reads_torchs_own_requirement(tmp_path: Path) -> None:
+    env = an_env(tmp_path, torch_requires=(
+        'cuda-toolkit[cudart]==13.0.3; platform_system == "Windows"',
+        'cuda-toolkit[cudart,curand]==13.0.2; platform_system == "Linux"',
+        "filelock",
+    ))  # fmt: skip
+    assert adopt.torch_pin(env) == ("cuda-toolkit", "13.0.2")
+    old = an_env(
+        tmp_path, torch_requires=('nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"',)
+    )
+    assert adopt.torch_pin(old) == ("nvidia-cuda-runtime-cu12", "12.8.90")
+    assert adopt.torch_pin(an_env(tmp_path, torch_requires=())) is None
+
+
+def test_a_set_uv_cannot_resolve_is_refused_with_uvs_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_uv = write(
+        tmp_path / "uv",
+        "#!/bin/sh\necho '  x No solution found: sglang==0.5.23 depends on nvidia-cuda-nvcc>=13.5' >&2\nexit 1\n",
+    )
+    fake_uv.chmod(0o755)
+    monkeypatch.setenv("CUDAENV_UV", str(fake_uv))
+    with pytest.raises(adopt.Refused) as info:
+        adopt.plan(an_env(tmp_path))
+    assert "uv cannot install the matched toolkit without breaking what this env pins" in str(
+        info.value
+    )
+    assert "sglang==0.5.23 depends on nvidia-cuda-nvcc>=13.5" in str(info.value)
+
+
+# --------------------------------------------------------------------------- e2e
+
+
+def freeze(python: Path) -> str:
+    done = proc.run([proc.uv_bin(), "pip", "freeze", "--python", str(python)], env=proc.uv_env())
+    return done.stdout
+
+
+@pytest.fixture
+def plain_venv(tmp_path: Path) -> Iterator[Path]:
+    """A venv holding the default lock's packages, made by uv alone: no cudaenv wiring."""
+    venv = tmp_path / "plain"
+    py = Path(sys.executable).resolve()
+    from builder import interpreters
+
+    base = interpreters.find("3.12", allow_download=False).path
+    proc.run(
+        [proc.uv_bin(), "venv", "--quiet", "--python", str(base), str(venv)], env=proc.uv_env()
+    )
+    del py
+    req = tmp_path / "req.txt"
+    req.write_text(lock.read(lock_of(ENVSPECS / "default.yaml")).requirements_txt("linux-x86_64"))
+    proc.run([proc.uv_bin(), "pip", "sync", "--quiet", "--require-hashes", "--python",
+              str(venv / "bin" / "python"), str(req)], env=proc.uv_env(), timeout=1800)  # fmt: skip
+    yield venv
+
+
+def jit_versions(venv: Path, cuda_home: Path) -> str:
+    code = (
+        "from flashinfer.jit.cpp_ext import get_cuda_version; import torch; "
+        "print(get_cuda_version(), torch.version.cuda)"
+    )
+    done = subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_HOME": str(cuda_home)}, check=True)  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def cuda_128(tmp_path: Path) -> Path:
+    home = tmp_path / "cuda-12.8"
+    write(
+        home / "bin" / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
+    )
+    (home / "bin" / "nvcc").chmod(0o755)
+    return home
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back(
+    plain_venv: Path, cuda_128: Path, tmp_path: Path
+) -> None:
+    """The report this tool exists for: torch cu130 and FlashInfer in a venv, CUDA_HOME at a
+    12.8 toolkit. After adopt FlashInfer's JIT sees 13.0 and doctor is clean; --undo gives
+    back the same freeze and no cudaenv file."""
+    python = plain_venv / "bin" / "python"
+    env = {"CUDA_HOME": str(cuda_128)}
+    assert jit_versions(plain_venv, cuda_128) == "12.8 13.0"
+    before = freeze(python)
+    dry = cudaenv("adopt", "--python", str(python), "--dry-run", cwd=tmp_path, env=env)
+    assert "(dry run: nothing changed)" in dry.stdout
+    assert not (plain_venv / "cuda-home").exists() and freeze(python) == before
+    cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path, env=env)
+    assert jit_versions(plain_venv, cuda_128) == "13.0 13.0"
+    doctor = cudaenv("doctor", "--python", str(python), cwd=tmp_path, env=env, check=False)
+    assert doctor.returncode == 0, doctor.stdout
+    checks = cudaenv("verify", "--python", str(python), "--checks", "toolchain,kernel-compile",
+                     cwd=tmp_path, env=env)  # fmt: skip
+    assert "PASSED" in checks.stdout
+    cudaenv("adopt", "--undo", "--python", str(python), cwd=tmp_path, env=env)
+    assert freeze(python) == before
+    leftovers = [p for p in plain_venv.rglob("*") if "cudaenv" in p.name or p.name == "cuda-home"]
+    assert leftovers == []
+    assert not (plain_venv / "var").exists()
+    assert jit_versions(plain_venv, cuda_128) == "12.8 13.0"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_adopt_realigns_a_drifted_toolkit(plain_venv: Path, tmp_path: Path) -> None:
+    """flashinfer#3493: nvcc/crt/nvvm 13.5 and cccl 13.3 beside torch cu130; after adopt every
+    component is 13.0.x and our kernel compiles; undo brings the drifted set back."""
+    python = plain_venv / "bin" / "python"
+    drift = ["nvidia-cuda-nvcc==13.5.37", "nvidia-cuda-crt==13.5.37", "nvidia-nvvm==13.5.37",
+             "nvidia-cuda-cccl==13.3.5.0.6"]  # fmt: skip
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--python", str(python), *drift],
+             env=proc.uv_env(), timeout=1800)  # fmt: skip
+    drifted = freeze(python)
+    plan = cudaenv("adopt", "--python", str(python), "--dry-run", cwd=tmp_path)
+    assert "  replace nvidia-cuda-nvcc 13.5.37 -> 13.0.88" in plan.stdout.splitlines()
+    assert "  replace nvidia-cuda-cccl 13.3.5.0.6 -> 13.0.85" in plan.stdout.splitlines()
+    cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path)
+    now = dict(line.split("==") for line in freeze(python).splitlines() if "==" in line)
+    for name in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl"):
+        assert now[name].startswith("13.0."), (name, now[name])
+    done = cudaenv(
+        "verify", "--python", str(python), "--checks", "toolchain,kernel-compile", cwd=tmp_path
+    )
+    assert "PASSED" in done.stdout
+    cudaenv("adopt", "--undo", "--python", str(python), cwd=tmp_path)
+    assert freeze(python) == drifted
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("stage", ["adopt-overlay", "adopt-hooks"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_adopt_leaves_the_env_as_it_was_or_a_rerun_finishes(
+    plain_venv: Path, tmp_path: Path, stage: str, sig: int
+) -> None:
+    """Killed at each stage: SIGTERM is undone on the way out; after SIGKILL the env starts as
+    before (the hook's .pth is written last) and the next adopt undoes the rest, then adopts."""
+    python = plain_venv / "bin" / "python"
+    before = freeze(python)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "CUDAENV_FAULT_PAUSE": stage, "CUDAENV_FAULT_PAUSE_SECONDS": "60"}  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "adopt", "--python", str(python), "--no-verify"],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stderr is not None
+    deadline = time.monotonic() + 300
+    for line in child.stderr:
+        if f"fault point {stage}" in line:
+            break
+        assert time.monotonic() < deadline
+    child.send_signal(sig)
+    child.wait(timeout=120)
+    code = "import os; print(os.environ.get('CUDA_HOME', '-'))"
+    plain = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "CUDA_HOME": "/shell/cuda"})  # fmt: skip
+    assert plain.stdout.strip() == "/shell/cuda"  # the hook is not active: works as before
+    if sig == signal.SIGTERM:
+        assert freeze(python) == before
+        assert not (plain_venv / "cuda-home").exists()
+        assert adopt.read_journal(plain_venv) is None
+    rerun = cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path)
+    if sig == signal.SIGKILL:
+        assert "did not finish: undoing it first" in rerun.stderr
+    adopted = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    assert adopted.stdout.strip() == str(plain_venv / "cuda-home")
