@@ -31,7 +31,17 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 
-from builder import __version__, archs, caches, channels, manifest, platforms, proc, toolchain
+from builder import (
+    __version__,
+    archs,
+    caches,
+    channels,
+    doctor,
+    manifest,
+    platforms,
+    proc,
+    toolchain,
+)
 from builder.archs import Arch
 from builder.build import fault_point
 from builder.errors import BuildError, CudaenvError
@@ -39,7 +49,7 @@ from builder.manifest import Manifest
 from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
 
 JOURNAL = Path("var") / "cudaenv" / "adopt.json"
-ADOPTED_SPEC = "(adopted)"
+ADOPTED_SPEC = doctor.ADOPTED_SPEC
 Progress = Callable[[str], None]
 
 

@@ -284,20 +284,42 @@ def _home_text(home: CudaHome) -> str:
     return f"{home.path}, from {home.source}"
 
 
+ADOPTED_SPEC = "(adopted)"  # adopt.py's manifests say so instead of a spec file
+
+
+def _adopt_fix(facts: Facts) -> str | None:
+    """The first fix for an env cudaenv did not build: repair it where it stands."""
+    if facts.manifest is not None and facts.manifest.spec != ADOPTED_SPEC:
+        return None
+    python = facts.python or "PATH"
+    if facts.manifest is not None:
+        return (
+            f"adopt it again: `cudaenv adopt --undo --python {python}`, then "
+            f"`cudaenv adopt --python {python}`"
+        )
+    return (
+        f"repair this env in place: `cudaenv adopt --python {python}` (installs torch's "
+        "matched toolkit, wires CUDA_HOME; `--dry-run` first, `--undo` reverts)"
+    )
+
+
 def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
     """The exact ways to give the JIT the toolkit of torch's CUDA."""
     fixes: list[str] = []
+    adopt_fix = _adopt_fix(facts)
+    if adopt_fix is not None and want:
+        fixes.append(adopt_fix)
     if want:
         for tk in facts.toolkits:
             if tk.release == want:
                 fixes.append(f"export CUDA_HOME={tk.path}")
                 break
-    if facts.manifest is not None:
+    if facts.manifest is not None and adopt_fix is None:
         fixes.append(
             f"this env was built by cudaenv: run its own python without CUDAENV_NO_HOOK, or "
             f"rebuild it: `cudaenv build {facts.manifest.spec}`"
         )
-    elif want:
+    elif want and facts.manifest is None:
         pin = facts.dists.get("cuda-toolkit")
         if pin and _minor(pin) == _minor(want):
             fixes.append(
@@ -440,6 +462,7 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 f"({', '.join(sorted(minors))}): nvcc and headers disagree (flashinfer#3493)",
                 evidence=tuple(f"CUDA {m}: {', '.join(v)}" for m, v in sorted(minors.items())),
                 fix=(
+                    *((_adopt_fix(facts),) if _adopt_fix(facts) else ()),
                     f"pin every component to torch's: `pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,"
                     f"cccl]=={pin}'`"
                     if pin
@@ -724,7 +747,8 @@ def rule_caches(facts: Facts) -> list[Finding]:
             "(flashinfer#5145)",
             evidence=tuple(wrong),
             fix=(
-                f"rebuild the env so its hook sets them: cudaenv build {facts.manifest.spec} "
+                _adopt_fix(facts)
+                or f"rebuild the env so its hook sets them: cudaenv build {facts.manifest.spec} "
                 "--force",
                 "or remove the override from the spec's `env:` / the code that sets it",
             ),

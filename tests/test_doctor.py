@@ -177,6 +177,17 @@ def test_blackwell_case_names_the_root_cause_first(
     )
     assert [s.code for s in first.symptoms] == ["jit-toolkit-mismatch"]
     assert "jit-toolkit-mismatch" not in codes(findings)  # grouped under the root cause
+    # Not an env cudaenv built: the first fix repairs it where it stands.
+    assert first.fix[0].startswith(
+        f"repair this env in place: `cudaenv adopt --python {env.python}`"
+    )
+    # An adopted env (its manifest says so) is adopted again, not rebuilt from a spec.
+    manifest.write(a_manifest("12.0f", spec="(adopted)"), env.python.parent.parent)
+    findings, _ = run(env)
+    assert findings[0].fix[0] == (
+        f"adopt it again: `cudaenv adopt --undo --python {env.python}`, then "
+        f"`cudaenv adopt --python {env.python}`"
+    )
 
 
 def test_minor_and_major_jit_mismatch(
