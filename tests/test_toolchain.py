@@ -274,3 +274,18 @@ def test_every_jit_cache_lives_in_the_env_and_triton_uses_its_ptxas(
         str(venv / "var" / "sglang" / "jit"),
         "/shared/triton_cache_dir",
     ]
+
+
+def test_an_empty_environment_keeps_the_os_default_path(in_tmp: Path, venv: Path) -> None:
+    """`env -i ENV/bin/python`: CUDA_HOME's bin first, then the OS default path, so nvcc
+    still finds gcc."""
+    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    done = subprocess.run(
+        ["env", "-i", str(venv / "bin" / "python"), "-c", "import os; print(os.environ['PATH'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first, *rest = done.stdout.strip().split(":")
+    assert first == str(venv / "cuda-home" / "bin")
+    assert rest and "" not in rest and ("/usr/bin" in rest or "/bin" in rest)
