@@ -368,6 +368,7 @@ def spec_target(
         env_dir=env_dir,
         expected_cuda=s.cuda,
         spec_name=s.name,
+        spec_path=str(s.source),
         checks=checks or s.verify,
         extra_env=extra,
         fresh=fresh,

@@ -33,7 +33,8 @@ def target(tmp_path: Path, *arch_texts: str) -> Target:
         work=tmp_path / "work",
         env_dir=tmp_path,
         expected_cuda="13.0",
-        spec_name="envspecs/x.yaml",
+        spec_name="x",
+        spec_path="envspecs/x.yaml",
     )
 
 

@@ -146,6 +146,7 @@ TARGET = Target(
     env_dir=Path("/env"),
     expected_cuda="13.0",
     spec_name="x",
+    spec_path="envspecs/x.yaml",
 )
 
 
@@ -172,7 +173,7 @@ def test_toolchain_fails_naming_both_versions() -> None:
         in result.summary
     )
     assert "FlashInfer get_cuda_version() is 12.8 but torch.version.cuda is 13.0" in result.summary
-    assert result.fix.startswith("rebuild the env: `cudaenv build x`")
+    assert result.fix.startswith("rebuild the env: `cudaenv build envspecs/x.yaml`")
 
 
 def test_toolchain_fails_without_nvcc_even_if_flashinfer_falls_back() -> None:

@@ -85,6 +85,8 @@ class Target:
     env_dir: Path | None = None
     expected_cuda: str | None = None
     spec_name: str | None = None
+    # The spec file as the user named it: what a fix tells them to run (`cudaenv build PATH`).
+    spec_path: str | None = None
     checks: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     fresh: bool = False  # rebuild what a check would reuse (`verify --fresh`)

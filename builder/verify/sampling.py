@@ -334,7 +334,7 @@ def flashinfer_half(
     gpu = device.gpu
     if archs.uncovered(env_list, gpu):
         own = gpu.arch(facts.nvcc_release)
-        spec = target.spec_name or "SPEC"
+        spec = target.spec_path or "SPEC"
         return Half(
             who=who,
             status=FAILED,

@@ -68,7 +68,7 @@ def _check(target: Target, facts: EnvFacts) -> CheckResult:
     if problems:
         want = reference[1] if reference else "torch's CUDA"
         fix = (
-            f"rebuild the env: `cudaenv build {target.spec_name or 'SPEC'}` (its start-up hook "
+            f"rebuild the env: `cudaenv build {target.spec_path or 'SPEC'}` (its start-up hook "
             f"points CUDA_HOME at the matched toolkit)"
             if target.env_dir
             else f"point CUDA_HOME at a CUDA {want} toolkit, or build a matched env with "
