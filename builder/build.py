@@ -80,6 +80,11 @@ def up_to_date(
     return found if same else None
 
 
+# What an interrupt (Ctrl-C) leaves, for the CLI to say: set as a build goes, so the message
+# after the swap names the new env instead of promising the old one is still there.
+interrupt_note: list[str] = []
+
+
 def fault_point(name: str, progress: Progress) -> None:
     """Fault injection for the interruption tests: ``CUDAENV_FAULT_PAUSE=overlay`` holds the
     build at that stage for ``CUDAENV_FAULT_PAUSE_SECONDS`` (default 30) so a test can kill it
@@ -237,6 +242,7 @@ def build(
             t = time.monotonic()
             interp = interpreters.find(spec.python, allow_download=not source.offline)
             stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
+        interrupt_note[:] = [f"{target}: the previous env (if any) is untouched"]
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
         # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
         umask = os.umask(0)
@@ -261,8 +267,10 @@ def build(
             fault_point("swap", progress)
             t = time.monotonic()
             old = swap_into_place(tmp, target)
+            interrupt_note[:] = [f"{target} is the new env, complete (built from {lock_file.name})"]
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+            fault_point("swapped", progress)
             stage(f"swapped into {target}", t)
         except BaseException:
             # Whatever stopped us (error, Ctrl-C, SIGTERM turned into an exception by the

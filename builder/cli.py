@@ -971,7 +971,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; the previous env (if any) is untouched", file=sys.stderr)
+        from builder import build
+
+        note = build.interrupt_note[-1] if build.interrupt_note else "nothing was built"
+        print(f"error: interrupted; {note}", file=sys.stderr)
         return 130
 
 

@@ -408,6 +408,30 @@ def test_an_air_gapped_first_verify_reuses_the_exported_jit_results(tmp_path: Pa
     assert "has no JIT results in the store to carry: verify it first" in done.stderr
 
 
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", ["swap", "swapped"])
+def test_ctrl_c_says_which_env_is_there(tmp_path: Path, point: str) -> None:
+    """Before the swap the previous env is there; after it, the new one, complete."""
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    cudaenv("build", TOOLCHAIN, cwd=ws)
+    child = start(ws, "--force", CUDAENV_FAULT_PAUSE=point, CUDAENV_FAULT_PAUSE_SECONDS="60")
+    assert child.stderr is not None
+    for line in child.stderr:
+        if f"fault point {point}" in line:
+            break
+    child.send_signal(signal.SIGINT)
+    _, rest = child.communicate(timeout=60)
+    assert child.returncode == 130
+    env = (ws / ENV).absolute()
+    says = {
+        "swap": f"{env}: the previous env (if any) is untouched",
+        "swapped": f"{env} is the new env, complete (built from pylock.toolchain-cu130.toml)",
+    }[point]
+    assert rest.strip().splitlines()[-1] == f"error: interrupted; {says}"
+    assert works(ws / ENV)
+
+
 def test_shipped_specs_are_the_ones_tested() -> None:
     assert (ENVSPECS / "toolchain-cu130.yaml").exists()
 
