@@ -47,6 +47,13 @@ def matrix(session: nox.Session) -> None:
     session.run("cudaenv", "matrix", *args)
 
 
+@nox.session(name="cudaenv")
+def cudaenv_cli(session: nox.Session) -> None:
+    """Run cudaenv itself with the posargs: `nox -s cudaenv -- doctor --python PATH`."""
+    _install(session)
+    session.run("cudaenv", *session.posargs)
+
+
 @nox.session
 def lock(session: nox.Session) -> None:
     """Re-lock specs (default: every spec in envspecs/)."""

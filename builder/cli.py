@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -639,6 +640,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     # Checked before any cell runs: a typo must not cost a matrix run.
     baseline = _read_baseline(args.baseline) if args.baseline else None
     mx = matrix.load(Path(args.file))
+    if args.cell:
+        # One cell, run and judged exactly as in the whole matrix (a refused cell is a
+        # result, exit 0): what a CI job per cell runs, so both agree.
+        mx = dataclasses.replace(mx, cells=(mx.cell(args.cell),))
     if args.emit == "github":
         # One line: what `echo "matrix=$(...)" >> "$GITHUB_OUTPUT"` needs.
         print(json.dumps(matrix.github_matrix(mx), separators=(",", ":")))
@@ -913,6 +918,11 @@ def make_parser() -> argparse.ArgumentParser:
     mx.add_argument("--out", help="report directory (default .envs/.matrix/NAME/report)")
     mx.add_argument("--baseline", help="an earlier matrix.json: exit non-zero for regressions only")
     mx.add_argument("--emit", choices=["github"], help="print a GitHub Actions strategy.matrix")
+    mx.add_argument(
+        "--cell",
+        metavar="NAME",
+        help="run only this cell, judged as in the whole matrix (one CI job per cell)",
+    )
     mx.set_defaults(func=cmd_matrix)
 
     rp = _sub(

@@ -533,14 +533,24 @@ def matrix_report(name: str, results: Sequence[CellResult], out: Path) -> report
     return report.MatrixReport(name=name, created=report.timestamp(), cells=cells)
 
 
+def _in_repository(path: Path) -> str:
+    """``path`` relative to the repository it is in (the nearest directory above it with a
+    ``.git``), as a CI job's checkout sees it; relative to here outside any repository."""
+    absolute = path.absolute()
+    for parent in absolute.parents:
+        if (parent / ".git").exists():
+            return absolute.relative_to(parent).as_posix()
+    return os.path.relpath(absolute)
+
+
 def github_matrix(matrix: Matrix) -> dict[str, Any]:
     return {
         "include": [
             {
                 "cell": c.name,
-                "spec": f"{matrix.source}:{c.name}"
+                "spec": f"{_in_repository(matrix.source)}:{c.name}"
                 if c.generated
-                else os.path.relpath(c.spec_path),
+                else _in_repository(c.spec_path),
                 "runs-on": list(c.runs_on),
             }
             for c in matrix.cells

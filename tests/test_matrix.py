@@ -19,7 +19,7 @@ from builder import cli, matrix, report, spec
 from builder.archs import Arch
 from builder.errors import ReportError, SpecError
 from builder.verify import CHECKS, CheckResult
-from tests.helpers import ENVSPECS, cudaenv, workspace, write
+from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
 
 RELEASE = ENVSPECS / "matrix" / "release.yaml"
 F120 = Arch.parse("12.0f")
@@ -460,3 +460,35 @@ include:
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "is up to date" in (ws / "out2" / "logs" / "toolchain-cu130.log").read_text()
+
+
+def test_emitted_specs_are_relative_to_the_repository_however_the_file_is_named(
+    tmp_path: Path,
+) -> None:
+    """`--emit github` with an absolute matrix path: a CI checkout has the repository at
+    another path, so every spec is written relative to the repository root."""
+    mx = matrix.load(RELEASE.absolute(), out_root=tmp_path)
+    emitted = matrix.github_matrix(mx)["include"]
+    assert all(not e["spec"].startswith("/") for e in emitted)
+    generated = [e for e in emitted if ":" in e["spec"]]
+    assert generated and all(
+        e["spec"].startswith("envspecs/matrix/release.yaml:") for e in generated
+    )
+    for entry in emitted:
+        path = entry["spec"].split(":")[0]
+        assert (REPO / path).is_file(), path
+
+
+def test_one_cell_runs_judged_as_in_the_whole_matrix(tmp_path: Path) -> None:
+    """`matrix FILE --cell NAME` (one CI job per cell): a refused cell is a result, exit 0,
+    as the whole matrix says locally; an unknown cell is a one-line error."""
+    spec_dir = tmp_path / "envs"
+    write(spec_dir / "bad.yaml", 'name: bad\npython: "3.12"\ncuda: "12.6"\narchs: ["12.0f"]\n')
+    write(tmp_path / "m.yaml", "name: m\nspecs: [envs/bad.yaml]\n")
+    whole = cli.main(["--quiet", "matrix", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "a")])
+    one = cli.main(["--quiet", "matrix", str(tmp_path / "m.yaml"), "--cell", "bad",
+                    "--out", str(tmp_path / "b")])  # fmt: skip
+    assert whole == one == 0
+    doc = json.loads((tmp_path / "b" / "matrix.json").read_text())
+    assert [(c["name"], c["status"]) for c in doc["cells"]] == [("bad", "refused")]
+    assert cli.main(["--quiet", "matrix", str(tmp_path / "m.yaml"), "--cell", "nope"]) == 2
