@@ -186,11 +186,27 @@ def test_adopt_realigns_a_drifted_toolkit(plain_venv: Path, tmp_path: Path) -> N
     """flashinfer#3493: nvcc/crt/nvvm 13.5 and cccl 13.3 beside torch cu130; after adopt every
     component is 13.0.x and our kernel compiles; undo brings the drifted set back."""
     python = plain_venv / "bin" / "python"
+    matched = tmp_path / "matched.json"
+    matched.write_text(
+        cudaenv("fingerprint", "--python", str(python), "--json", cwd=tmp_path).stdout
+    )
     drift = ["nvidia-cuda-nvcc==13.5.37", "nvidia-cuda-crt==13.5.37", "nvidia-nvvm==13.5.37",
              "nvidia-cuda-cccl==13.3.5.0.6"]  # fmt: skip
     proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--python", str(python), *drift],
              env=proc.uv_env(), timeout=1800)  # fmt: skip
     drifted = freeze(python)
+    # The fingerprints of the matched and the drifted env name each drifted component.
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(cudaenv("fingerprint", "--python", str(python), "--json", cwd=tmp_path).stdout)
+    compared = cudaenv(
+        "fingerprint", "--compare", str(matched), str(mixed), cwd=tmp_path, check=False
+    )
+    assert compared.returncode == 1
+    for line in ("distributions.nvidia-cuda-nvcc: 13.0.88 -> 13.5.37",
+                 "distributions.nvidia-cuda-crt: 13.0.88 -> 13.5.37",
+                 "distributions.nvidia-nvvm: 13.0.88 -> 13.5.37",
+                 "distributions.nvidia-cuda-cccl: 13.0.85 -> 13.3.5.0.6"):  # fmt: skip
+        assert line in compared.stdout.splitlines(), compared.stdout
     plan = cudaenv("adopt", "--python", str(python), "--dry-run", cwd=tmp_path)
     assert "  replace nvidia-cuda-nvcc 13.5.37 -> 13.0.88" in plan.stdout.splitlines()
     assert "  replace nvidia-cuda-cccl 13.3.5.0.6 -> 13.0.85" in plan.stdout.splitlines()
@@ -198,9 +214,8 @@ def test_adopt_realigns_a_drifted_toolkit(plain_venv: Path, tmp_path: Path) -> N
     now = dict(line.split("==") for line in freeze(python).splitlines() if "==" in line)
     for name in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl"):
         assert now[name].startswith("13.0."), (name, now[name])
-    done = cudaenv(
-        "verify", "--python", str(python), "--checks", "toolchain,kernel-compile", cwd=tmp_path
-    )
+    checks = "toolchain,kernel-compile,flashinfer-jit,cubin"
+    done = cudaenv("verify", "--python", str(python), "--checks", checks, cwd=tmp_path)
     assert "PASSED" in done.stdout
     cudaenv("adopt", "--undo", "--python", str(python), cwd=tmp_path)
     assert freeze(python) == drifted

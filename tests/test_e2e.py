@@ -341,6 +341,19 @@ def test_verify_toolchain_env(toolchain_env: Path) -> None:
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_two_envs_of_one_lock_have_one_fingerprint(toolchain_env: Path, tmp_path: Path) -> None:
+    ws = toolchain_env.parent.parent
+    other = tmp_path / "same-lock"
+    cudaenv("build", "envspecs/toolchain-cu130.yaml", "--env-dir", str(other), cwd=ws)
+    prints = [
+        cudaenv("fingerprint", "--python", str(env / "bin" / "python"), cwd=ws).stdout.strip()
+        for env in (toolchain_env, other)
+    ]
+    assert prints[0] == prints[1] and prints[0].startswith("sha256:")
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_kernel_compile_fails_for_an_arch_the_toolkit_cannot_build(toolchain_env: Path) -> None:
     ws = toolchain_env.parent.parent
     done = cudaenv(
