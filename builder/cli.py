@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from builder import __version__, archs, lock, platforms, resolve, spec
+from builder import __version__, archs, lock, platforms, proc, resolve, spec
 from builder.errors import (
     BuildError,
     CudaenvError,
@@ -548,6 +548,56 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return cmd_verify(verify_args)
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from builder import envs
+
+    found = envs.listing()
+    if args.json:
+        print(json.dumps([e.to_json() for e in found], indent=2))
+        return 0
+    if not found:
+        print("no envs built here (.envs/)")
+        return 0
+    for e in found:
+        size = f"{envs.human(e.bytes_total)} ({envs.human(e.bytes_own)} not shared)"
+        print(f"{e.name}  spec {e.spec}  lock {e.lock_state}  {size}  "
+              f"last verify {e.verified or 'never'}"
+              + (f"  [{e.platform}]" if e.platform else ""))  # fmt: skip
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from builder import envs
+
+    for name in args.names:
+        path = envs.resolve(name)
+        envs.remove(path)
+        _progress(f"removed {path}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from builder import envs
+
+    path = envs.resolve(args.name)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("run needs a command: `cudaenv run NAME -- CMD ARGS...`")
+    python = path / "bin" / "python"
+    if not python.exists():
+        raise UsageError(f"{path} has no bin/python (assembled for another platform?)")
+    env = dict(os.environ)
+    env["VIRTUAL_ENV"] = str(path)
+    env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTHONHOME", None)
+    # The env's interpreter starts (its start-up hook sets CUDA_HOME, the arch lists, the
+    # caches, ...) and replaces itself with the command, which inherits exactly that.
+    trampoline = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
+    proc.replace_process([str(python), "-c", trampoline, *command], env)
+
+
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     from builder import doctor, fingerprint, interpreters
 
@@ -882,6 +932,41 @@ def make_parser() -> argparse.ArgumentParser:
     ad.add_argument("--force", action="store_true", help="also adopt a system or distro Python")
     ad.add_argument("--no-verify", action="store_true", help="skip the verify that follows")
     ad.set_defaults(func=cmd_adopt)
+
+    ls = _sub(
+        sub,
+        "list",
+        "the envs built here",
+        "Each env under .envs/: its spec, whether it matches the spec's current lock, its size "
+        "on disk (and how much of it no other env or uv's cache shares), its last verify.",
+        "cudaenv list --json",
+    )
+    ls.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    ls.set_defaults(func=cmd_list)
+
+    rm_ = _sub(
+        sub,
+        "remove",
+        "delete built envs",
+        "Delete each named env (a name under .envs/ or an env directory) whole; a build of it "
+        "in progress is waited for.",
+        "cudaenv remove sglang-0.5.23-cu130",
+    )
+    rm_.add_argument("names", nargs="+", metavar="NAME")
+    rm_.set_defaults(func=cmd_remove)
+
+    rn = _sub(
+        sub,
+        "run",
+        "run a command in an env without activating it",
+        "Run CMD with the env's bin/ first on PATH and every setting of its start-up hook "
+        "(CUDA_HOME, arch lists, JIT caches, ...), exactly as its own python sees them; the "
+        "exit status is the command's.",
+        "cudaenv run sglang-0.5.23-cu130 -- nvcc --version",
+    )
+    rn.add_argument("name", metavar="NAME")
+    rn.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    rn.set_defaults(func=cmd_run)
 
     fp = _sub(
         sub,

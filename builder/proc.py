@@ -21,10 +21,20 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from builder.errors import CommandFailed, ToolMissing
 
-__all__ = ["CommandFailed", "Completed", "atomic_write_text", "run", "uv_bin", "uv_env", "which"]
+__all__ = [
+    "CommandFailed",
+    "Completed",
+    "atomic_write_text",
+    "replace_process",
+    "run",
+    "uv_bin",
+    "uv_env",
+    "which",
+]
 
 log = logging.getLogger("cudaenv")
 
@@ -250,6 +260,15 @@ def atomic_write_text(path: Path, text: str) -> Path:
             Path(tmp).unlink()
         raise
     return path
+
+
+def replace_process(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """Become ``argv`` (``cudaenv run``): signals and the exit status are the command's own,
+    with no cudaenv process left in between."""
+    log.debug("exec %s", shlex.join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], list(argv), dict(env))  # noqa: S606 - argv is an exact program path
 
 
 def which(name: str, path: str | None = None) -> str | None:

@@ -423,3 +423,37 @@ def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
     assert [d.split(":")[0] for d in fingerprint.differences(one["parts"], changed["parts"])] == [
         "toolkit.binaries.bin/nvcc"
     ]
+
+
+def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
+    """`list` shows the env with its lock state, size and last verify; `run` executes a
+    command with the env's hook settings and its exit status; `remove` deletes it whole."""
+    from builder import toolchain
+    from tests.helpers import a_manifest
+
+    env_dir = tmp_path / ".envs" / "demo"
+    from builder import proc
+
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(env_dir)])
+    s = spec.load(write(tmp_path / "demo.yaml", 'name: demo\npython: "3.12"\ncuda: "13.0"\n'))
+    toolchain.write_hooks(env_dir, s, archs.DEFAULT_ARCHS)
+    manifest.write(a_manifest(name="demo", spec="gone/demo.yaml", path=str(env_dir)), env_dir)
+    listed = json.loads(cudaenv("list", "--json", cwd=tmp_path).stdout)
+    assert [(e["name"], e["lock"], e["last_verify"]) for e in listed] == [
+        ("demo", "no spec file", None)
+    ]
+    assert listed[0]["bytes"] > 0
+    text = cudaenv("list", cwd=tmp_path).stdout
+    assert text.startswith("demo  spec gone/demo.yaml  lock no spec file  ")
+    ran = cudaenv("run", "demo", "--", "sh", "-c", 'echo "$CUDA_HOME|$VIRTUAL_ENV"', cwd=tmp_path)
+    assert ran.stdout.strip() == f"{env_dir.absolute()}/cuda-home|{env_dir.absolute()}"
+    failed = cudaenv("run", "demo", "--", "sh", "-c", "exit 7", cwd=tmp_path, check=False)
+    assert failed.returncode == 7
+    unknown = cudaenv("run", "nope", "--", "true", cwd=tmp_path, check=False)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "error: nope: no env of that name in .envs/ (built here: demo)"
+    ]
+    cudaenv("remove", "demo", cwd=tmp_path)
+    assert not env_dir.exists()
+    assert cudaenv("list", cwd=tmp_path).stdout.strip() == "no envs built here (.envs/)"
