@@ -330,6 +330,7 @@ def _build_into(
         overlay = toolchain.system_overlay(tmp, spec)
     fault_point("hooks", progress)
     toolchain.write_hooks(tmp, spec, env_archs)
+    toolchain.write_pip_guard(tmp, spec)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
     _check_hook(tmp)

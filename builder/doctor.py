@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import archs, caches, channels, manifest, proc
@@ -756,6 +757,38 @@ def rule_caches(facts: Facts) -> list[Finding]:
     ]
 
 
+def rule_drift(facts: Facts) -> list[Finding]:
+    """A built env holds exactly its lock: a package added, removed or changed since (a
+    `uv pip install` into it, say) is named, with how to make it part of the spec."""
+    built = facts.manifest
+    if built is None or built.spec == ADOPTED_SPEC or not facts.dists:
+        return []
+    locked = {canonicalize_name(n): v for n, v in built.packages}
+    now = {canonicalize_name(n): v for n, v in facts.dists.items()}
+    added = sorted(f"{n}=={v}" for n, v in now.items() if n not in locked)
+    removed = sorted(f"{n}=={v}" for n, v in locked.items() if n not in now)
+    changed = sorted(
+        f"{n} {locked[n]} -> {v}" for n, v in now.items() if n in locked and locked[n] != v
+    )
+    if not (added or removed or changed):
+        return []
+    evidence = [*(f"added {a}" for a in added), *(f"removed {r}" for r in removed),
+                *(f"changed {c}" for c in changed)]  # fmt: skip
+    return [
+        Finding(
+            code="env-drift",
+            severity=WARNING,
+            cause=f"this env no longer holds exactly its lock: {len(added)} added, "
+            f"{len(removed)} removed, {len(changed)} changed since it was built",
+            evidence=tuple(evidence[:20]),
+            fix=(
+                f"put what you need in `packages:` of {built.spec}, then `cudaenv build "
+                f"{built.spec} --force` (re-locks and rebuilds exactly)",
+            ),
+        )
+    ]
+
+
 RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_probe,
     rule_nvcc,
@@ -763,6 +796,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_driver,
     rule_jit_cache,
     rule_caches,
+    rule_drift,
     rule_host_compiler,
     rule_no_host_compiler,
     rule_glibc,
@@ -785,6 +819,7 @@ ROOT_FIRST = (
     "driver-too-old",
     "stale-jit-cache",
     "cache-outside-env",
+    "env-drift",
     "gpu-arch-missing",
     "old-jit-cache",
     "no-driver",

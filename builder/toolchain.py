@@ -459,6 +459,32 @@ def check_system_toolkit(spec: EnvSpec) -> str:
     return release
 
 
+def write_pip_guard(venv: Path, spec: EnvSpec) -> list[Path]:
+    """``bin/pip`` (and pip3, pip3.X) that say how packages are added here instead of letting
+    an activated shell's ``pip install`` fall through to the host's pip. The env has no pip
+    of its own: it holds exactly its lock, and ``doctor`` reports anything added since."""
+    source = shlex.quote(str(spec.source))
+    text = (
+        "#!/bin/sh\n"
+        "# Written by cudaenv: this env holds exactly the lock of its spec.\n"
+        'env_dir="$(cd "$(dirname "$0")/.." && pwd)"\n'
+        f'echo "pip: $env_dir was built by cudaenv from the lock of {source} and has no pip." >&2\n'
+        f'echo "  to add a package: put it in packages: of {source}, then:'
+        f' cudaenv build {source} --force" >&2\n'
+        'echo "  to try one outside the lock (doctor reports the drift):'
+        ' uv pip install --python $env_dir/bin/python PACKAGE" >&2\n'
+        "exit 1\n"
+    )
+    written = []
+    for name in ("pip", "pip3", f"pip{spec.python}"):
+        path = venv / "bin" / name
+        if not path.exists():
+            path.write_text(text)
+            path.chmod(0o755)
+            written.append(path)
+    return written
+
+
 def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
     """The .pth start-up hook and the bin/activate block, values quoted by the templates."""
     site = site_packages(venv)

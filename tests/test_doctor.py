@@ -122,7 +122,8 @@ def a_manifest(
         toolchain_source="wheels",
         archs=archs.parse_list(env_archs),
         spec_archs=archs.parse_list(env_archs),
-        packages=(("torch", "2.14.1"),),
+        # What FakeEnv installs: the env holds exactly its lock.
+        packages=tuple(sorted(HEALTHY_DISTS.items())),
         env=(),
         built_at="2025-01-01T00:00:00+00:00",
         cudaenv="0.1.0",
@@ -687,3 +688,20 @@ def test_a_cache_outside_a_cudaenv_env_is_flagged(
     (env.python.parent.parent / manifest.FILE).unlink()
     findings, _ = run(env)
     assert problems(findings) == []
+
+
+def test_packages_drifted_from_the_lock_are_named(env: FakeEnv) -> None:
+    """A package installed into a built env after the build (or a changed one) is drift:
+    named with how to make it part of the spec."""
+    manifest.write(a_manifest("12.0f", spec="envspecs/mine.yaml"), env.python.parent.parent)
+    findings, _ = run(env)
+    assert problems(findings) == []
+    env.dist("requests", "2.32.0")
+    env.dist("flashinfer-python", "0.7.4")
+    findings, _ = run(env)
+    assert problems(findings) == ["env-drift"]
+    assert findings[0].evidence == (
+        "added requests==2.32.0",
+        f"changed flashinfer-python {HEALTHY_DISTS['flashinfer-python']} -> 0.7.4",
+    )
+    assert findings[0].fix[0].startswith("put what you need in `packages:` of envspecs/mine.yaml")

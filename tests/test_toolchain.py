@@ -289,3 +289,26 @@ def test_an_empty_environment_keeps_the_os_default_path(in_tmp: Path, venv: Path
     first, *rest = done.stdout.strip().split(":")
     assert first == str(venv / "cuda-home" / "bin")
     assert rest and "" not in rest and ("/usr/bin" in rest or "/bin" in rest)
+
+
+def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path) -> None:
+    """An activated shell's `pip install X` would reach the host's pip: the env's own `pip`
+    says instead how to add a package, and fails."""
+    s = hostile_spec(in_tmp)
+    written = toolchain.write_pip_guard(venv, s)
+    assert [p.name for p in written] == ["pip", "pip3", "pip3.12"]
+    done = subprocess.run(
+        ["bash", "-c", f". {venv}/bin/activate; pip install requests"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert (
+        lines[0] == f"pip: {venv} was built by cudaenv from the lock of {s.source} and has no pip."
+    )
+    assert (
+        lines[1]
+        == f"  to add a package: put it in packages: of {s.source}, then: cudaenv build {s.source} --force"
+    )

@@ -22,10 +22,6 @@ from flashinfer_light import cuda_facts
 # Bounds every nvcc/compiler call: an nvcc that hangs (a dead NFS mount, a wrapper waiting on a
 # license server) becomes a fact, not a hung doctor.
 NVCC_TIMEOUT = float(os.environ.get("CUDAENV_PROBE_TIMEOUT", "10"))
-WATCHED = re.compile(
-    r"^(nvidia-.*|cuda-toolkit|cuda-python|cuda-bindings|flashinfer.*|sglang.*|"
-    r"sgl-kernel|torch|triton)$"
-)
 
 
 def run(argv: list[str], timeout: float = NVCC_TIMEOUT) -> dict[str, object]:
@@ -148,7 +144,9 @@ def distributions() -> dict[str, str]:
             name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
         except Exception:  # noqa: S112 - one broken dist-info must not hide the rest
             continue
-        if name and WATCHED.match(name):
+        # All of them: cudaenv compares a built env with its lock (drift) and fingerprints
+        # every distribution; the rules pick the NVIDIA / torch / FlashInfer ones themselves.
+        if name:
             out[name] = dist.version
     return out
 
