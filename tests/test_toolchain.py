@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -312,3 +313,41 @@ def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path
         lines[1]
         == f"  to add a package: put it in packages: of {s.source}, then: cudaenv build {s.source} --force"
     )
+
+
+def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
+    fish = shutil.which("fish")
+    if fish is None:
+        pytest.skip("fish is not installed on this machine")
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    script = (
+        "set -gx CUDA_HOME /usr/local/cuda; set -e TORCH_CUDA_ARCH_LIST; "
+        f"source {venv}/bin/activate.fish; "
+        'printf "%s\\n---\\n" "$CUDA_HOME" "$FLASHINFER_CUDA_ARCH_LIST" "$SUBST" "$TICKS" '
+        '"$QUOTES" "$NEWLINE" "$PATH[1]" "$TRITON_CACHE_DIR"; '
+        'deactivate; printf "%s\\n---\\n" "$CUDA_HOME"; '
+        "set -q TORCH_CUDA_ARCH_LIST; and echo set; or echo unset"
+    )
+    done = subprocess.run(
+        [fish, "--no-config", "-c", script], capture_output=True, text=True, check=True, cwd=in_tmp
+    )
+    parts = done.stdout.split("\n---\n")
+    home = str(venv / "cuda-home")
+    assert parts[:8] == [
+        home,
+        "12.0f",
+        *HOSTILE.values(),
+        f"{home}/bin",
+        str(venv / "var" / "triton"),
+    ]
+    assert parts[8] == "/usr/local/cuda"
+    assert parts[9].strip() == "unset"
+    assert not list(in_tmp.glob("pwned*")), done.stdout
+    override = subprocess.run(
+        [fish, "--no-config", "-c",
+         f"set -gx CUDAENV_ARCH_LIST 9.0a,12.0f; source {venv}/bin/activate.fish; "
+         'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"'],
+        capture_output=True, text=True, check=True, cwd=in_tmp,
+    )  # fmt: skip
+    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0"
