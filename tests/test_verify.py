@@ -287,3 +287,21 @@ def test_flashinfer_jit_fails_when_it_built_other_archs_than_verified() -> None:
     assert result.summary == "FlashInfer JIT-built for 12.0f but verify asked for 9.0a"
     honoured = facts(env={"FLASHINFER_CUDA_ARCH_LIST": "9.0a"})
     assert flashinfer_jit.check(asked, honoured).status == PASSED
+
+
+def test_a_long_step_says_it_is_still_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's JIT takes ~90 s: a line with the elapsed time comes every few seconds
+    instead of silence; none once the step is over."""
+    import time
+
+    from builder import verify
+
+    monkeypatch.setattr(verify, "HEARTBEAT_SECONDS", 0.05)
+    said: list[str] = []
+    with verify.heartbeat(said.append, "still JIT-building"):
+        time.sleep(0.3)
+    count = len(said)
+    assert count >= 3
+    assert all(s.startswith("still JIT-building (") and s.endswith(" s)") for s in said)
+    time.sleep(0.2)
+    assert len(said) == count

@@ -15,13 +15,15 @@ is this tuple's names; a test keeps them equal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -227,6 +229,30 @@ def parse_checks(text: str) -> tuple[str, ...]:
     return names
 
 
+# Seconds between "still ..." lines while a long step (FlashInfer's ~90 s JIT) says nothing.
+HEARTBEAT_SECONDS = float(os.environ.get("CUDAENV_HEARTBEAT_SECONDS", "15"))
+
+
+@contextlib.contextmanager
+def heartbeat(progress: Callable[[str], None], what: str) -> Iterator[None]:
+    """Say ``what`` with the elapsed time every :data:`HEARTBEAT_SECONDS` until the block
+    ends: a step that takes minutes is not mistaken for a hang."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            progress(f"{what} ({time.monotonic() - started:.0f} s)")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
 def run_checks(
     target: Target, names: Sequence[str], progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[EnvFacts, list[CheckResult]]:
@@ -238,7 +264,10 @@ def run_checks(
         f"probing {target.python}"
         + (" and JIT-building FlashInfer's sampling module" if "flashinfer-jit" in names else "")
     )
-    facts = probe(target, jit="flashinfer-jit" in names)
+    with heartbeat(
+        progress, "still probing" + (" and JIT-building" if "flashinfer-jit" in names else "")
+    ):
+        facts = probe(target, jit="flashinfer-jit" in names)
     results = []
     for name in names:
         started = time.monotonic()
