@@ -319,7 +319,8 @@ def _build_into(
         if "No space left on device" in exc.output:
             raise BuildError(_no_space(tmp)) from exc
         raise BuildError(
-            f"{spec.name}: installing the lock failed:\n{exc.output.strip()[-3000:]}"
+            # uv's messages were shown as it ran (streamed): not repeated here.
+            f"{spec.name}: installing the lock failed (uv's messages above)"
         ) from exc
     stage(f"install {len(packages)} packages", t)
     t = time.monotonic()
@@ -406,8 +407,7 @@ def _assemble_into(
         proc.run(argv, env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         raise BuildError(
-            f"{spec.name}: unpacking the lock for {platform.name} failed:\n"
-            f"{exc.output.strip()[-3000:]}"
+            f"{spec.name}: unpacking the lock for {platform.name} failed (uv's messages above)"
         ) from exc
     stage(f"unpack {len(packages)} packages for {platform.name}", t)
     t = time.monotonic()

@@ -170,6 +170,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     path = _lock_file(s)
     rows = [("lock", str(path) if path.exists() else f"{path} (not written yet)")]
     rows += plan_table(s, lk, platform)
+    if args.json:
+        doc = {
+            "spec": str(s.source),
+            "name": s.name,
+            "lock": str(path),
+            "lock_written": path.exists(),
+            "from": origin,
+            "platform": platform,
+            "platforms": list(lk.platforms),
+            "python": lk.python,
+            "cuda": s.cuda,
+            "torch": lk.torch,
+            "torch_cuda": lk.torch_cuda,
+            "toolkit": lk.toolkit,
+            "archs": archs.texts(s.archs),
+            "packages": {p.name: p.version for p in lk.packages_on(platform)},
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
     width = max(len(k) for k, _ in rows)
     print(f"# plan for {s.name} from {origin}; nothing installed")
     for key, value in rows:
@@ -303,18 +322,37 @@ def _build(args: argparse.Namespace, stage: _Stage) -> int:
         verb = "reused" if result.reused else ("assembled" if cross else "built")
         if cross:
             verb += f" (for {cross}, not runnable here)"
-        _progress(f"{verb} {result.path} in {time.monotonic() - started:.1f} s")
-        print(result.path)
+        seconds = time.monotonic() - started
+        _progress(f"{verb} {result.path} in {seconds:.1f} s")
+        if not args.json:
+            print(result.path)
+        doc: dict[str, object] = {
+            "spec": str(s.source),
+            "env": str(result.path),
+            "reused": result.reused,
+            "platform": cross or platforms.host_name(),
+            "assembled": cross is not None,
+            "seconds": round(seconds, 1),
+            "verify": None,
+        }
         if args.verify:
             stage.name = "verify"
             target = spec_target(s, result.path, lk, result.manifest)
-            verified = verify_and_report(target, result.manifest, report_path=args.report)
+            verified = verify_and_report(
+                target, result.manifest, report_path=args.report, quiet_summary=args.json
+            )
             if args.record:
                 _write_record(Path(args.record), stage.name, _verdict(verified), verified)
                 stage.recorded = True
+            doc["verify"] = verified.to_json()
+            if args.json:
+                print(json.dumps(doc, indent=2))
             _raise_verdict(verified)
-        elif args.record:
-            _write_record(Path(args.record), stage.name, None)
+        else:
+            if args.json:
+                print(json.dumps(doc, indent=2))
+            if args.record:
+                _write_record(Path(args.record), stage.name, None)
     return 0
 
 
@@ -442,6 +480,7 @@ def verify_and_report(
     *,
     report_path: str | None = None,
     markdown_path: str | None = None,
+    quiet_summary: bool = False,
 ) -> report.VerifyReport:
     """Run the target's checks, print the summary, write the reports; the verdict is the
     caller's (:func:`_raise_verdict`)."""
@@ -450,7 +489,8 @@ def verify_and_report(
     started = time.monotonic()
     facts, results = verify.run_checks(target, target.checks, _progress)
     rep = report.verify_report(target, facts, results, time.monotonic() - started, found)
-    print(report.terminal(rep))
+    if not quiet_summary:
+        print(report.terminal(rep))
     outputs = []
     if report_path:
         outputs.append(Path(report_path))
@@ -793,6 +833,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     pl.add_argument("--fresh", action="store_true", help="resolve even if the lock is up to date")
+    pl.add_argument("--json", action="store_true", help="print JSON, for scripts")
     pl.add_argument(
         "--platform",
         metavar="PLATFORM",
@@ -818,6 +859,9 @@ def make_parser() -> argparse.ArgumentParser:
     bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
     bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
     bd.add_argument("--report", help="with --verify: write the JSON report here")
+    bd.add_argument(
+        "--json", action="store_true", help="print one JSON object per env (with its verify report)"
+    )
     bd.add_argument(
         "--record",
         help="write a JSON build record here (stage, status, reason, exit code, verify report)",

@@ -457,3 +457,17 @@ def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
     cudaenv("remove", "demo", cwd=tmp_path)
     assert not env_dir.exists()
     assert cudaenv("list", cwd=tmp_path).stdout.strip() == "no envs built here (.envs/)"
+
+
+def test_plan_json_is_the_table_for_scripts(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "default.yaml")
+    doc = json.loads(cudaenv("plan", "envspecs/default.yaml", "--json", cwd=ws).stdout)
+    assert (doc["name"], doc["torch"], doc["torch_cuda"], doc["toolkit"]) == (
+        "sglang-0.5.23-cu130",
+        "2.14.1",
+        "13.0",
+        "13.0.3.0",
+    )
+    assert doc["platforms"] == ["linux-x86_64", "linux-aarch64"]
+    assert doc["packages"]["nvidia-cuda-nvcc"] == "13.0.88"
+    assert doc["lock"].endswith("pylock.sglang-0-5-23-cu130.toml") and doc["lock_written"]

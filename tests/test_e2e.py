@@ -176,8 +176,10 @@ def test_failed_rebuild_leaves_the_old_env_working(toolchain_env: Path) -> None:
     finally:
         lock_file.write_text(good)
     assert done.returncode == 4, done.stderr
-    assert "installing the lock failed" in done.stderr
+    assert "installing the lock failed (uv's messages above)" in done.stderr
     assert "nvidia-cuda-nvcc" in done.stderr
+    # uv's words once: streamed as it ran, not repeated in the error.
+    assert done.stderr.count("Hash mismatch for `nvidia-cuda-nvcc") == 1, done.stderr
     assert (toolchain_env / "cudaenv.json").read_text() == manifest
     version = subprocess.run(
         [toolchain_env / "cuda-home" / "bin" / "nvcc", "--version"],
@@ -337,6 +339,17 @@ def test_verify_toolchain_env(toolchain_env: Path) -> None:
     sampling = next(c for c in doc["checks"] if c["name"] == "sampling")
     assert sampling["summary"].startswith("no NVIDIA driver"), sampling
     assert "SKIPPED" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_build_json_is_one_object_with_its_verify_report(toolchain_env: Path) -> None:
+    ws = toolchain_env.parent.parent
+    done = cudaenv("build", "envspecs/toolchain-cu130.yaml", "--verify", "--json", cwd=ws)
+    doc = json.loads(done.stdout)
+    assert (doc["env"], doc["reused"], doc["assembled"]) == (str(toolchain_env), True, False)
+    assert doc["verify"]["kind"] == "verify"
+    assert {c["name"] for c in doc["verify"]["checks"]} == {"kernel-compile", "cubin", "sampling"}
 
 
 @pytest.mark.network
