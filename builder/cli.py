@@ -638,6 +638,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     proc.replace_process([str(python), "-c", trampoline, *command], env)
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from builder import completion
+
+    print(completion.script(args.shell, make_parser()), end="")
+    return 0
+
+
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     from builder import doctor, fingerprint, interpreters
 
@@ -1011,6 +1018,18 @@ def make_parser() -> argparse.ArgumentParser:
     rn.add_argument("name", metavar="NAME")
     rn.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     rn.set_defaults(func=cmd_run)
+
+    co = _sub(
+        sub,
+        "completion",
+        "print shell completion for bash, zsh or fish",
+        "Print a completion script for cudaenv's commands and options. bash: add "
+        "`source <(cudaenv completion bash)` to ~/.bashrc; zsh: the same with zsh in ~/.zshrc; "
+        "fish: `cudaenv completion fish > ~/.config/fish/completions/cudaenv.fish`.",
+        "cudaenv completion bash",
+    )
+    co.add_argument("shell", choices=["bash", "zsh", "fish"])
+    co.set_defaults(func=cmd_completion)
 
     fp = _sub(
         sub,

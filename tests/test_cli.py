@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -471,3 +472,36 @@ def test_plan_json_is_the_table_for_scripts(tmp_path: Path) -> None:
     assert doc["platforms"] == ["linux-x86_64", "linux-aarch64"]
     assert doc["packages"]["nvidia-cuda-nvcc"] == "13.0.88"
     assert doc["lock"].endswith("pylock.sglang-0-5-23-cu130.toml") and doc["lock_written"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_offers_commands_and_each_commands_options(shell: str, tmp_path: Path) -> None:
+    exe = shutil.which(shell)
+    if exe is None:
+        pytest.skip(f"{shell} is not installed on this machine")
+    script = write(tmp_path / f"cudaenv.{shell}", cudaenv("completion", shell, cwd=tmp_path).stdout)
+    if shell == "fish":
+        ask = (f"source {script}; complete -C 'cudaenv bu'; echo ---; "
+               f"complete -C 'cudaenv build --ve'")  # fmt: skip
+        done = subprocess.run(
+            [exe, "--no-config", "-c", ask], capture_output=True, text=True, check=True
+        )
+        first, second = done.stdout.split("---\n")
+        assert [ln.split("\t")[0] for ln in first.splitlines()] == ["build"]
+        assert "--verify" in [ln.split("\t")[0] for ln in second.splitlines()]
+        return
+    ask = (
+        f"source {script}; COMP_WORDS=(cudaenv bu); COMP_CWORD=1; _cudaenv; "
+        'echo "${COMPREPLY[@]}"; COMP_WORDS=(cudaenv build --ve); COMP_CWORD=2; _cudaenv; '
+        'echo "${COMPREPLY[@]}"'
+    )
+    if shell == "bash":
+        done = subprocess.run([exe, "-c", ask], capture_output=True, text=True, check=True)
+        assert done.stdout.splitlines() == ["build", "--verify"]
+        return
+    # zsh through bashcompinit: the candidates are the command's; zsh filters by what is typed.
+    ask = "autoload -U compinit && compinit -u; " + ask
+    done = subprocess.run([exe, "-f", "-c", ask], capture_output=True, text=True, check=True)
+    first, second = (line.split() for line in done.stdout.splitlines())
+    assert "build" in first and "--verify" not in first
+    assert "--verify" in second and "build" not in second
