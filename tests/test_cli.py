@@ -502,6 +502,6 @@ def test_completion_offers_commands_and_each_commands_options(shell: str, tmp_pa
     # zsh through bashcompinit: the candidates are the command's; zsh filters by what is typed.
     ask = "autoload -U compinit && compinit -u; " + ask
     done = subprocess.run([exe, "-f", "-c", ask], capture_output=True, text=True, check=True)
-    first, second = (line.split() for line in done.stdout.splitlines())
-    assert "build" in first and "--verify" not in first
-    assert "--verify" in second and "build" not in second
+    offered = [line.split() for line in done.stdout.splitlines()]
+    assert "build" in offered[0] and "--verify" not in offered[0]
+    assert "--verify" in offered[1] and "build" not in offered[1]
