@@ -15,16 +15,31 @@ PY="${PYTHON:-python3}"
 
 say() { printf 'tools/nox.sh: %s\n' "$*" >&2; }
 
-if ! command -v "$PY" >/dev/null 2>&1; then
-    say "no $PY on PATH: install Python 3.10 or newer (Debian/Ubuntu: apt-get install python3)"
-    exit 1
-fi
-if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-    say "$PY is $("$PY" -c 'import sys; print(sys.version.split()[0])'); nox here needs 3.10 or newer (set PYTHON=...)"
-    exit 1
+# A box with uv alone (no usable python3, or one without its venv module): uv makes the venv,
+# finding a Python 3.10+ or fetching one where it may.
+if ! "$TOOLS/bin/python" -c 'import nox, uv' >/dev/null 2>&1 && command -v uv >/dev/null 2>&1; then
+    rm -rf "$TOOLS"
+    want="$PY"
+    if ! command -v "$PY" >/dev/null 2>&1 || ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        want=">=3.10"
+    fi
+    if uv venv --quiet --python "$want" "$TOOLS" >/dev/null 2>&1 \
+        && uv pip install --quiet --python "$TOOLS/bin/python" nox uv; then
+        say "made $TOOLS with uv (nox and uv installed)"
+    else
+        rm -rf "$TOOLS"
+    fi
 fi
 
 if ! "$TOOLS/bin/python" -c 'import nox, uv' >/dev/null 2>&1; then
+    if ! command -v "$PY" >/dev/null 2>&1; then
+        say "no $PY on PATH and no uv: install Python 3.10 or newer (Debian/Ubuntu: apt-get install python3) or uv"
+        exit 1
+    fi
+    if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+        say "$PY is $("$PY" -c 'import sys; print(sys.version.split()[0])'); nox here needs 3.10 or newer (set PYTHON=...)"
+        exit 1
+    fi
     rm -rf "$TOOLS"
     if ! "$PY" -m venv "$TOOLS" >/dev/null 2>&1; then
         rm -rf "$TOOLS"
