@@ -20,14 +20,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import __version__, archs, interpreters, manifest, platforms, proc, toolchain
 from builder.archs import Arch
 from builder.errors import BuildError
-from builder.lock import Lock
+from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
 from builder.paths import ENVS_DIR
 from builder.spec import EnvSpec
@@ -335,17 +335,37 @@ def _build_into(
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
     _check_hook(tmp)
-    built = Manifest(
+    built = _manifest(spec, lock, packages, overlay.nvcc_release, env_archs, target,
+                      python=interp.version, platform=platforms.host_name())  # fmt: skip
+    manifest.write(built, tmp)
+    stage("manifest and hook self-check", t)
+    return built
+
+
+def _manifest(
+    spec: EnvSpec,
+    lock: Lock,
+    packages: Sequence[LockedPackage],
+    nvcc: str,
+    env_archs: tuple[Arch, ...],
+    target: Path,
+    *,
+    python: str,
+    platform: str,
+    assembled: bool = False,
+) -> Manifest:
+    """What the env built (or assembled) at ``target`` from ``lock`` is."""
+    return Manifest(
         name=spec.name,
         spec=str(spec.source),
         fingerprint=spec.fingerprint(),
         lock_hash=lock.content_hash(),
-        python=interp.version,
+        python=python,
         cuda=spec.cuda,
         torch=lock.torch,
         torch_cuda=lock.torch_cuda,
         toolkit=lock.toolkit,
-        nvcc=overlay.nvcc_release,
+        nvcc=nvcc,
         toolchain_source=spec.toolchain.source,
         archs=env_archs,
         spec_archs=spec.archs,
@@ -354,11 +374,9 @@ def _build_into(
         built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         cudaenv=__version__,
         path=str(target),
-        platform=platforms.host_name(),
+        platform=platform,
+        assembled=assembled,
     )
-    manifest.write(built, tmp)
-    stage("manifest and hook self-check", t)
-    return built
 
 
 def _install_argv(source: Source) -> list[str]:
@@ -420,28 +438,8 @@ def _assemble_into(
             + "; ".join(problems)
         )
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}, {platform.name} ELF files checked)", t)
-    built = Manifest(
-        name=spec.name,
-        spec=str(spec.source),
-        fingerprint=spec.fingerprint(),
-        lock_hash=lock.content_hash(),
-        python=spec.python,
-        cuda=spec.cuda,
-        torch=lock.torch,
-        torch_cuda=lock.torch_cuda,
-        toolkit=lock.toolkit,
-        nvcc=overlay.nvcc_release,
-        toolchain_source=spec.toolchain.source,
-        archs=env_archs,
-        spec_archs=spec.archs,
-        packages=tuple((p.name, p.version) for p in packages),
-        env=spec.env,
-        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        cudaenv=__version__,
-        path=str(target),
-        platform=platform.name,
-        assembled=True,
-    )
+    built = _manifest(spec, lock, packages, overlay.nvcc_release, env_archs, target,
+                      python=spec.python, platform=platform.name, assembled=True)  # fmt: skip
     manifest.write(built, tmp)
     return built
 
