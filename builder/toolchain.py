@@ -115,6 +115,7 @@ def templates() -> jinja2.Environment:
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
     # json.dumps of a str is a valid Python string literal with every control char escaped.
     env.filters["pyrepr"] = lambda v: json.dumps(str(v))
+    env.filters["pyrepr_list"] = lambda v: "[" + ", ".join(json.dumps(str(x)) for x in v) + "]"
     # fish: inside single quotes only \\ and \' are escapes.
     env.filters["fishquote"] = lambda v: (
         "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -526,10 +527,14 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
             fh.write(_render("activate.sh.j2", values))
     # Every shell's activation the venv ships carries the same settings. activate_this.py
     # needs nothing: its site.addsitedir() runs the hook's .pth.
-    fish = venv / "bin" / "activate.fish"
-    if fish.exists():
-        with fish.open("a") as fh:
-            fh.write(_render("activate.fish.j2", values))
+    for script, template in (
+        ("activate.fish", "activate.fish.j2"),
+        ("activate.xsh", "activate.xsh.j2"),
+    ):
+        path = venv / "bin" / script
+        if path.exists():
+            with path.open("a") as fh:
+                fh.write(_render(template, values))
     # Made now: not every library creates its cache directory before writing into it.
     for cache in caches.CACHES:
         (venv / "var" / cache.subdir).mkdir(parents=True, exist_ok=True)

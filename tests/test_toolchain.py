@@ -351,3 +351,47 @@ def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv
         capture_output=True, text=True, check=True, cwd=in_tmp,
     )  # fmt: skip
     assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0"
+
+
+def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
+    xonsh = shutil.which("xonsh")
+    if xonsh is None:
+        pytest.skip("xonsh is not installed on this machine")
+    if not (venv / "bin" / "activate.xsh").exists():
+        pytest.skip("this venv ships no activate.xsh")
+    plain = subprocess.run(
+        [xonsh, "--no-rc", "-c", f"source {venv}/bin/activate.xsh\nprint($VIRTUAL_ENV)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if plain.returncode != 0:
+        pytest.skip(f"{xonsh} cannot source the venv's own activate.xsh (too old a xonsh)")
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR"]
+    script = (
+        f"source {venv}/bin/activate.xsh\n"
+        f"import json\nprint(json.dumps({{k: str(${{...}}.get(k)) for k in {keys!r}}}))\n"
+        "print(str($PATH[0]))\n"
+        "deactivate\n"
+        "print(json.dumps([${...}.get('CUDA_HOME'), ${...}.get('TORCH_CUDA_ARCH_LIST')]))\n"
+    )
+    done = subprocess.run(
+        [xonsh, "--no-rc", "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=in_tmp,
+        env={**os.environ, "CUDA_HOME": "/usr/local/cuda", "TORCH_CUDA_ARCH_LIST": ""},
+    )
+    got_json, path0, after = done.stdout.strip().splitlines()[-3:]
+    got = json.loads(got_json)
+    home = str(venv / "cuda-home")
+    assert got["CUDA_HOME"] == home and got["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
+    assert got["TRITON_CACHE_DIR"] == str(venv / "var" / "triton")
+    for key, value in HOSTILE.items():
+        assert got[key] == value
+    assert path0 == f"{home}/bin"
+    assert json.loads(after) == ["/usr/local/cuda", ""]  # the shell's values, given back
+    assert not list(in_tmp.glob("pwned*"))
