@@ -1,4 +1,4 @@
-"""Sessions of cudaenv (DESIGN.md "Sessions"). `nox -s build-env` is the main job."""
+"""Sessions of cudaenv. `nox -s build-env` is the main job."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from packaging.version import Version
 from builder import proc
 
 # The arch an env targets when its spec names none: SM 12.0 (Blackwell RTX PRO / GeForce),
-# as a family target so one cubin serves 12.0 and its minor revisions (FACTS §4).
+# as a family target so one cubin serves 12.0 and its minor revisions.
 DEFAULT_ARCH_TEXT = "12.0f"
 # The CUDA assumed when normalising a capability for a toolkit whose version is not known:
 # the one the shipped default spec pins. Only spelling depends on it (``f`` needs >= 12.9).
@@ -110,7 +110,7 @@ def normalise(major: int, minor: int, cuda: str | None) -> Arch:
     """A GPU capability spelled as FlashInfer's ``compilation_context.py`` spells it for a
     toolkit of CUDA ``cuda`` (None: not known, assume :data:`DEFAULT_CUDA`): SM 12.x is a
     family target (``f``) from CUDA 12.9 on and arch-specific (``a``) before; SM 9.0 and up
-    are arch-specific; older GPUs plain (FACTS §4)."""
+    are arch-specific; older GPUs plain."""
     if major >= 12 and _cuda_tuple(cuda) >= (12, 9):
         return Arch(major=major, minor=minor, suffix="f")
     if major >= 9:
@@ -119,7 +119,7 @@ def normalise(major: int, minor: int, cuda: str | None) -> Arch:
 
 
 def min_cuda(arch: Arch) -> Version | None:
-    """The oldest CUDA whose nvcc targets ``arch`` (nvcc release notes, FACTS §4)."""
+    """The oldest CUDA whose nvcc targets ``arch`` (nvcc release notes)."""
     if arch.suffix == "f":
         return Version("12.9")  # family targets (sm_XXXf) arrived with CUDA 12.9
     if arch.capability == (12, 0) or (arch.major == 10 and arch.minor < 3):
@@ -240,7 +240,7 @@ def env_archs(
 ) -> tuple[Arch, ...]:
     """The spec's archs plus every visible GPU's, normalised for ``cuda``: pinning only the
     spec's list would compile ``12.0f`` alone on an H100 box and fail there with "no kernel
-    image" (DESIGN.md "The built env"). ``gpus`` None: query them now."""
+    image". ``gpus`` None: query them now."""
     if gpus is None:
         gpus = visible_gpus()[0]
     out = list(spec_archs)
@@ -259,7 +259,7 @@ def uncovered(archs: Sequence[Arch], gpu: Gpu) -> bool:
 
 
 def flashinfer_spelling(archs: Iterable[Arch]) -> str:
-    """``FLASHINFER_CUDA_ARCH_LIST``: space separated, suffixes kept (FACTS §4)."""
+    """``FLASHINFER_CUDA_ARCH_LIST``: space separated, suffixes kept."""
     return " ".join(str(a) for a in archs)
 
 

@@ -1,4 +1,4 @@
-"""What NVIDIA's wheel channel holds per CUDA major/minor (FACTS.md §2).
+"""What NVIDIA's wheel channel holds per CUDA major/minor.
 
 The facts that cannot be read from a resolution live here: package names per component,
 the prefix layout, which names are CUDA toolkit components at all. The exact component
@@ -59,7 +59,7 @@ class Layout:
 
 def layout(major: int) -> Layout:
     if major >= 13:
-        # Every CUDA 13 component installs into ONE prefix (FACTS §2).
+        # Every CUDA 13 component installs into ONE prefix.
         return Layout(major=major, prefix=f"nvidia/cu{major}")
     return Layout(major=major, prefix="nvidia")
 

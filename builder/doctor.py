@@ -31,7 +31,7 @@ PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
 PYTHON_FIX = "check that this is a working Python 3.9+"
 HANG_FIX = "run with --debug and look at what hangs"
-# CUDA major -> the oldest driver branch that runs it (minor-version compatibility, FACTS §5).
+# CUDA major -> the oldest driver branch that runs it (minor-version compatibility).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 # FlashInfer's own gate: "Failed to get device capability: SM 12.x requires CUDA >= 12.9".
 SM12_MIN_CUDA = (12, 9)

@@ -165,7 +165,7 @@ def import_jit(wheelhouse: Path) -> int:
 
 def check_pylock_name(path: Path) -> None:
     """PEP 751 names: ``pylock.toml`` or ``pylock.NAME.toml`` with no dot in NAME; uv and pip
-    refuse any other name (FACTS §9)."""
+    refuse any other name."""
     if not is_valid_pylock_path(path):
         raise UsageError(
             f"--pylock {path}: not a PEP 751 file name; use pylock.toml or pylock.NAME.toml "

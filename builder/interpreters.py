@@ -1,4 +1,4 @@
-"""Find an interpreter of the spec's Python on this machine (FACTS.md §7).
+"""Find an interpreter of the spec's Python on this machine.
 
 uv alone misses pyenv's non-global versions (the shim refuses them) and then tries to
 download a managed Python, which fails offline. So: uv's own discovery with downloads off,

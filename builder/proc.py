@@ -299,8 +299,8 @@ def uv_bin() -> str:
 
 def uv_env() -> dict[str, str]:
     """The environment every uv call gets: never a managed-Python download (it fails slowly
-    offline, FACTS §7), and hard links from uv's cache where the filesystem allows (a warm
-    build is ~2.5 s, FACTS §6). A user's own setting of either wins."""
+    offline), and hard links from uv's cache where the filesystem allows (a warm
+    build is ~2.5 s). A user's own setting of either wins."""
     env = dict(os.environ)
     env.setdefault("UV_PYTHON_DOWNLOADS", "never")
     env.setdefault("UV_LINK_MODE", "hardlink")

@@ -1,6 +1,6 @@
 """EnvSpec -> Lock: run ``uv pip compile``, then prove the matching policy on the result.
 
-The policy (DESIGN.md "Resolution policy") is checked twice: what can be known from the
+The matching policy is checked twice: what can be known from the
 spec alone (archs vs CUDA, a CUDA 12 wheel toolchain) before any resolver call, and the
 rest on the resolved set. Every refusal happens before anything is installed and names both
 sides.
@@ -69,7 +69,7 @@ def spec_problems(spec: EnvSpec) -> list[str]:
 
 
 def torch_cuda(packages: Sequence[LockedPackage]) -> tuple[str | None, str | None]:
-    """(torch's CUDA major.minor, the pin that says so), read from the resolved set (FACTS §1)."""
+    """(torch's CUDA major.minor, the pin that says so), read from the resolved set."""
     by: dict[str, LockedPackage] = {canonicalize_name(p.name): p for p in packages}
     if "cuda-toolkit" in by:
         v = by["cuda-toolkit"].version
@@ -84,7 +84,7 @@ def torch_cuda(packages: Sequence[LockedPackage]) -> tuple[str | None, str | Non
 def policy_problems(
     spec: EnvSpec, packages: Sequence[LockedPackage], pins: dict[str, str]
 ) -> list[str]:
-    """Rules 1-4 of DESIGN.md on a resolved set. ``pins``: the channel's exact component
+    """Rules 1-4 of the matching policy on a resolved set. ``pins``: the channel's exact component
     versions for the CUDA minor torch asks (empty when not known, e.g. CUDA 12)."""
     problems: list[str] = []
     by: dict[str, LockedPackage] = {canonicalize_name(p.name): p for p in packages}
@@ -484,7 +484,7 @@ def resolve(
         requirements.append(f"torch=={spec.torch}")
     requirements += list(spec.packages)
     if toolkit is not None and spec.toolchain.source == "wheels":
-        # Pin the compiler to the version torch pins so the resolver cannot drift (FACTS §2).
+        # Pin the compiler to the version torch pins so the resolver cannot drift.
         requirements.append(
             f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
         )

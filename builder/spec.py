@@ -31,7 +31,7 @@ MAX_EXTENDS = 8
 
 TOOLCHAIN_KEYS = ("source", "components", "path")
 TOOLCHAIN_SOURCES = ("wheels", "system")
-# Extras of NVIDIA's `cuda-toolkit` metapackage that make sense for a JIT toolchain (FACTS §2).
+# Extras of NVIDIA's `cuda-toolkit` metapackage that make sense for a JIT toolchain.
 COMPONENTS = (
     "nvcc",
     "cudart",

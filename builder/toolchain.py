@@ -3,7 +3,7 @@
 A pip-installed CUDA 13 prefix (``site-packages/nvidia/cu13``) is not a usable CUDA_HOME:
 it has ``lib/`` not ``lib64/``, only the versioned ``libcudart.so.13`` and no ``libcuda.so``
 stub, so FlashInfer's link step fails with ``cannot find -lcudart`` / ``-lcuda``
-(flashinfer#5064, FACTS.md §3). The overlay gives it that shape with relative symlinks, so the
+(flashinfer#5064). The overlay gives it that shape with relative symlinks, so the
 env can be built beside its final path and renamed into place.
 """
 
@@ -217,7 +217,7 @@ def _is_elf(path: Path) -> bool:
 
 def build_libcuda_stub(stubs: Path) -> Path:
     """An empty shared object with soname ``libcuda.so.1``: links fine, the real driver
-    library is found at run time (FACTS §3).
+    library is found at run time.
 
     Compiled once per C compiler and kept in cudaenv's cache: running ``cc`` costs ~25 ms of
     a ~3 s warm build, and the object depends on nothing but the compiler, the flags and the
@@ -438,7 +438,7 @@ def assembly_problems(venv: Path, platform: Platform) -> list[str]:
 
 
 def system_overlay(venv: Path, spec: EnvSpec) -> Overlay:
-    """cuda-home -> an existing toolkit (CUDA 12: PyPI has no nvcc, FACTS §2), version-checked."""
+    """cuda-home -> an existing toolkit (CUDA 12: PyPI has no nvcc), version-checked."""
     release = check_system_toolkit(spec)
     assert spec.toolchain.path is not None
     home = venv / "cuda-home"

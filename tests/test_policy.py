@@ -57,7 +57,7 @@ def default_spec() -> spec.EnvSpec:
 def test_unconstrained_sglang_mixes_minors_and_is_refused(default_spec: spec.EnvSpec) -> None:
     packages = recorded("resolved-sglang-0.5.23-unconstrained.txt")
     versions = {p.name: p.version for p in packages}
-    # FACTS §2: sglang alone pulls torch 2.14.1 (runtime 13.0.96) with nvcc 13.5.
+    # Recorded: sglang alone pulls torch 2.14.1 (runtime 13.0.96) with nvcc 13.5.
     assert versions["nvidia-cuda-runtime"] == "13.0.96"
     assert versions["nvidia-cuda-nvcc"].startswith("13.5.")
     problems = resolve.policy_problems(default_spec, packages, CU130_PINS)

@@ -177,7 +177,7 @@ def test_toolchain_fails_naming_both_versions() -> None:
 
 
 def test_toolchain_fails_without_nvcc_even_if_flashinfer_falls_back() -> None:
-    # FlashInfer silently falls back to torch.version.cuda when nvcc is missing (FACTS §4).
+    # FlashInfer silently falls back to torch.version.cuda when nvcc is missing.
     result = toolchain.check(TARGET, facts(nvcc_release=None, nvcc_error="no bin/nvcc"))
     assert result.status == FAILED
     assert "no working nvcc in CUDA_HOME: no bin/nvcc" in result.summary

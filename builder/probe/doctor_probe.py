@@ -1,7 +1,7 @@
 """Run INSIDE any target interpreter (Python 3.9+) by ``cudaenv doctor``; prints one JSON object.
 
 Standard library only. Static facts need no ``import torch`` (torch/version.py is read as
-text: ~10 s saved, FACTS §6); ``--deep`` imports FlashInfer and torch too. Every probe step
+text: ~10 s saved); ``--deep`` imports FlashInfer and torch too. Every probe step
 is guarded: a broken install or an nvcc that hangs (bounded by a timeout) becomes a fact
 with an "error", never a traceback.
 """
@@ -70,7 +70,7 @@ def which(name: str) -> str | None:
 
 
 def cuda_home_candidates() -> list[dict[str, object]]:
-    """FlashInfer's get_cuda_path() and torch's _find_cuda_home() order (FACTS §4):
+    """FlashInfer's get_cuda_path() and torch's _find_cuda_home() order:
     $CUDA_HOME, $CUDA_PATH, parent of `which nvcc` (no realpath), /usr/local/cuda."""
     out: list[dict[str, object]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):

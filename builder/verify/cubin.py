@@ -2,7 +2,7 @@
 
 cuobjdump comes from CUDA_HOME when the toolkit has it, else from the
 `nvidia-cuda-cuobjdump` wheel (published from CUDA 13.2 on; a newer cuobjdump reads older
-fatbins, FACTS §2), installed once with uv into cudaenv's cache, outside every env.
+fatbins), installed once with uv into cudaenv's cache, outside every env.
 """
 
 from __future__ import annotations
