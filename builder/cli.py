@@ -693,7 +693,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             "--with-jit puts the env's JIT results into a wheelhouse: add --wheelhouse DIR"
         )
     if wheelhouse is not None:
-        out = export.export(s, lk, wheelhouse, _progress)
+        if args.platform is not None and args.platform not in platforms.KNOWN:
+            raise UsageError(
+                f"--platform {args.platform!r}: unknown platform; expected one of: "
+                f"{', '.join(platforms.KNOWN)}"
+            )
+        out = export.export(s, lk, wheelhouse, _progress, platform=args.platform)
         _progress(
             f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}"
         )
@@ -910,6 +915,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument(
         "--env-dir", help="with --with-jit: where the spec's env is (default .envs/NAME)"
+    )
+    ex.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="download the files of another machine (linux-aarch64 or linux-x86_64), for "
+        "that machine or for `cudaenv build --platform ... --offline --wheelhouse DIR`",
     )
     ex.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
     ex.add_argument(

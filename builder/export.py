@@ -90,44 +90,84 @@ def pip_python(python: Path) -> Path:
     return seeded
 
 
-def export(spec: EnvSpec, lock: Lock, wheelhouse: Path, progress: Callable[[str], None]) -> Path:
+def _platform_args(platform: platforms.Platform, python: str) -> list[str]:
+    """pip's options to pick another machine's wheels: its manylinux tags (2_34 and every
+    older one a locked wheel may carry), CPython ``python``'s ABI, abi3 and pure wheels."""
+    machine = platform.machine
+    tags = [f"manylinux_2_{minor}_{machine}" for minor in range(34, 16, -1)]
+    tags += [f"manylinux2014_{machine}", f"linux_{machine}"]
+    nodot = python.replace(".", "")
+    argv = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+    argv += [f"--platform={t}" for t in tags]
+    argv += [f"--abi=cp{nodot}", "--abi=abi3", "--abi=none"]
+    return argv
+
+
+def export(
+    spec: EnvSpec,
+    lock: Lock,
+    wheelhouse: Path,
+    progress: Callable[[str], None],
+    platform: str | None = None,
+) -> Path:
+    """Download every file of the lock for ``platform`` (default: this machine's) into
+    ``wheelhouse``, each hash-checked by pip. For another machine (an air-gapped aarch64
+    cluster exported from x86_64) pip is told that machine's tags; a package whose lock has
+    no wheel for it is fetched as its sdist."""
     found = interpreters.find(spec.python, allow_download=False)
     interp = dataclasses.replace(found, path=pip_python(found.path))
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    req = wheelhouse / f".requirements.{os.getpid()}.txt"
-    # This machine's files: pip picks them for the interpreter that runs it.
     host = platforms.host_name()
-    if host not in lock.platforms:
+    target = platform or host
+    if target not in lock.platforms:
         raise BuildError(
-            f"the lock of {spec.name} is for {', '.join(lock.platforms)}, not this machine "
-            f"({host}); export it on one of those"
+            f"the lock of {spec.name} is for {', '.join(lock.platforms)}, not {target}"
+            + (" (this machine)" if platform is None else "")
         )
-    req.write_text(lock.requirements_txt(host))
+    packages = lock.packages_on(target)
     progress(
-        f"downloading {len(lock.packages_on(host))} locked files into {wheelhouse} with {interp.path} -m pip"
+        f"downloading {len(packages)} locked files for {target} into {wheelhouse} with "
+        f"{interp.path} -m pip"
     )
+    if target == host:
+        # This machine's files: pip picks them for the interpreter that runs it.
+        runs: list[tuple[list[str], str]] = [([], lock.requirements_txt(host))]
+    else:
+        binary = dataclasses.replace(lock, packages=tuple(p for p in packages if p.wheels))
+        source = dataclasses.replace(lock, packages=tuple(p for p in packages if not p.wheels))
+        runs = [
+            (_platform_args(platforms.get(target), spec.python), binary.requirements_txt(target))
+        ]
+        if source.packages:
+            runs.append((["--no-binary=:all:"], source.requirements_txt(target)))
+    for extra, text in runs:
+        _download(spec, interp.path, wheelhouse, extra, text)
+    files = check_wheelhouse(lock, wheelhouse, target)
+    doc = {"spec": spec.name, "lock_hash": lock.content_hash(), "platform": target, "files": files}
+    return proc.atomic_write_text(
+        wheelhouse / MANIFEST, json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    )
+
+
+def _download(spec: EnvSpec, python: Path, wheelhouse: Path, extra: list[str], text: str) -> None:
+    req = wheelhouse / f".requirements.{os.getpid()}.txt"
+    req.write_text(text)
     try:
         proc.run(
-            [interp.path, "-m", "pip", "download", "--no-deps", "--require-hashes",
+            [python, "-m", "pip", "download", "--no-deps", "--require-hashes", *extra,
              "--disable-pip-version-check", "--progress-bar", "off", "-d", wheelhouse, "-r", req],
             stream=True,
             timeout=7200,
         )  # fmt: skip
     except proc.CommandFailed as exc:
         if "No module named pip" in exc.output:
-            raise ToolMissing(
-                f"{interp.path} has no pip; add it with `{interp.path} -m ensurepip`"
-            ) from exc
+            raise ToolMissing(f"{python} has no pip; add it with `{python} -m ensurepip`") from exc
+        # pip's messages were streamed as it ran: not repeated here.
         raise BuildError(
-            f"{spec.name}: downloading the lock failed:\n{exc.output[-3000:]}"
+            f"{spec.name}: downloading the lock failed (pip's messages above)"
         ) from exc
     finally:
         req.unlink(missing_ok=True)
-    files = check_wheelhouse(lock, wheelhouse)
-    doc = {"spec": spec.name, "lock_hash": lock.content_hash(), "files": files}
-    return proc.atomic_write_text(
-        wheelhouse / MANIFEST, json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    )
 
 
 # The store entries a wheelhouse carries (`export --with-jit`), in the store's own layout.

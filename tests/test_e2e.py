@@ -717,3 +717,31 @@ def test_the_assembled_aarch64_nvcc_compiles_our_kernel_for_dgx_spark(tmp_path: 
     cuobjdump, where = cubin.find_cuobjdump(env_facts(cuda_home=str(tmp_path / "none")))
     assert cuobjdump is not None, where
     assert cubin.list_elf(cuobjdump, built.path) == ["sm_121"]
+
+
+@pytest.mark.network
+def test_an_aarch64_wheelhouse_is_exported_here_and_assembles_offline(tmp_path: Path) -> None:
+    """For an air-gapped aarch64 cluster: `export --platform linux-aarch64` on this machine
+    downloads that machine's files (hash-checked); `build --platform linux-aarch64 --offline
+    --wheelhouse` assembles the env from them alone, with an empty uv cache."""
+    from builder import platforms, toolchain
+
+    if platforms.host_name() == "linux-aarch64":
+        pytest.skip("this machine is aarch64: its own export covers it")
+    ws = workspace(tmp_path, "toolchain-cu130.yaml", "torch2.9-cu128-system.yaml")
+    wheelhouse = tmp_path / "aarch64-wheels"
+    cudaenv("export", "envspecs/toolchain-cu130.yaml", "--wheelhouse", str(wheelhouse),
+            "--platform", "linux-aarch64", cwd=ws)  # fmt: skip
+    names = sorted(p.name for p in wheelhouse.glob("*.whl"))
+    assert any(n.startswith("nvidia_cuda_nvcc-13.0.88") and "aarch64" in n for n in names), names
+    assert not any("x86_64" in n for n in names), names
+    offline = {"UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "empty-cache")}
+    dest = tmp_path / "arm-env"
+    cudaenv("build", "envspecs/toolchain-cu130.yaml", "--platform", "linux-aarch64", "--offline",
+            "--wheelhouse", str(wheelhouse), "--env-dir", str(dest), cwd=ws, env=offline)  # fmt: skip
+    assert toolchain.elf_machine(dest / "cuda-home" / "bin" / "nvcc") == 183
+    # A platform the lock does not hold is refused, naming the ones it has.
+    done = cudaenv("export", "envspecs/torch2.9-cu128-system.yaml", "--wheelhouse",
+                   str(tmp_path / "none"), "--platform", "linux-aarch64", cwd=ws, check=False)  # fmt: skip
+    assert done.returncode == 4
+    assert "is for linux-x86_64, not linux-aarch64" in done.stderr
