@@ -36,7 +36,6 @@ from builder import (
     archs,
     caches,
     channels,
-    doctor,
     manifest,
     platforms,
     proc,
@@ -49,7 +48,6 @@ from builder.manifest import Manifest
 from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
 
 JOURNAL = Path("var") / "cudaenv" / "adopt.json"
-ADOPTED_SPEC = doctor.ADOPTED_SPEC
 Progress = Callable[[str], None]
 
 
@@ -333,7 +331,7 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         after = inspect(env.python).dists
         built = Manifest(
             name=p.spec.name,
-            spec=ADOPTED_SPEC,
+            spec=manifest.ADOPTED_SPEC,
             fingerprint="adopted",
             lock_hash="sha256:"
             + hashlib.sha256(json.dumps(after, sort_keys=True).encode()).hexdigest(),

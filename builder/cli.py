@@ -146,12 +146,18 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock, platform: str) -> list[tuple[str,
     return rows
 
 
-def _platform_arg(s: spec.EnvSpec, lk: lock.Lock, given: str | None) -> str:
-    """``--platform`` (default: this machine's, else the lock's first), one of the lock's."""
+def _known_platform(given: str | None) -> str | None:
+    """A ``--platform`` value, refused in one line unless cudaenv knows the platform."""
     if given is not None and given not in platforms.KNOWN:
         raise UsageError(
             f"--platform {given!r}: unknown platform; expected one of: {', '.join(platforms.KNOWN)}"
         )
+    return given
+
+
+def _platform_arg(s: spec.EnvSpec, lk: lock.Lock, given: str | None) -> str:
+    """``--platform`` (default: this machine's, else the lock's first), one of the lock's."""
+    _known_platform(given)
     if given is not None and given not in lk.platforms:
         raise UsageError(
             f"--platform {given}: {s.source} is locked for {', '.join(lk.platforms)} only; add "
@@ -262,14 +268,7 @@ def _write_record(
 
 def _cross_platform(args: argparse.Namespace) -> str | None:
     """``build --platform``: None for this machine's own, else the other platform's name."""
-    if args.platform is None:
-        return None
-    if args.platform not in platforms.KNOWN:
-        raise UsageError(
-            f"--platform {args.platform!r}: unknown platform; expected one of: "
-            f"{', '.join(platforms.KNOWN)}"
-        )
-    if args.platform == platforms.host_name():
+    if _known_platform(args.platform) is None or args.platform == platforms.host_name():
         return None
     if args.verify:
         raise UsageError(
@@ -693,12 +692,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             "--with-jit puts the env's JIT results into a wheelhouse: add --wheelhouse DIR"
         )
     if wheelhouse is not None:
-        if args.platform is not None and args.platform not in platforms.KNOWN:
-            raise UsageError(
-                f"--platform {args.platform!r}: unknown platform; expected one of: "
-                f"{', '.join(platforms.KNOWN)}"
-            )
-        out = export.export(s, lk, wheelhouse, _progress, platform=args.platform)
+        platform = _known_platform(args.platform)
+        out = export.export(s, lk, wheelhouse, _progress, platform=platform)
         _progress(
             f"wrote {out}: {len(lk.packages)} files, every sha256 checked against {lock_file}"
         )

@@ -285,12 +285,9 @@ def _home_text(home: CudaHome) -> str:
     return f"{home.path}, from {home.source}"
 
 
-ADOPTED_SPEC = "(adopted)"  # adopt.py's manifests say so instead of a spec file
-
-
 def _adopt_fix(facts: Facts) -> str | None:
     """The first fix for an env cudaenv did not build: repair it where it stands."""
-    if facts.manifest is not None and facts.manifest.spec != ADOPTED_SPEC:
+    if facts.manifest is not None and facts.manifest.spec != manifest.ADOPTED_SPEC:
         return None
     python = facts.python or "PATH"
     if facts.manifest is not None:
@@ -761,7 +758,7 @@ def rule_drift(facts: Facts) -> list[Finding]:
     """A built env holds exactly its lock: a package added, removed or changed since (a
     `uv pip install` into it, say) is named, with how to make it part of the spec."""
     built = facts.manifest
-    if built is None or built.spec == ADOPTED_SPEC or not facts.dists:
+    if built is None or built.spec == manifest.ADOPTED_SPEC or not facts.dists:
         return []
     locked = {canonicalize_name(n): v for n, v in built.packages}
     now = {canonicalize_name(n): v for n, v in facts.dists.items()}

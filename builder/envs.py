@@ -82,9 +82,11 @@ def _sizes(root: Path) -> tuple[int, int]:
 def _lock_state(found: manifest.Manifest) -> str:
     from builder import spec as spec_mod
 
+    if found.spec == manifest.ADOPTED_SPEC:
+        return found.spec
     source = Path(found.spec)
-    if found.spec.startswith("(") or not source.is_file():
-        return "no spec file" if not found.spec.startswith("(") else found.spec
+    if not source.is_file():
+        return "no spec file"
     try:
         s = spec_mod.load(source)
     except SpecError:
@@ -145,9 +147,11 @@ def remove(path: Path) -> None:
 
 
 def human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
         size /= 1024
-    return f"{n} B"
+    return f"{size:.1f} GiB"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,9 +41,7 @@ def _relative(value: str | None, prefix: str) -> str | None:
     (another node, another --env-dir) gives the same text."""
     if not value or not prefix:
         return value
-    for root in sorted({prefix, os.path.realpath(prefix)}, key=len, reverse=True):
-        value = value.replace(root.rstrip("/"), "ENV")
-    return value
+    return jit_store.normalise(value, jit_store.env_roots(prefix), placeholder="ENV")
 
 
 def parts_of(facts: doctor.Facts) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from builder.jsondoc import Reader
 from builder.proc import atomic_write_text
 
 FILE = "cudaenv.json"
+# What an adopted env's manifest names instead of a spec file (`cudaenv adopt`).
+ADOPTED_SPEC = "(adopted)"
 SCHEMA_VERSION = 1
 
 

@@ -278,10 +278,10 @@ def tool_identities(
     return out
 
 
-def normalise(text: str, roots: Iterable[str]) -> str:
-    """``text`` with each spelling of the env's root replaced by ``@ENV@``."""
+def normalise(text: str, roots: Iterable[str], placeholder: str = ENV) -> str:
+    """``text`` with each spelling of the env's root replaced by ``placeholder``."""
     for root in sorted({r.rstrip("/") for r in roots if r and r != "/"}, key=len, reverse=True):
-        text = text.replace(root, ENV)
+        text = text.replace(root, placeholder)
     return text
 
 
@@ -495,8 +495,8 @@ def place_ninja(
         return None
     deps = meta.get("deps", {})
     latest = 0
-    for name in deps.values():
-        for dep in name:
+    for inputs in deps.values():
+        for dep in inputs:
             with contextlib.suppress(OSError):
                 latest = max(latest, os.stat(localise(dep, prefix)).st_mtime_ns)
     # Newer than every input, so ninja finds each output up to date.
