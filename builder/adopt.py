@@ -231,7 +231,7 @@ def _files(env: Env) -> tuple[str, ...]:
     return (
         "cuda-home/ (the toolkit in CUDA_HOME's shape)",
         f"{env.purelib.relative_to(env.prefix)}/{toolchain.HOOK_MODULE}.py and {toolchain.PTH_NAME}",
-        "bin/activate: the cudaenv block (when the env has one)",
+        "bin/activate and each other shell's activation script the env has: the cudaenv block",
         f"var/: the JIT caches ({len(caches.CACHES)} directories) and var/cudaenv/",
         manifest.FILE,
     )
@@ -296,7 +296,6 @@ def apply(p: Plan, progress: Progress) -> Manifest:
     """Adopt as planned. Anything that stops it midway (an error, Ctrl-C, SIGTERM) undoes what
     was done before it is raised again."""
     env = p.env
-    activate = env.prefix / "bin" / "activate"
     var_before = sorted(str(c.relative_to(env.prefix)) for c in (env.prefix / "var").glob("*")) if (
         env.prefix / "var").is_dir() else []  # fmt: skip
     journal: dict[str, object] = {
@@ -304,7 +303,10 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         "python": str(env.python),
         "before": env.dists,
         "changes": [list(c) for c in p.changes],
-        "activate": activate.read_text() if activate.exists() else None,
+        # Every activation script write_hooks may change, as it was: undo puts each back.
+        "activation": {
+            name: path.read_text() for name, path in _activation_scripts(env.prefix).items()
+        },
         "var_before": var_before,
         "var_existed": (env.prefix / "var").exists(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -364,6 +366,11 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         raise
 
 
+def _activation_scripts(prefix: Path) -> dict[str, Path]:
+    names = ["activate", *(script for script, _, _ in toolchain.ACTIVATIONS)]
+    return {n: prefix / "bin" / n for n in names if (prefix / "bin" / n).is_file()}
+
+
 def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
     """Put the env back as the journal says it was: the same distributions and versions, no
     cudaenv file. What was restored, one line each."""
@@ -390,11 +397,16 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
         else:
             shutil.rmtree(home)
         done.append("removed cuda-home/")
-    activate = prefix / "bin" / "activate"
-    original = journal.get("activate")
-    if isinstance(original, str) and activate.exists() and activate.read_text() != original:
-        proc.atomic_write_text(activate, original)
-        done.append("restored bin/activate")
+    originals = journal.get("activation")
+    if not isinstance(originals, dict):
+        # A journal written before every shell's script was kept held bin/activate alone.
+        old = journal.get("activate")
+        originals = {"activate": old} if isinstance(old, str) else {}
+    for name, path in _activation_scripts(prefix).items():
+        original = originals.get(name)
+        if isinstance(original, str) and path.read_text() != original:
+            proc.atomic_write_text(path, original)
+            done.append(f"restored bin/{name}")
     before = journal.get("before")
     if isinstance(before, dict):
         now = inspect(python).dists

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import struct
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -120,7 +120,37 @@ def templates() -> jinja2.Environment:
     env.filters["fishquote"] = lambda v: (
         "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
     )
+    env.filters["nuquote"] = _nuquote
+    env.filters["cshquote"] = _cshquote
+    env.filters["psquote"] = _psquote
     return env
+
+
+def _cshquote(value: object) -> str:
+    """A csh word: single quotes, where history's ! and a newline still need a backslash and
+    a quote is closed, escaped and reopened."""
+    text = str(value).replace("'", "'\\''").replace("!", "\\!").replace("\n", "\\\n")
+    return f"'{text}'"
+
+
+def _nuquote(value: object) -> str:
+    """A nushell literal: single quotes have no escapes; a value holding one becomes a raw
+    string r#'...'# with more #s than any run after a quote in it."""
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    hashes = "#"
+    while "'" + hashes in text:
+        hashes += "#"
+    return f"r{hashes}'{text}'{hashes}"
+
+
+# PowerShell takes the typographic single quotes as quotes too; each is escaped by doubling.
+_PS_QUOTES = "'\u2018\u2019\u201a\u201b"
+
+
+def _psquote(value: object) -> str:
+    return "'" + "".join(c + c if c in _PS_QUOTES else c for c in str(value)) + "'"
 
 
 def _load_template(name: str) -> str:
@@ -490,6 +520,45 @@ def write_pip_guard(venv: Path, spec: EnvSpec) -> list[Path]:
     return written
 
 
+def _append(path: Path, text: str, block: str) -> str:
+    return text + block
+
+
+def _into_nu_export_env(path: Path, text: str, block: str) -> str:
+    """Nushell runs only the last ``export-env`` block of a module, so ours goes inside the
+    venv's own (the one at column 0), after its ``load-env``. ``deactivate`` is ``overlay
+    hide``, which drops everything the overlay set, ours included."""
+    found = re.search(r"^export-env \{\n.*?^\}", text, re.MULTILINE | re.DOTALL)
+    if found is None:
+        raise BuildError(
+            f"{path}: no export-env block at the start of a line, so the env's CUDA settings "
+            "cannot be added to it (a venv tool that writes activate.nu in another shape)"
+        )
+    end = found.end() - 1
+    return text[:end] + block + text[end:]
+
+
+def _before_ps_signature(path: Path, text: str, block: str) -> str:
+    # The standard library's Activate.ps1 ends with an Authenticode block: code goes above it.
+    mark = text.find("\n# SIG # Begin signature block")
+    if mark < 0:
+        return text.rstrip("\n") + "\n" + block
+    return text[:mark] + "\n" + block + text[mark:]
+
+
+# (script in bin/, template, where the block goes): uv and virtualenv write activate.nu,
+# activate.ps1 and (not for --relocatable) activate.csh; the standard library's venv writes
+# Activate.ps1 and activate.csh.
+ACTIVATIONS: tuple[tuple[str, str, Callable[[Path, str, str], str]], ...] = (
+    ("activate.fish", "activate.fish.j2", _append),
+    ("activate.xsh", "activate.xsh.j2", _append),
+    ("activate.csh", "activate.csh.j2", _append),
+    ("activate.nu", "activate.nu.j2", _into_nu_export_env),
+    ("activate.ps1", "activate.ps1.j2", _before_ps_signature),
+    ("Activate.ps1", "activate.ps1.j2", _before_ps_signature),
+)
+
+
 def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
     """The .pth start-up hook and the bin/activate block, values quoted by the templates."""
     site = site_packages(venv)
@@ -521,25 +590,24 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     }
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(_render("hook.py.j2", values))
+    pth = site / PTH_NAME
     activate = venv / "bin" / "activate"
     if activate.exists():
         with activate.open("a") as fh:
             fh.write(_render("activate.sh.j2", values))
     # Every shell's activation the venv ships carries the same settings. activate_this.py
-    # needs nothing: its site.addsitedir() runs the hook's .pth.
-    for script, template in (
-        ("activate.fish", "activate.fish.j2"),
-        ("activate.xsh", "activate.xsh.j2"),
-    ):
+    # needs nothing: its site.addsitedir() runs the hook's .pth. The .bat files are for
+    # Windows' cmd, which never runs a Linux env.
+    written = [hook, pth, activate]
+    for script, template, place in ACTIVATIONS:
         path = venv / "bin" / script
         if path.exists():
-            with path.open("a") as fh:
-                fh.write(_render(template, values))
+            proc.atomic_write_text(path, place(path, path.read_text(), _render(template, values)))
+            written.append(path)
     # Made now: not every library creates its cache directory before writing into it.
     for cache in caches.CACHES:
         (venv / "var" / cache.subdir).mkdir(parents=True, exist_ok=True)
     # Last, and whole: until this file exists the interpreter starts as before (what an
     # interrupted `cudaenv adopt` relies on).
-    pth = site / PTH_NAME
     proc.atomic_write_text(pth, f"import {HOOK_MODULE}\n")
-    return [hook, pth, activate]
+    return written

@@ -162,11 +162,19 @@ def test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back(
     env = {"CUDA_HOME": str(cuda_128)}
     assert jit_versions(plain_venv, cuda_128) == "12.8 13.0"
     before = freeze(python)
+    scripts = {p.name: p.read_text() for p in (plain_venv / "bin").glob("activate*")}
+    assert {"activate", "activate.csh", "activate.fish", "activate.nu", "activate.ps1"} <= set(
+        scripts
+    )
     dry = cudaenv("adopt", "--python", str(python), "--dry-run", cwd=tmp_path, env=env)
     assert "(dry run: nothing changed)" in dry.stdout
     assert not (plain_venv / "cuda-home").exists() and freeze(python) == before
     cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path, env=env)
     assert jit_versions(plain_venv, cuda_128) == "13.0 13.0"
+    for name in scripts:  # every shell's activation carries the env's settings
+        if name.endswith((".bat", ".py")):  # Windows' cmd; activate_this.py runs the .pth
+            continue
+        assert ">>> cudaenv " in (plain_venv / "bin" / name).read_text(), name
     doctor = cudaenv("doctor", "--python", str(python), cwd=tmp_path, env=env, check=False)
     assert doctor.returncode == 0, doctor.stdout
     checks = cudaenv("verify", "--python", str(python), "--checks", "toolchain,kernel-compile",
@@ -174,6 +182,7 @@ def test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back(
     assert "PASSED" in checks.stdout
     cudaenv("adopt", "--undo", "--python", str(python), cwd=tmp_path, env=env)
     assert freeze(python) == before
+    assert {p.name: p.read_text() for p in (plain_venv / "bin").glob("activate*")} == scripts
     leftovers = [p for p in plain_venv.rglob("*") if "cudaenv" in p.name or p.name == "cuda-home"]
     assert leftovers == []
     assert not (plain_venv / "var").exists()
@@ -259,3 +268,32 @@ def test_a_killed_adopt_leaves_the_env_as_it_was_or_a_rerun_finishes(
         assert "did not finish: undoing it first" in rerun.stderr
     adopted = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     assert adopted.stdout.strip() == str(plain_venv / "cuda-home")
+
+
+@pytest.mark.parametrize("old_journal", [False, True])
+def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_journal: bool) -> None:
+    """write_hooks adds a block to each shell's script; undo puts each back as journalled (a
+    journal from before every script was kept holds bin/activate alone)."""
+    from builder import archs, spec, toolchain
+
+    venv = tmp_path / "venv"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(venv)])
+    scripts = adopt._activation_scripts(venv)
+    assert {"activate", "activate.fish", "activate.nu", "activate.ps1"} <= set(scripts)
+    before = {name: path.read_text() for name, path in scripts.items()}
+    journal: dict[str, object] = (
+        {"activate": before["activate"]} if old_journal else {"activation": before}
+    )
+    adopt._write_journal(venv, journal)
+    s = spec.load(write(tmp_path / "s.yaml", 'name: a\npython: "3.12"\ncuda: "13.0"\n'))
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    assert all(path.read_text() != before[name] for name, path in scripts.items())
+    done = adopt.undo(venv, venv / "bin" / "python", lambda _: None)
+    after = {name: path.read_text() for name, path in scripts.items()}
+    if old_journal:
+        assert after["activate"] == before["activate"] and done.count("restored bin/activate") == 1
+    else:
+        assert after == before
+        assert sorted(d for d in done if d.startswith("restored")) == sorted(
+            f"restored bin/{n}" for n in scripts
+        )

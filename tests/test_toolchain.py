@@ -13,12 +13,14 @@ import jinja2
 import pytest
 
 from builder import archs, caches, platforms, proc, spec, toolchain
+from builder.errors import BuildError
 from tests.helpers import write
 
 HOSTILE = {
     "SUBST": "$(touch pwned-subst)",
     "TICKS": "`touch pwned-ticks`",
-    "QUOTES": 'it\'s "quoted" \\ and ${HOME}',
+    # ! is csh's history, '# ends a nushell raw string, \u2018 is a quote to PowerShell.
+    "QUOTES": "it's \"quoted\" \\ and ${HOME} !x \u2018q\u2019 '#",
     "NEWLINE": "line1\ntouch pwned-newline",
 }
 
@@ -102,7 +104,8 @@ def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Pat
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     script = (
         f"export CUDA_HOME=/usr/local/cuda; unset TORCH_CUDA_ARCH_LIST; "
-        f". {venv}/bin/activate; "
+        # Twice, as a shell that sources it again does: deactivate still gives back the first.
+        f". {venv}/bin/activate; . {venv}/bin/activate; "
         'printf "%s\\n---\\n" "$CUDA_HOME" "$FLASHINFER_CUDA_ARCH_LIST" "$SUBST" "$TICKS" '
         '"$QUOTES" "$NEWLINE" "${PATH%%:*}"; '
         'deactivate; printf "%s\\n---\\n" "$CUDA_HOME" '
@@ -323,7 +326,7 @@ def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     script = (
         "set -gx CUDA_HOME /usr/local/cuda; set -e TORCH_CUDA_ARCH_LIST; "
-        f"source {venv}/bin/activate.fish; "
+        f"source {venv}/bin/activate.fish; source {venv}/bin/activate.fish; "
         'printf "%s\\n---\\n" "$CUDA_HOME" "$FLASHINFER_CUDA_ARCH_LIST" "$SUBST" "$TICKS" '
         '"$QUOTES" "$NEWLINE" "$PATH[1]" "$TRITON_CACHE_DIR"; '
         'deactivate; printf "%s\\n---\\n" "$CUDA_HOME"; '
@@ -371,7 +374,7 @@ def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv:
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR"]
     script = (
-        f"source {venv}/bin/activate.xsh\n"
+        f"source {venv}/bin/activate.xsh\nsource {venv}/bin/activate.xsh\n"
         f"import json\nprint(json.dumps({{k: str(${{...}}.get(k)) for k in {keys!r}}}))\n"
         "print(str($PATH[0]))\n"
         "deactivate\n"
@@ -394,4 +397,228 @@ def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv:
         assert got[key] == value
     assert path0 == f"{home}/bin"
     assert json.loads(after) == ["/usr/local/cuda", ""]  # the shell's values, given back
+    assert not list(in_tmp.glob("pwned*"))
+
+
+@pytest.fixture
+def stdlib_venv(in_tmp: Path) -> Path:
+    """A venv made by the standard library (what `cudaenv adopt` meets): Activate.ps1 and
+    activate.csh, no activate.nu."""
+    path = in_tmp / "stdenv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return path
+
+
+def activation_scripts(venv: Path) -> set[str]:
+    # Every script a shell sources; .bat is Windows' cmd, activate_this.py runs the .pth.
+    return {
+        p.name
+        for p in (venv / "bin").iterdir()
+        if p.name.lower().startswith("activate") and p.suffix not in (".bat", ".py")
+    }
+
+
+@pytest.mark.parametrize("maker", ["venv", "stdlib_venv"])
+def test_every_activation_script_the_venv_ships_gets_the_block(
+    in_tmp: Path, maker: str, request: pytest.FixtureRequest
+) -> None:
+    venv = request.getfixturevalue(maker)
+    scripts = activation_scripts(venv)
+    assert len(scripts) >= 4, scripts
+    written = toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    assert {p.name for p in written} >= scripts
+    for name in scripts:
+        text = (venv / "bin" / name).read_text()
+        assert text.count(">>> cudaenv hooktest >>>") == 1, name
+        assert text.count("<<< cudaenv hooktest <<<") == 1, name
+
+
+def test_a_nushell_script_of_another_shape_is_refused_by_name(in_tmp: Path, venv: Path) -> None:
+    script = venv / "bin" / "activate.nu"
+    script.write_text("export def --env activate [] { $env.VIRTUAL_ENV = 'x' }\n")
+    with pytest.raises(BuildError, match=r"activate\.nu: no export-env block"):
+        toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+
+
+def test_the_block_goes_above_a_powershell_signature(in_tmp: Path, stdlib_venv: Path) -> None:
+    script = stdlib_venv / "bin" / "Activate.ps1"
+    signed = (
+        script.read_text()
+        + "\n# SIG # Begin signature block\n# MIIvabc\n# SIG # End signature block\n"
+    )
+    script.write_text(signed)
+    toolchain.write_hooks(stdlib_venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    text = script.read_text()
+    assert text.index("<<< cudaenv hooktest <<<") < text.index("# SIG # Begin signature block")
+    assert text.endswith("# SIG # End signature block\n")
+
+
+@pytest.mark.parametrize(
+    ("value", "literal"),
+    [
+        ("plain", "'plain'"),
+        ("it's", "r#'it's'#"),
+        ("a'#b", "r##'a'#b'##"),
+        ("'##'#", "r###''##'#'###"),
+    ],
+)
+def test_nushell_literals_end_only_where_they_should(value: str, literal: str) -> None:
+    assert toolchain._nuquote(value) == literal
+
+
+def test_activate_nu_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
+    nu = shutil.which("nu")
+    if nu is None:
+        pytest.skip("nushell (nu) is not installed on this machine")
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", *HOSTILE,
+            "TRITON_CACHE_DIR"]  # fmt: skip
+    script = (
+        f"overlay use {venv}/bin/activate.nu; overlay use {venv}/bin/activate.nu; "
+        f"print ([{' '.join(f'$env.{k}' for k in keys)} ($env.PATH | first)] | to json -r); "
+        "deactivate; "
+        "print ([$env.CUDA_HOME ($env.TORCH_CUDA_ARCH_LIST? | default unset)] | to json -r)"
+    )
+    done = subprocess.run(
+        [nu, "--no-config-file", "-c", script], capture_output=True, text=True, check=True,
+        cwd=in_tmp, env={**os.environ, "CUDA_HOME": "/usr/local/cuda"},
+    )  # fmt: skip
+    got, after = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    home = str(venv / "cuda-home")
+    assert got == [home, "12.0f", "12.0", *HOSTILE.values(), str(venv / "var" / "triton"),
+                   f"{home}/bin"]  # fmt: skip
+    assert after == ["/usr/local/cuda", "unset"]
+    assert not list(in_tmp.glob("pwned*"))
+    override = subprocess.run(
+        [nu, "--no-config-file", "-c",
+         f"overlay use {venv}/bin/activate.nu; "
+         'print $"($env.FLASHINFER_CUDA_ARCH_LIST)|($env.TORCH_CUDA_ARCH_LIST)"'],
+        capture_output=True, text=True, check=True, cwd=in_tmp,
+        env={**os.environ, "CUDAENV_ARCH_LIST": "9.0a,12.0f 9.0"},
+    )  # fmt: skip
+    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0"
+
+
+def test_activate_csh_sets_literally_and_deactivate_restores(
+    in_tmp: Path, stdlib_venv: Path
+) -> None:
+    tcsh = shutil.which("tcsh") or shutil.which("csh")
+    if tcsh is None:
+        pytest.skip("csh/tcsh is not installed on this machine")
+    s = hostile_spec(in_tmp)
+    toolchain.write_hooks(stdlib_venv, s, archs.DEFAULT_ARCHS)
+    shown = " ".join(f'"${k}:q"' for k in ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE,
+                                            "TRITON_CACHE_DIR", "PATH"])  # fmt: skip
+    # The standard library's activate.csh reads $prompt, which a non-interactive csh lacks.
+    script = (
+        'set prompt = "> "\n'
+        "setenv CUDA_HOME /usr/local/cuda\n"
+        "unsetenv TORCH_CUDA_ARCH_LIST\n"
+        f"source {stdlib_venv}/bin/activate.csh\n"
+        f"source {stdlib_venv}/bin/activate.csh\n"
+        f"printf '%s\\n---\\n' {shown}\n"
+        "deactivate\n"
+        'printf \'%s\\n---\\n\' "$CUDA_HOME:q" "$?TORCH_CUDA_ARCH_LIST" "$?_CUDAENV_OLD_CUDA_HOME"\n'
+        "alias\n"
+    )
+    (in_tmp / "t.csh").write_text(script)
+    done = subprocess.run([tcsh, "-f", "t.csh"], capture_output=True, text=True, cwd=in_tmp,
+                          check=True)  # fmt: skip
+    parts = done.stdout.split("\n---\n")
+    home = str(stdlib_venv / "cuda-home")
+    assert parts[:7] == [home, "12.0f", *HOSTILE.values(), str(stdlib_venv / "var" / "triton")]
+    assert parts[7].startswith(f"{home}/bin:{stdlib_venv}/bin:")
+    assert parts[8:11] == ["/usr/local/cuda", "0", "0"]
+    assert "cudaenv" not in parts[11] and "deactivate" not in parts[11]  # no alias left behind
+    assert not list(in_tmp.glob("pwned*"))
+    (in_tmp / "o.csh").write_text(
+        'set prompt = "> "\n'
+        f"source {stdlib_venv}/bin/activate.csh\n"
+        'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"\n'
+    )
+    override = subprocess.run([tcsh, "-f", "o.csh"], capture_output=True, text=True, cwd=in_tmp,
+                              check=True, env={**os.environ, "CUDAENV_ARCH_LIST": "9.0a,12.0f 9.0"})  # fmt: skip
+    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0"
+
+
+def powershell_literals(path: Path) -> tuple[bool, list[str], list[str]]:
+    """Parsed with tree-sitter's PowerShell grammar: whether the script has a syntax error,
+    each single-quoted literal's value, and the text of every expandable part (a "..."
+    string or a $( ) subexpression) that mentions "pwned"."""
+    ts = pytest.importorskip("tree_sitter")
+    grammar = pytest.importorskip("tree_sitter_powershell")
+    tree = ts.Parser(ts.Language(grammar.language())).parse(path.read_bytes())
+    literals: list[str] = []
+    expanding: list[str] = []
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        text = (node.text or b"").decode()
+        if node.type == "verbatim_string_characters":
+            body = text[1:-1]
+            for q in "'\u2018\u2019\u201a\u201b":
+                body = body.replace(q + q, q)
+            literals.append(body)
+        elif node.type in ("expandable_string_literal", "sub_expression") and "pwned" in text:
+            expanding.append(text)
+        stack.extend(node.children)
+    return tree.root_node.has_error, literals, expanding
+
+
+@pytest.mark.parametrize(
+    ("maker", "script"), [("venv", "activate.ps1"), ("stdlib_venv", "Activate.ps1")]
+)
+def test_activate_ps1_parses_and_every_value_is_one_literal(
+    in_tmp: Path, maker: str, script: str, request: pytest.FixtureRequest
+) -> None:
+    venv = request.getfixturevalue(maker)
+    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    has_error, literals, expanding = powershell_literals(venv / "bin" / script)
+    assert not has_error
+    for value in HOSTILE.values():
+        assert value in literals, value
+    assert expanding == []
+
+
+def test_the_powershell_check_fails_a_value_quoted_for_another_shell(
+    in_tmp: Path, venv: Path
+) -> None:
+    path = venv / "bin" / "activate.ps1"
+    path.write_text(path.read_text() + f"$env:QUOTES = {toolchain._cshquote(HOSTILE['QUOTES'])}\n")
+    has_error, literals, _ = powershell_literals(path)
+    assert has_error or HOSTILE["QUOTES"] not in literals
+    path.write_text(f'$env:SUBST = "{HOSTILE["SUBST"]}"\n')
+    assert powershell_literals(path)[2] != []
+
+
+@pytest.mark.parametrize(
+    ("maker", "script"), [("venv", "activate.ps1"), ("stdlib_venv", "Activate.ps1")]
+)
+def test_activate_ps1_sets_literally_and_deactivate_restores(
+    in_tmp: Path, maker: str, script: str, request: pytest.FixtureRequest
+) -> None:
+    pwsh = shutil.which("pwsh")
+    if pwsh is None:
+        pytest.skip("PowerShell (pwsh) is not installed on this machine")
+    venv = request.getfixturevalue(maker)
+    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", *HOSTILE,
+            "TRITON_CACHE_DIR"]  # fmt: skip
+    command = (
+        f". '{venv}/bin/{script}'; . '{venv}/bin/{script}'; "
+        f"@({', '.join(f'$env:{k}' for k in keys)}, ($env:PATH -split ':')[0]) | ConvertTo-Json -Compress; "
+        "deactivate; "
+        "@($env:CUDA_HOME, [string]($null -eq $env:TORCH_CUDA_ARCH_LIST), "
+        "[string](Test-Path function:deactivate)) | ConvertTo-Json -Compress"
+    )
+    done = subprocess.run(
+        [pwsh, "-NoProfile", "-NonInteractive", "-Command", command], capture_output=True,
+        text=True, check=True, cwd=in_tmp, env={**os.environ, "CUDA_HOME": "/usr/local/cuda"},
+    )  # fmt: skip
+    got, after = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    home = str(venv / "cuda-home")
+    assert got == [home, "12.0f", "12.0", *HOSTILE.values(), str(venv / "var" / "triton"),
+                   f"{home}/bin"]  # fmt: skip
+    assert after == ["/usr/local/cuda", "True", "False"]
     assert not list(in_tmp.glob("pwned*"))
