@@ -323,6 +323,45 @@ def test_default_env_jit_builds_flashinfer_sampling_for_sm120f(
     assert "/120f/" in library
 
 
+@pytest.mark.network
+@pytest.mark.e2e
+def test_torchs_own_extension_builder_uses_the_envs_nvcc(
+    default_env: Path, fake_cuda_128: Path
+) -> None:
+    """torch.utils.cpp_extension.load_inline, as a user calls it, with the shell's CUDA_HOME at
+    a 12.8 toolkit: it finds the env's toolkit, builds into the env's cache for the env's
+    arch, and the module imports (no GPU needed to build or import)."""
+    code = (
+        "from torch.utils.cpp_extension import load_inline, CUDA_HOME\n"
+        "cuda = r'''\n"
+        "__global__ void twice(float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }\n"
+        "void run(torch::Tensor x) {\n"
+        "    twice<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), (int)x.numel()); }\n"
+        "'''\n"
+        "m = load_inline(name='cudaenv_twice', cpp_sources='void run(torch::Tensor x);',\n"
+        "                cuda_sources=cuda, functions=['run'])\n"
+        "print(CUDA_HOME); print(m.__file__)\n"
+    )
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={**os.environ, "CUDA_HOME": str(fake_cuda_128)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    home, module = done.stdout.strip().splitlines()[-2:]
+    assert home == str(default_env / "cuda-home")
+    assert Path(module).is_relative_to(default_env / "var" / "torch_extensions")
+    from builder.verify import cubin
+
+    tool, where = cubin.find_cuobjdump(env_facts(cuda_home=str(default_env / "cuda-home")))
+    assert tool is not None, where
+    assert cubin.list_elf(tool, Path(module)) == ["sm_120"]
+
+
 # --------------------------------------------------------------------------- e2e: verify
 
 
