@@ -1,6 +1,6 @@
 """Needs a visible NVIDIA GPU: skipped here with the reason (conftest.gpu_reason).
 
-Run on a GPU box: `nox -s tests -- -m gpu`. The toolchain env needs nothing but the
+Run on a GPU box: `nox -s tests -- -m gpu`, or `bash .ci/gpu-check.sh`. The toolchain env needs nothing but the
 driver; the FlashInfer half needs an env with torch and FlashInfer (the default spec's).
 """
 
