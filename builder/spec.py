@@ -60,8 +60,12 @@ RESERVED_ENV = (
     "TORCH_CUDA_ARCH_LIST",
     "FLASHINFER_WORKSPACE_BASE",
     "VIRTUAL_ENV",
+    "VIRTUAL_ENV_PROMPT",
     "PYTHONHOME",
 )
+# What the activation scripts keep for deactivate: the venv's (_OLD_VIRTUAL_PATH, ...) and
+# ours (_CUDAENV_OLD_CUDA_HOME, ...). A spec value there would be restored in their place.
+RESERVED_ENV_PREFIXES = ("_OLD_VIRTUAL_", "_CUDAENV_")
 DEFAULT_COMPONENTS = ("nvcc", "cudart", "crt", "nvvm", "cccl")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
@@ -432,7 +436,7 @@ def _env(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | None:
         if not _ENV_NAME_RE.match(key):
             problems.add(where, sub_path, "not a valid environment variable name")
             continue
-        if key in RESERVED_ENV:
+        if key in RESERVED_ENV or key.upper().startswith(RESERVED_ENV_PREFIXES):
             problems.add(
                 where, sub_path, f"{key} is set by cudaenv itself and cannot be overridden"
             )

@@ -404,3 +404,12 @@ def test_the_reference_documents_every_key() -> None:
              *matrix.MATRIX_KEYS, *matrix.AXES]  # fmt: skip
     missing = [n for n in names if f"`{n}`" not in text]
     assert missing == []
+
+
+@pytest.mark.parametrize("key", ["_OLD_VIRTUAL_PATH", "_CUDAENV_OLD_CUDA_HOME", "_cudaenv_saved",
+                                 "VIRTUAL_ENV_PROMPT"])  # fmt: skip
+def test_what_activation_keeps_for_deactivate_is_reserved(in_tmp: Path, key: str) -> None:
+    path = write(in_tmp / "s.yaml", GOOD + f"env: {{{key}: x}}\n")
+    assert problems(path) == [
+        f"s.yaml:7:7: env.{key}: {key} is set by cudaenv itself and cannot be overridden"
+    ]

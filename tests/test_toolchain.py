@@ -606,7 +606,7 @@ def test_activate_ps1_sets_literally_and_deactivate_restores(
     keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", *HOSTILE,
             "TRITON_CACHE_DIR"]  # fmt: skip
     command = (
-        f". '{venv}/bin/{script}'; . '{venv}/bin/{script}'; "
+        f"Set-StrictMode -Version Latest; . '{venv}/bin/{script}'; . '{venv}/bin/{script}'; "
         f"@({', '.join(f'$env:{k}' for k in keys)}, ($env:PATH -split ':')[0]) | ConvertTo-Json -Compress; "
         "deactivate; "
         "@($env:CUDA_HOME, [string]($null -eq $env:TORCH_CUDA_ARCH_LIST), "
@@ -622,3 +622,67 @@ def test_activate_ps1_sets_literally_and_deactivate_restores(
                    f"{home}/bin"]  # fmt: skip
     assert after == ["/usr/local/cuda", "True", "False"]
     assert not list(in_tmp.glob("pwned*"))
+
+
+def two_envs(in_tmp: Path, stdlib: bool) -> tuple[Path, Path]:
+    """Envs A and B, each with a variable of its own in `env:`."""
+    made = []
+    for name, key in (("enva", "ONLY_A"), ("envb", "ONLY_B")):
+        path = in_tmp / name
+        if stdlib:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+        else:
+            proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)])
+        text = f'name: {name}\npython: "3.12"\ncuda: "13.0"\nenv:\n  {key}: "{name}"\n'
+        toolchain.write_hooks(path, spec.load(write(in_tmp / f"{name}.yaml", text)),
+                              archs.DEFAULT_ARCHS)  # fmt: skip
+        made.append(path)
+    return made[0], made[1]
+
+
+SWITCH = {
+    # shell: (argv, script); {a}/{b}: the envs. Prints CUDA_HOME, ONLY_B, then after deactivate
+    # CUDA_HOME and ONLY_B again, one per line.
+    "bash": (["bash", "-c"], ". {a}/bin/activate; . {b}/bin/activate; "
+             'printf "%s\\n" "$CUDA_HOME" "$ONLY_B"; deactivate; printf "%s\\n" "$CUDA_HOME" "$ONLY_B"'),
+    "fish": (["fish", "--no-config", "-c"], "source {a}/bin/activate.fish; source {b}/bin/activate.fish; "
+             'printf "%s\\n" "$CUDA_HOME" "$ONLY_B"; deactivate; printf "%s\\n" "$CUDA_HOME" "$ONLY_B"'),
+    "xonsh": (["xonsh", "--no-rc", "-c"], "source {a}/bin/activate.xsh\nsource {b}/bin/activate.xsh\n"
+              "print($CUDA_HOME); print($ONLY_B)\ndeactivate\nprint($CUDA_HOME); print($ONLY_B)\n"),
+    "pwsh": (["pwsh", "-NoProfile", "-NonInteractive", "-Command"], "Set-StrictMode -Version Latest; "
+             ". '{a}/bin/activate.ps1'; . '{b}/bin/activate.ps1'; $env:CUDA_HOME; $env:ONLY_B; "
+             "deactivate; $env:CUDA_HOME; $env:ONLY_B"),
+    "nu": (["nu", "--no-config-file", "-c"], "overlay use {a}/bin/activate.nu; overlay use "
+           "{b}/bin/activate.nu; print $env.CUDA_HOME $env.ONLY_B; deactivate; print $env.CUDA_HOME $env.ONLY_B"),
+    # csh expands aliases when it reads a line: one command per line, from a file.
+    "tcsh": (["tcsh", "-f"], 'set prompt = "> "\nsource {a}/bin/activate.csh\n'
+             "source {b}/bin/activate.csh\nprintf '%s\\n' \"$CUDA_HOME\" \"$ONLY_B\"\ndeactivate\n"
+             "printf '%s\\n' \"$CUDA_HOME\" \"$ONLY_B\"\n"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", sorted(SWITCH))
+def test_switching_envs_then_deactivate_gives_the_shells_own_values_back(
+    in_tmp: Path, shell: str
+) -> None:
+    """A shell that sources env B's activation over env A's: deactivate gives back what the
+    shell had, including a variable of B's that the shell had set itself."""
+    argv, script = SWITCH[shell]
+    exe = shutil.which(argv[0])
+    if exe is None:
+        pytest.skip(f"{argv[0]} is not installed on this machine")
+    a, b = two_envs(in_tmp, stdlib=shell == "tcsh")
+    if shell == "xonsh":
+        probe = subprocess.run([exe, "--no-rc", "-c", f"source {a}/bin/activate.xsh"],
+                               capture_output=True, check=False)  # fmt: skip
+        if probe.returncode != 0:
+            pytest.skip(f"{exe} cannot source the venv's own activate.xsh (too old a xonsh)")
+    text = script.format(a=a, b=b)
+    if shell == "tcsh":
+        text = str(write(in_tmp / "switch.csh", text))
+    done = subprocess.run(
+        [exe, *argv[1:], text], capture_output=True, text=True, check=True,
+        cwd=in_tmp, env={**os.environ, "CUDA_HOME": "/usr/local/cuda", "ONLY_B": "the shell's"},
+    )  # fmt: skip
+    lines = done.stdout.strip().splitlines()[-4:]
+    assert lines == [str(b / "cuda-home"), "envb", "/usr/local/cuda", "the shell's"], done.stdout
