@@ -754,6 +754,50 @@ def rule_caches(facts: Facts) -> list[Finding]:
     ]
 
 
+# The first line of every block write_hooks adds to an activation script.
+_BLOCK_MARK = "# >>> cudaenv "
+
+
+def rule_activation(facts: Facts) -> list[Finding]:
+    """Every shell's activation script of a cudaenv env carries its settings. bin/activate
+    holding the block shows the env was wired; another shell's script without it (an env
+    built before cudaenv patched that shell, or a script added since) activates with whatever
+    CUDA_HOME the shell had."""
+    if facts.manifest is None or not facts.prefix:
+        return []
+    # Here, not at the top: toolchain brings the spec loader and YAML (~30 ms) that a doctor
+    # run needs only for a cudaenv env.
+    from builder.toolchain import ACTIVATIONS
+
+    bin_dir = Path(facts.prefix) / "bin"
+
+    def marked(name: str) -> bool | None:
+        try:
+            return _BLOCK_MARK in (bin_dir / name).read_text(errors="replace")
+        except OSError:
+            return None  # the env has no such script
+
+    if not marked("activate"):
+        return []
+    bare = [name for name, _, _ in ACTIVATIONS if marked(name) is False]
+    if not bare:
+        return []
+    return [
+        Finding(
+            code="activation-unwired",
+            severity=WARNING,
+            cause=f"{len(bare)} shell activation script(s) of this env lack its CUDA settings: "
+            "a shell activated with them keeps its own CUDA_HOME and PATH (the Python hook "
+            "still applies to the env's interpreter)",
+            evidence=tuple(f"bin/{name}" for name in bare),
+            fix=(
+                _adopt_fix(facts)
+                or f"rebuild the env: cudaenv build {facts.manifest.spec} --force",
+            ),
+        )
+    ]
+
+
 def rule_drift(facts: Facts) -> list[Finding]:
     """A built env holds exactly its lock: a package added, removed or changed since (a
     `uv pip install` into it, say) is named, with how to make it part of the spec."""
@@ -793,6 +837,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_driver,
     rule_jit_cache,
     rule_caches,
+    rule_activation,
     rule_drift,
     rule_host_compiler,
     rule_no_host_compiler,
@@ -816,6 +861,7 @@ ROOT_FIRST = (
     "driver-too-old",
     "stale-jit-cache",
     "cache-outside-env",
+    "activation-unwired",
     "env-drift",
     "gpu-arch-missing",
     "old-jit-cache",

@@ -705,3 +705,24 @@ def test_packages_drifted_from_the_lock_are_named(env: FakeEnv) -> None:
         f"changed flashinfer-python {HEALTHY_DISTS['flashinfer-python']} -> 0.7.4",
     )
     assert findings[0].fix[0].startswith("put what you need in `packages:` of envspecs/mine.yaml")
+
+
+def test_a_shell_script_without_the_envs_settings_is_flagged(env: FakeEnv, tmp_path: Path) -> None:
+    """An env wired before cudaenv patched every shell (bin/activate has the block,
+    activate.nu does not) is named with the scripts; once every script is wired, nothing."""
+    from builder import spec, toolchain
+
+    prefix = env.python.parent.parent
+    manifest.write(a_manifest("12.0f", spec="envspecs/mine.yaml"), prefix)
+    s = spec.load(write(tmp_path / "s.yaml", 'name: mine\npython: "3.12"\ncuda: "13.0"\n'))
+    nu_before = (prefix / "bin" / "activate.nu").read_text()
+    ps_before = (prefix / "bin" / "activate.ps1").read_text()
+    toolchain.write_hooks(prefix, s, archs.DEFAULT_ARCHS)
+    findings, _ = run(env)
+    assert "activation-unwired" not in codes(findings)
+    (prefix / "bin" / "activate.nu").write_text(nu_before)
+    (prefix / "bin" / "activate.ps1").write_text(ps_before)
+    findings, _ = run(env)
+    found = next(f for f in findings if f.code == "activation-unwired")
+    assert found.evidence == ("bin/activate.nu", "bin/activate.ps1")
+    assert found.fix == ("rebuild the env: cudaenv build envspecs/mine.yaml --force",)
