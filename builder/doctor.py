@@ -433,7 +433,7 @@ def sm12_intent(facts: Facts) -> str:
     for gpu in facts.gpus:
         if gpu.capability is not None and gpu.capability[0] == 12:
             reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability_text}")
-    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "TVM_FFI_CUDA_ARCH_LIST"):
         value = facts.env.get(var) or ""
         if any(a.strip().startswith("12.") for a in re.split(r"[ ;,]+", value)):
             reasons.append(f"{var}={value}")
@@ -991,7 +991,12 @@ def facts_table(facts: Facts) -> list[tuple[str, str]]:
         )
     if not facts.cuda_homes:
         rows.append(("JIT CUDA_HOME", "none"))
-    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "LD_LIBRARY_PATH"):
+    for var in (
+        "FLASHINFER_CUDA_ARCH_LIST",
+        "TORCH_CUDA_ARCH_LIST",
+        "TVM_FFI_CUDA_ARCH_LIST",
+        "LD_LIBRARY_PATH",
+    ):
         rows.append((var, facts.env.get(var) or "(unset)"))
     shell = facts.env.get("CUDAENV_SHELL_CUDA_HOME")
     if shell is not None:

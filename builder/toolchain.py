@@ -582,6 +582,7 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
                     "CUDA_PATH",
                     "FLASHINFER_CUDA_ARCH_LIST",
                     "TORCH_CUDA_ARCH_LIST",
+                    "TVM_FFI_CUDA_ARCH_LIST",
                     *caches.VARIABLES,
                     *[k for k, _ in spec.env],
                 ]

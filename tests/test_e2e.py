@@ -362,6 +362,43 @@ def test_torchs_own_extension_builder_uses_the_envs_nvcc(
     assert cubin.list_elf(tool, Path(module)) == ["sm_120"]
 
 
+@pytest.mark.network
+@pytest.mark.e2e
+def test_tvm_ffis_extension_builder_uses_the_envs_nvcc_and_archs(default_env: Path) -> None:
+    """tvm_ffi.cpp.build_inline (what sglang's JIT kernels build on) on a machine without a
+    GPU: it reads TVM_FFI_CUDA_ARCH_LIST, else asks nvidia-smi and fails. The env's hook gives
+    it the env's arch list and cache, so it builds with the env's nvcc for 12.0f."""
+    code = (
+        "import tvm_ffi.cpp\n"
+        "cuda = r'''\n"
+        "#include <tvm/ffi/container/tensor.h>\n"
+        "#include <tvm/ffi/function.h>\n"
+        "__global__ void twice(float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }\n"
+        "void run(tvm::ffi::TensorView x) {\n"
+        "    twice<<<1, 256>>>(static_cast<float*>(x.data_ptr()), (int)x.size(0)); }\n"
+        "'''\n"
+        "print(tvm_ffi.cpp.build_inline(name='cudaenv_twice', cuda_sources=cuda, "
+        "functions=['run']))\n"
+    )
+    done = subprocess.run(
+        [default_env / "bin" / "python", "-c", code],
+        env={k: v for k, v in os.environ.items() if k != "TVM_FFI_CUDA_ARCH_LIST"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    module = Path(done.stdout.strip().splitlines()[-1])
+    assert module.is_relative_to(default_env / "var" / "tvm-ffi")
+    from builder.verify import cubin
+
+    tool, where = cubin.find_cuobjdump(env_facts(cuda_home=str(default_env / "cuda-home")))
+    assert tool is not None, where
+    assert cubin.list_elf(tool, module) == ["sm_120"]
+
+
 # --------------------------------------------------------------------------- e2e: verify
 
 

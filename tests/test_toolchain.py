@@ -75,10 +75,15 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
         assert got[key] == value
     assert not list(in_tmp.glob("pwned*"))
     # A stray list from the shell is overridden; an explicit CUDAENV_ARCH_LIST is honoured.
-    arch_code = "import os; print(os.environ['FLASHINFER_CUDA_ARCH_LIST'], os.environ['TORCH_CUDA_ARCH_LIST'])"
+    # TVM-FFI's extension builder gets FlashInfer's list.
+    arch_code = (
+        "import os; print(os.environ['FLASHINFER_CUDA_ARCH_LIST'], "
+        "os.environ['TORCH_CUDA_ARCH_LIST'], os.environ['TVM_FFI_CUDA_ARCH_LIST'], sep='|')"
+    )
     for extra, want in (
-        ({"FLASHINFER_CUDA_ARCH_LIST": "8.0"}, "9.0a 12.0f 9.0;12.0"),
-        ({"CUDAENV_ARCH_LIST": "9.0a,10.0a"}, "9.0a 10.0a 9.0;10.0"),
+        ({"FLASHINFER_CUDA_ARCH_LIST": "8.0"}, "9.0a 12.0f|9.0;12.0|9.0a 12.0f"),
+        ({"TVM_FFI_CUDA_ARCH_LIST": "8.0"}, "9.0a 12.0f|9.0;12.0|9.0a 12.0f"),
+        ({"CUDAENV_ARCH_LIST": "9.0a,10.0a"}, "9.0a 10.0a|9.0;10.0|9.0a 10.0a"),
     ):
         done = subprocess.run(
             [venv / "bin" / "python", "-c", arch_code],
@@ -124,14 +129,14 @@ def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Pat
             "bash",
             "-c",
             f"CUDAENV_ARCH_LIST=9.0a,12.0f . {venv}/bin/activate; "
-            'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"',
+            'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST|$TVM_FFI_CUDA_ARCH_LIST"',
         ],
         capture_output=True,
         text=True,
         check=True,
         cwd=in_tmp,
     )
-    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0"
+    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0|9.0a 12.0f"
 
 
 def test_templates_are_strict() -> None:
@@ -350,10 +355,10 @@ def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv
     override = subprocess.run(
         [fish, "--no-config", "-c",
          f"set -gx CUDAENV_ARCH_LIST 9.0a,12.0f; source {venv}/bin/activate.fish; "
-         'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"'],
+         'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST|$TVM_FFI_CUDA_ARCH_LIST"'],
         capture_output=True, text=True, check=True, cwd=in_tmp,
     )  # fmt: skip
-    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0"
+    assert override.stdout.strip() == "9.0a 12.0f|9.0;12.0|9.0a 12.0f"
 
 
 def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
@@ -372,7 +377,8 @@ def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv:
         pytest.skip(f"{xonsh} cannot source the venv's own activate.xsh (too old a xonsh)")
     s = hostile_spec(in_tmp)
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
-    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR"]
+    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR",
+            "TVM_FFI_CUDA_ARCH_LIST"]  # fmt: skip
     script = (
         f"source {venv}/bin/activate.xsh\nsource {venv}/bin/activate.xsh\n"
         f"import json\nprint(json.dumps({{k: str(${{...}}.get(k)) for k in {keys!r}}}))\n"
@@ -393,6 +399,7 @@ def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv:
     home = str(venv / "cuda-home")
     assert got["CUDA_HOME"] == home and got["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
     assert got["TRITON_CACHE_DIR"] == str(venv / "var" / "triton")
+    assert got["TVM_FFI_CUDA_ARCH_LIST"] == "12.0f"
     for key, value in HOSTILE.items():
         assert got[key] == value
     assert path0 == f"{home}/bin"
@@ -493,11 +500,11 @@ def test_activate_nu_sets_literally_and_deactivate_restores(in_tmp: Path, venv: 
     override = subprocess.run(
         [nu, "--no-config-file", "-c",
          f"overlay use {venv}/bin/activate.nu; "
-         'print $"($env.FLASHINFER_CUDA_ARCH_LIST)|($env.TORCH_CUDA_ARCH_LIST)"'],
+         'print $"($env.FLASHINFER_CUDA_ARCH_LIST)|($env.TORCH_CUDA_ARCH_LIST)|($env.TVM_FFI_CUDA_ARCH_LIST)"'],
         capture_output=True, text=True, check=True, cwd=in_tmp,
         env={**os.environ, "CUDAENV_ARCH_LIST": "9.0a,12.0f 9.0"},
     )  # fmt: skip
-    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0"
+    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0|9.0a 12.0f 9.0"
 
 
 def test_activate_csh_sets_literally_and_deactivate_restores(
@@ -535,11 +542,11 @@ def test_activate_csh_sets_literally_and_deactivate_restores(
     (in_tmp / "o.csh").write_text(
         'set prompt = "> "\n'
         f"source {stdlib_venv}/bin/activate.csh\n"
-        'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST"\n'
+        'echo "$FLASHINFER_CUDA_ARCH_LIST|$TORCH_CUDA_ARCH_LIST|$TVM_FFI_CUDA_ARCH_LIST"\n'
     )
     override = subprocess.run([tcsh, "-f", "o.csh"], capture_output=True, text=True, cwd=in_tmp,
                               check=True, env={**os.environ, "CUDAENV_ARCH_LIST": "9.0a,12.0f 9.0"})  # fmt: skip
-    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0"
+    assert override.stdout.strip() == "9.0a 12.0f 9.0|9.0;12.0|9.0a 12.0f 9.0"
 
 
 def powershell_literals(path: Path) -> tuple[bool, list[str], list[str]]:
@@ -603,8 +610,8 @@ def test_activate_ps1_sets_literally_and_deactivate_restores(
         pytest.skip("PowerShell (pwsh) is not installed on this machine")
     venv = request.getfixturevalue(maker)
     toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
-    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", *HOSTILE,
-            "TRITON_CACHE_DIR"]  # fmt: skip
+    keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST",
+            "TVM_FFI_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR"]  # fmt: skip
     command = (
         f"Set-StrictMode -Version Latest; . '{venv}/bin/{script}'; . '{venv}/bin/{script}'; "
         f"@({', '.join(f'$env:{k}' for k in keys)}, ($env:PATH -split ':')[0]) | ConvertTo-Json -Compress; "
@@ -618,8 +625,8 @@ def test_activate_ps1_sets_literally_and_deactivate_restores(
     )  # fmt: skip
     got, after = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
     home = str(venv / "cuda-home")
-    assert got == [home, "12.0f", "12.0", *HOSTILE.values(), str(venv / "var" / "triton"),
-                   f"{home}/bin"]  # fmt: skip
+    assert got == [home, "12.0f", "12.0", "12.0f", *HOSTILE.values(),
+                   str(venv / "var" / "triton"), f"{home}/bin"]  # fmt: skip
     assert after == ["/usr/local/cuda", "True", "False"]
     assert not list(in_tmp.glob("pwned*"))
 

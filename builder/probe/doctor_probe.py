@@ -257,6 +257,7 @@ def main() -> int:
                 "CUDA_PATH",
                 "FLASHINFER_CUDA_ARCH_LIST",
                 "TORCH_CUDA_ARCH_LIST",
+                "TVM_FFI_CUDA_ARCH_LIST",
                 "LD_LIBRARY_PATH",
                 "CUDA_VISIBLE_DEVICES",
                 "FLASHINFER_WORKSPACE_BASE",
