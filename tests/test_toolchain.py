@@ -652,6 +652,8 @@ SWITCH = {
     # CUDA_HOME and ONLY_B again, one per line.
     "bash": (["bash", "-c"], ". {a}/bin/activate; . {b}/bin/activate; "
              'printf "%s\\n" "$CUDA_HOME" "$ONLY_B"; deactivate; printf "%s\\n" "$CUDA_HOME" "$ONLY_B"'),
+    "zsh": (["zsh", "-f", "-c"], ". {a}/bin/activate; . {b}/bin/activate; "
+            'printf "%s\\n" "$CUDA_HOME" "$ONLY_B"; deactivate; printf "%s\\n" "$CUDA_HOME" "$ONLY_B"'),
     "fish": (["fish", "--no-config", "-c"], "source {a}/bin/activate.fish; source {b}/bin/activate.fish; "
              'printf "%s\\n" "$CUDA_HOME" "$ONLY_B"; deactivate; printf "%s\\n" "$CUDA_HOME" "$ONLY_B"'),
     "xonsh": (["xonsh", "--no-rc", "-c"], "source {a}/bin/activate.xsh\nsource {b}/bin/activate.xsh\n"
