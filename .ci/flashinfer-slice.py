@@ -47,18 +47,21 @@ print(json.dumps({"flashinfer": os.path.dirname(flashinfer.__file__),
 KEEP_SUFFIXES = {".py", ".json", ".typed"}
 
 
-def build_once(python: str, arch: str, work: Path) -> dict[str, str]:
-    env = {
+def build_sampling(python: str, arch: str, work: Path, failed: str, **env: str) -> dict[str, str]:
+    """Run PROBE in ``python``: the sampling module built for ``arch`` with its workspace in
+    ``work``; ``env`` added to the environment. Exits with ``failed`` and stderr on failure."""
+    environ = {
         **os.environ,
         "FLASHINFER_WORKSPACE_BASE": str(work),
         "FLASHINFER_CUDA_ARCH_LIST": arch,
         "CUDAENV_ARCH_LIST": arch,  # a cudaenv env's start-up hook honours this one
+        **env,
     }
     done = subprocess.run(
-        [python, "-c", PROBE], env=env, capture_output=True, text=True, check=False
+        [python, "-c", PROBE], env=environ, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
-        sys.exit(f"flashinfer-slice: building the sampling module failed:\n{done.stderr[-3000:]}")
+        sys.exit(f"flashinfer-slice: {failed}:\n{done.stderr[-3000:]}")
     info: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
     return info
 
@@ -110,18 +113,8 @@ def check(python: str, archive: Path, arch: str) -> None:
         site = Path(tmp) / "site"
         with tarfile.open(archive) as tar:
             tar.extractall(site, filter="data")
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(site),
-            "FLASHINFER_WORKSPACE_BASE": str(Path(tmp) / "ws"),
-            "FLASHINFER_CUDA_ARCH_LIST": arch,
-        }
-        done = subprocess.run(
-            [python, "-c", PROBE], env=env, capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            sys.exit(f"flashinfer-slice: the slice does not build alone:\n{done.stderr[-3000:]}")
-        info = json.loads(done.stdout.strip().splitlines()[-1])
+        info = build_sampling(python, arch, Path(tmp) / "ws", "the slice does not build alone",
+                              PYTHONPATH=str(site))  # fmt: skip
         if not Path(info["flashinfer"]).resolve().is_relative_to(site.resolve()):
             sys.exit(
                 f"flashinfer-slice: {python} imported another FlashInfer: {info['flashinfer']}"
@@ -139,7 +132,8 @@ def main() -> None:
                     "FlashInfer: build the sampling module from the unpacked slice with it")  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="flashinfer-slice-") as tmp:
-        info = build_once(args.python, args.arch, Path(tmp))
+        info = build_sampling(args.python, args.arch, Path(tmp),
+                              "building the sampling module failed")  # fmt: skip
         members = slice_members(info, files_read(Path(info["build_dir"])))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(args.out, "w:gz") as tar:

@@ -367,7 +367,7 @@ def apply(p: Plan, progress: Progress) -> Manifest:
 
 
 def _activation_scripts(prefix: Path) -> dict[str, Path]:
-    names = ["activate", *(script for script, _, _ in toolchain.ACTIVATIONS)]
+    names = [script for script, _, _ in toolchain.ACTIVATIONS]
     return {n: prefix / "bin" / n for n in names if (prefix / "bin" / n).is_file()}
 
 

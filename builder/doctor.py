@@ -754,10 +754,6 @@ def rule_caches(facts: Facts) -> list[Finding]:
     ]
 
 
-# The first line of every block write_hooks adds to an activation script.
-_BLOCK_MARK = "# >>> cudaenv "
-
-
 def rule_activation(facts: Facts) -> list[Finding]:
     """Every shell's activation script of a cudaenv env carries its settings. bin/activate
     holding the block shows the env was wired; another shell's script without it (an env
@@ -767,13 +763,13 @@ def rule_activation(facts: Facts) -> list[Finding]:
         return []
     # Here, not at the top: toolchain brings the spec loader and YAML (~30 ms) that a doctor
     # run needs only for a cudaenv env.
-    from builder.toolchain import ACTIVATIONS
+    from builder.toolchain import ACTIVATIONS, BLOCK_MARK
 
     bin_dir = Path(facts.prefix) / "bin"
 
     def marked(name: str) -> bool | None:
         try:
-            return _BLOCK_MARK in (bin_dir / name).read_text(errors="replace")
+            return BLOCK_MARK in (bin_dir / name).read_text(errors="replace")
         except OSError:
             return None  # the env has no such script
 

@@ -546,10 +546,16 @@ def _before_ps_signature(path: Path, text: str, block: str) -> str:
     return text[:mark] + "\n" + block + text[mark:]
 
 
-# (script in bin/, template, where the block goes): uv and virtualenv write activate.nu,
-# activate.ps1 and (not for --relocatable) activate.csh; the standard library's venv writes
-# Activate.ps1 and activate.csh.
+# The first line of the block written into each activation script.
+BLOCK_MARK = "# >>> cudaenv "
+
+# (script in bin/, template, where the block goes): every venv writes activate (bash, zsh,
+# sh) and activate.fish; uv and virtualenv write activate.nu, activate.ps1 and (not for
+# --relocatable) activate.csh; the standard library's venv writes Activate.ps1 and
+# activate.csh. activate_this.py needs nothing: its site.addsitedir() runs the hook's .pth.
+# The .bat files are for Windows' cmd, which never runs a Linux env.
 ACTIVATIONS: tuple[tuple[str, str, Callable[[Path, str, str], str]], ...] = (
+    ("activate", "activate.sh.j2", _append),
     ("activate.fish", "activate.fish.j2", _append),
     ("activate.xsh", "activate.xsh.j2", _append),
     ("activate.csh", "activate.csh.j2", _append),
@@ -560,7 +566,8 @@ ACTIVATIONS: tuple[tuple[str, str, Callable[[Path, str, str], str]], ...] = (
 
 
 def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
-    """The .pth start-up hook and the bin/activate block, values quoted by the templates."""
+    """The .pth start-up hook and the block in every shell's activation script the venv has,
+    values quoted by the templates."""
     site = site_packages(venv)
     depth = len(site.relative_to(venv).parts)
     values = {
@@ -592,14 +599,7 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(_render("hook.py.j2", values))
     pth = site / PTH_NAME
-    activate = venv / "bin" / "activate"
-    if activate.exists():
-        with activate.open("a") as fh:
-            fh.write(_render("activate.sh.j2", values))
-    # Every shell's activation the venv ships carries the same settings. activate_this.py
-    # needs nothing: its site.addsitedir() runs the hook's .pth. The .bat files are for
-    # Windows' cmd, which never runs a Linux env.
-    written = [hook, pth, activate]
+    written = [hook, pth]
     for script, template, place in ACTIVATIONS:
         path = venv / "bin" / script
         if path.exists():

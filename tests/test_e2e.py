@@ -323,6 +323,15 @@ def test_default_env_jit_builds_flashinfer_sampling_for_sm120f(
     assert "/120f/" in library
 
 
+def cubins(env: Path, artifact: Path) -> list[str]:
+    """The sm_XX cubins in ``artifact``, listed as the cubin check lists them."""
+    from builder.verify import cubin
+
+    tool, where = cubin.find_cuobjdump(env_facts(cuda_home=str(env / "cuda-home")))
+    assert tool is not None, where
+    return cubin.list_elf(tool, artifact)
+
+
 @pytest.mark.network
 @pytest.mark.e2e
 def test_torchs_own_extension_builder_uses_the_envs_nvcc(
@@ -355,11 +364,7 @@ def test_torchs_own_extension_builder_uses_the_envs_nvcc(
     home, module = done.stdout.strip().splitlines()[-2:]
     assert home == str(default_env / "cuda-home")
     assert Path(module).is_relative_to(default_env / "var" / "torch_extensions")
-    from builder.verify import cubin
-
-    tool, where = cubin.find_cuobjdump(env_facts(cuda_home=str(default_env / "cuda-home")))
-    assert tool is not None, where
-    assert cubin.list_elf(tool, Path(module)) == ["sm_120"]
+    assert cubins(default_env, Path(module)) == ["sm_120"]
 
 
 @pytest.mark.network
@@ -392,11 +397,7 @@ def test_tvm_ffis_extension_builder_uses_the_envs_nvcc_and_archs(default_env: Pa
     assert done.returncode == 0, done.stderr[-4000:]
     module = Path(done.stdout.strip().splitlines()[-1])
     assert module.is_relative_to(default_env / "var" / "tvm-ffi")
-    from builder.verify import cubin
-
-    tool, where = cubin.find_cuobjdump(env_facts(cuda_home=str(default_env / "cuda-home")))
-    assert tool is not None, where
-    assert cubin.list_elf(tool, module) == ["sm_120"]
+    assert cubins(default_env, module) == ["sm_120"]
 
 
 # --------------------------------------------------------------------------- e2e: verify
