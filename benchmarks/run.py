@@ -230,15 +230,18 @@ class Bench:
             },
             ratio=ratio,
             anchor="raw uv",
-            goal="≤ 1.10",
-            met=ratio <= 1.10,
+            # On a box where uv itself is slow (>= 2 s) cudaenv's fixed cost hides in the
+            # noise: the ratio only counts where raw uv is fast enough to show it.
+            goal="≤ 1.10, raw uv under 2 s",
+            met=ratio <= 1.10 and tb.median < 2.0,
         )
-        if not case.met:
-            case.note = (
-                f"median of {pairs['pairs']} pairs {ratio:.3f} (range {pairs['min']:.2f}-"
-                f"{pairs['max']:.2f}); cudaenv's extra time is {ta.median - tb.median:.2f} s of "
-                f"medians, of which Python start and cudaenv's imports are {startup.median:.2f} s"
-            )
+        case.note = (
+            f"raw uv took {tb.median:.2f} s (median; range {min(tb.samples):.2f}-{max(tb.samples):.2f}), "
+            f"cudaenv {ta.median:.2f} s: median of {pairs['pairs']} alternated pairs {ratio:.3f} (range "
+            f"{pairs['min']:.2f}-{pairs['max']:.2f}); cudaenv's extra time is "
+            f"{ta.median - tb.median:.2f} s of medians, of which Python start and cudaenv's "
+            f"imports are {startup.median:.2f} s"
+        )
         return case
 
     def second_env(self) -> Case:

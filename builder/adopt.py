@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal, get_args
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -36,6 +37,7 @@ from builder import (
     archs,
     caches,
     channels,
+    jsondoc,
     manifest,
     platforms,
     proc,
@@ -43,7 +45,9 @@ from builder import (
 )
 from builder.archs import Arch
 from builder.build import fault_point
+from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, CudaenvError
+from builder.jsondoc import Reader
 from builder.manifest import Manifest
 from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
 
@@ -182,15 +186,22 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
             f"torch {env.torch} is a CPU-only build (torch.version.cuda is None): no CUDA to match",
         )
     cuda = env.torch_cuda
-    major = int(cuda.split(".")[0])
+    try:
+        version = CudaVersion.parse(cuda)
+    except ValueError:
+        raise _refuse(
+            env,
+            f"torch {env.torch} reports torch.version.cuda = {cuda!r}, not a CUDA major.minor "
+            'like "13.0": no CUDA to match',
+        ) from None
     components = list(DEFAULT_COMPONENTS)
     if "flashinfer-python" in env.dists:
         components.append("curand")  # FlashInfer's sampling kernels include <curand.h>
     chosen = env_archs or archs.DEFAULT_ARCHS
-    if env_archs is None and archs.cuda_problems(cuda, chosen):
+    if env_archs is None and archs.cuda_problems(version, chosen):
         # 12.0f needs CUDA 12.9; before it, the arch-specific 12.0a is what nvcc knows.
         chosen = tuple(dataclasses.replace(a, suffix="a") for a in chosen)
-    problems = archs.cuda_problems(cuda, chosen)
+    problems = archs.cuda_problems(version, chosen)
     if problems:
         raise _refuse(env, "; ".join(problems) + " (name the archs with --archs)")
     spec = EnvSpec(
@@ -201,7 +212,7 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
         archs=chosen,
         toolchain=Toolchain(source="wheels", components=tuple(components)),
     )
-    if not channels.has_pip_nvcc(major):
+    if not channels.has_pip_nvcc(version.major):
         toolkit = _system_toolkit(cuda, env)
         if toolkit is None:
             raise _refuse(
@@ -218,8 +229,7 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
     if pin is not None and pin[0] == "cuda-toolkit":
         requirements: tuple[str, ...] = (f"cuda-toolkit[{extras}]=={pin[1]}",)
     else:
-        nxt = f"{major}.{int(cuda.split('.')[1]) + 1}"
-        requirements = (f"cuda-toolkit[{extras}]>={cuda},<{nxt}",)
+        requirements = (f"cuda-toolkit[{extras}]>={cuda},<{version.next_minor()}",)
         if pin is not None:
             requirements += (f"{pin[0]}=={pin[1]}",)
     changes = _dry_run(env, requirements)
@@ -274,22 +284,95 @@ def _dry_run(
 # --------------------------------------------------------------------------- apply / undo
 
 
+# "started" from before the first change until the manifest is written, "done" after it.
+JournalState = Literal["started", "done"]
+JOURNAL_STATES: tuple[JournalState, ...] = get_args(JournalState)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Journal:
+    """The adopt journal: the env as it was, so that undo can put it back."""
+
+    state: JournalState
+    python: str | None
+    # Distribution -> version before adopt; None where the journal does not say (undo then
+    # leaves the packages alone rather than remove every one).
+    before: tuple[tuple[str, str], ...] | None
+    changes: tuple[tuple[str, str | None, str | None], ...]  # name, before, after (the plan's)
+    activation: tuple[tuple[str, str], ...]  # each shell's activation script as it was
+    var_before: tuple[str, ...]  # what var/ held, relative to the env
+    var_existed: bool
+    started_at: str | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "python": self.python,
+            "before": None if self.before is None else dict(self.before),
+            "changes": [list(c) for c in self.changes],
+            "activation": dict(self.activation),
+            "var_before": list(self.var_before),
+            "var_existed": self.var_existed,
+            "started_at": self.started_at,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> Journal:
+        # No key is required: a journal written by an older cudaenv may lack any of them, and
+        # undo does what the keys present allow; one not marked done is an unfinished adopt.
+        # Only a key present with a value of the wrong kind is an error.
+        r = Reader(doc, where, "adopt journal")
+        activation = r.opt_text_map("activation")
+        if activation is None:
+            # A journal written before every shell's script was kept held bin/activate alone.
+            old = r.opt_text("activate")
+            activation = {"activate": old} if old is not None else {}
+        before = r.opt_text_map("before")
+        return cls(
+            state=r.opt_choice("state", JOURNAL_STATES) or "started",
+            python=r.opt_text("python"),
+            before=None if before is None else tuple(before.items()),
+            changes=tuple(
+                _change(r, i, c) for i, c in enumerate(r.items("changes", required=False))
+            ),
+            activation=tuple(activation.items()),
+            var_before=r.texts("var_before", required=False),
+            var_existed=r.opt_flag("var_existed"),
+            started_at=r.opt_text("started_at"),
+        )
+
+
+def _change(r: Reader, i: int, item: object) -> tuple[str, str | None, str | None]:
+    if (
+        not isinstance(item, list)
+        or len(item) != 3
+        or not isinstance(item[0], str)
+        or not all(v is None or isinstance(v, str) for v in item[1:])
+    ):
+        raise r.error(
+            f"expected [name, version before or null, version after or null], got {item!r}",
+            f"changes[{i}]",
+        )
+    return item[0], item[1], item[2]
+
+
 def _journal(prefix: Path) -> Path:
     return prefix / JOURNAL
 
 
-def read_journal(prefix: Path) -> dict[str, object] | None:
-    try:
-        doc = json.loads(_journal(prefix).read_text())
-    except (OSError, ValueError):
+def read_journal(prefix: Path) -> Journal | None:
+    """The env's adopt journal; None where there is none, ReportError (exit 2) naming the file
+    and the key where it is unreadable or malformed."""
+    path = _journal(prefix)
+    if not path.exists():
         return None
-    return doc if isinstance(doc, dict) else None
+    return Journal.from_json(jsondoc.load(path, "adopt journal"), str(path))
 
 
-def _write_journal(prefix: Path, doc: dict[str, object]) -> None:
+def _write_journal(prefix: Path, journal: Journal) -> None:
     path = _journal(prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
-    proc.atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+    proc.atomic_write_text(path, json.dumps(journal.to_json(), indent=1, sort_keys=True))
 
 
 def apply(p: Plan, progress: Progress) -> Manifest:
@@ -298,19 +381,19 @@ def apply(p: Plan, progress: Progress) -> Manifest:
     env = p.env
     var_before = sorted(str(c.relative_to(env.prefix)) for c in (env.prefix / "var").glob("*")) if (
         env.prefix / "var").is_dir() else []  # fmt: skip
-    journal: dict[str, object] = {
-        "state": "started",
-        "python": str(env.python),
-        "before": env.dists,
-        "changes": [list(c) for c in p.changes],
+    journal = Journal(
+        state="started",
+        python=str(env.python),
+        before=tuple(env.dists.items()),
+        changes=p.changes,
         # Every activation script write_hooks may change, as it was: undo puts each back.
-        "activation": {
-            name: path.read_text() for name, path in _activation_scripts(env.prefix).items()
-        },
-        "var_before": var_before,
-        "var_existed": (env.prefix / "var").exists(),
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+        activation=tuple(
+            (name, path.read_text()) for name, path in _activation_scripts(env.prefix).items()
+        ),
+        var_before=tuple(var_before),
+        var_existed=(env.prefix / "var").exists(),
+        started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
     _write_journal(env.prefix, journal)
     try:
         if p.requirements:
@@ -323,7 +406,7 @@ def apply(p: Plan, progress: Progress) -> Manifest:
                     f"installing the toolkit failed:\n{exc.output.strip()[-2000:]}"
                 ) from exc
         fault_point("adopt-overlay", progress)
-        env_archs = archs.env_archs(p.spec.archs, p.cuda)
+        env_archs = archs.env_archs(p.spec.archs, p.spec.cuda_version)
         if p.system_toolkit is None:
             overlay = toolchain.wheel_overlay(env.prefix, p.spec)
         else:
@@ -357,8 +440,7 @@ def apply(p: Plan, progress: Progress) -> Manifest:
             platform=platforms.host_name(),
         )
         manifest.write(built, env.prefix)
-        journal["state"] = "done"
-        _write_journal(env.prefix, journal)
+        _write_journal(env.prefix, dataclasses.replace(journal, state="done"))
         return built
     except BaseException:
         with contextlib.suppress(Exception):
@@ -397,18 +479,14 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
         else:
             shutil.rmtree(home)
         done.append("removed cuda-home/")
-    originals = journal.get("activation")
-    if not isinstance(originals, dict):
-        # A journal written before every shell's script was kept held bin/activate alone.
-        old = journal.get("activate")
-        originals = {"activate": old} if isinstance(old, str) else {}
+    originals = dict(journal.activation)
     for name, path in _activation_scripts(prefix).items():
         original = originals.get(name)
-        if isinstance(original, str) and path.read_text() != original:
+        if original is not None and path.read_text() != original:
             proc.atomic_write_text(path, original)
             done.append(f"restored bin/{name}")
-    before = journal.get("before")
-    if isinstance(before, dict):
+    if journal.before is not None:
+        before = dict(journal.before)
         now = inspect(python).dists
         added = sorted(n for n in now if n not in before)
         changed = sorted(f"{n}=={v}" for n, v in before.items() if now.get(n) != v)
@@ -423,8 +501,7 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
                      env=proc.uv_env(), timeout=3600)  # fmt: skip
             done += [f"reinstalled {c}" for c in changed]
     var = prefix / "var"
-    listed = journal.get("var_before")
-    kept = {str(v) for v in listed} if isinstance(listed, list) else set()
+    kept = set(journal.var_before)
     if var.is_dir():
         for child in sorted(var.iterdir()):
             if str(child.relative_to(prefix)) not in kept and child.name != "cudaenv":
@@ -433,6 +510,6 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
     cudaenv_dir = var / "cudaenv"
     if "var/cudaenv" not in kept and cudaenv_dir.is_dir():
         shutil.rmtree(cudaenv_dir, ignore_errors=True)
-    if not journal.get("var_existed") and var.is_dir() and not any(var.iterdir()):
+    if not journal.var_existed and var.is_dir() and not any(var.iterdir()):
         var.rmdir()
     return done

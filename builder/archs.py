@@ -13,16 +13,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import Version
-
 from builder import proc
+from builder.cudaversion import CudaVersion
 
 # The arch an env targets when its spec names none: SM 12.0 (Blackwell RTX PRO / GeForce),
 # as a family target so one cubin serves 12.0 and its minor revisions.
 DEFAULT_ARCH_TEXT = "12.0f"
 # The CUDA assumed when normalising a capability for a toolkit whose version is not known:
 # the one the shipped default spec pins. Only spelling depends on it (``f`` needs >= 12.9).
-DEFAULT_CUDA = "13.0"
+DEFAULT_CUDA = CudaVersion(major=13, minor=0)
+# Family targets (sm_XXXf) arrived with CUDA 12.9; so did FlashInfer's "f" spelling of SM 12.x.
+FAMILY_CUDA = CudaVersion(major=12, minor=9)
 
 _ARCH_RE = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 _SEPARATORS = re.compile(r"[\s,;]+")
@@ -98,46 +99,52 @@ def parse_list(text: str) -> tuple[Arch, ...]:
     return tuple(out)
 
 
-def _cuda_tuple(cuda: str | None) -> tuple[int, int]:
-    m = re.match(r"^(\d+)\.(\d+)", cuda or DEFAULT_CUDA)
-    if not m:
-        m = re.match(r"^(\d+)\.(\d+)", DEFAULT_CUDA)
-        assert m is not None
-    return int(m.group(1)), int(m.group(2))
+def parse_lenient(text: str) -> tuple[Arch, ...]:
+    """The archs a list cudaenv did not write names (a shell's ``TORCH_CUDA_ARCH_LIST``), for
+    doctor to read, never to refuse: torch's ``+PTX`` is dropped from its entry, an entry that
+    is no arch (torch's ``Hopper``) is skipped, and nothing is an empty tuple."""
+    out: list[Arch] = []
+    for part in _SEPARATORS.split(text.strip()):
+        try:
+            arch = Arch.parse(part.removesuffix("+PTX"))
+        except ValueError:
+            continue
+        if arch not in out:
+            out.append(arch)
+    return tuple(out)
 
 
-def normalise(major: int, minor: int, cuda: str | None) -> Arch:
+def normalise(major: int, minor: int, cuda: CudaVersion | None) -> Arch:
     """A GPU capability spelled as FlashInfer's ``compilation_context.py`` spells it for a
     toolkit of CUDA ``cuda`` (None: not known, assume :data:`DEFAULT_CUDA`): SM 12.x is a
     family target (``f``) from CUDA 12.9 on and arch-specific (``a``) before; SM 9.0 and up
     are arch-specific; older GPUs plain."""
-    if major >= 12 and _cuda_tuple(cuda) >= (12, 9):
+    if major >= 12 and (DEFAULT_CUDA if cuda is None else cuda) >= FAMILY_CUDA:
         return Arch(major=major, minor=minor, suffix="f")
     if major >= 9:
         return Arch(major=major, minor=minor, suffix="a")
     return Arch(major=major, minor=minor)
 
 
-def min_cuda(arch: Arch) -> Version | None:
+def min_cuda(arch: Arch) -> CudaVersion | None:
     """The oldest CUDA whose nvcc targets ``arch`` (nvcc release notes)."""
     if arch.suffix == "f":
-        return Version("12.9")  # family targets (sm_XXXf) arrived with CUDA 12.9
+        return FAMILY_CUDA
     if arch.capability == (12, 0) or (arch.major == 10 and arch.minor < 3):
-        return Version("12.8")
+        return CudaVersion(major=12, minor=8)
     if arch.major in (11, 12) or (arch.major == 10 and arch.minor >= 3):
-        return Version("12.9")
+        return CudaVersion(major=12, minor=9)
     return None
 
 
-def cuda_problems(cuda: str, archs: Iterable[Arch]) -> list[str]:
+def cuda_problems(cuda: CudaVersion, archs: Iterable[Arch]) -> list[str]:
     """What a CUDA cannot target among ``archs`` (resolution policy rule 5), one line each."""
-    v = Version(cuda)
     problems = []
     for arch in archs:
         need = min_cuda(arch)
-        if need is not None and v < need:
+        if need is not None and cuda < need:
             problems.append(f"arch {arch} needs CUDA >= {need} but the spec asks {cuda}")
-        if v.major >= 13 and arch.capability < (7, 5):
+        if cuda.major >= 13 and arch.capability < (7, 5):
             problems.append(f"arch {arch}: CUDA 13 dropped targets below SM 7.5")
     return problems
 
@@ -163,7 +170,7 @@ class Gpu:
     def label(self) -> str:
         return f"GPU {self.index} ({self.name}, SM {self.capability_text})"
 
-    def arch(self, cuda: str | None) -> Arch | None:
+    def arch(self, cuda: CudaVersion | None) -> Arch | None:
         if self.capability is None:
             return None
         return normalise(*self.capability, cuda)
@@ -236,7 +243,7 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
 
 
 def env_archs(
-    spec_archs: Sequence[Arch], cuda: str, gpus: Iterable[Gpu] | None = None
+    spec_archs: Sequence[Arch], cuda: CudaVersion, gpus: Iterable[Gpu] | None = None
 ) -> tuple[Arch, ...]:
     """The spec's archs plus every visible GPU's, normalised for ``cuda``: pinning only the
     spec's list would compile ``12.0f`` alone on an H100 box and fail there with "no kernel

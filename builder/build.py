@@ -30,6 +30,7 @@ from builder.errors import BuildError
 from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
 from builder.paths import ENVS_DIR
+from builder.reporter import Reporter, silent
 from builder.spec import EnvSpec
 
 log = logging.getLogger("cudaenv")
@@ -78,11 +79,6 @@ def up_to_date(
         and found.cudaenv == __version__
     )
     return found if same else None
-
-
-# What an interrupt (Ctrl-C) leaves, for the CLI to say: set as a build goes, so the message
-# after the swap names the new env instead of promising the old one is still there.
-interrupt_note: list[str] = []
 
 
 def fault_point(name: str, progress: Progress) -> None:
@@ -200,10 +196,13 @@ def build(
     force: bool = False,
     source: Source | None = None,
     platform: str | None = None,
-    progress: Progress = lambda _msg: None,
+    reporter: Reporter | None = None,
 ) -> BuildResult:
     """Build the env of ``spec`` from ``lock``; with ``platform`` (another machine's than
-    this one), assemble its files for that machine instead (:func:`_assemble_into`)."""
+    this one), assemble its files for that machine instead (:func:`_assemble_into`). The
+    reporter gets the progress lines and, as the build goes, what an interrupt would leave."""
+    reporter = reporter or silent()
+    progress: Progress = reporter
     source = source or Source()
     if platform == platforms.host_name():
         platform = None
@@ -230,7 +229,7 @@ def build(
     with env_lock(target, progress):
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
-        env_archs = archs.env_archs(spec.archs, spec.cuda)
+        env_archs = archs.env_archs(spec.archs, spec.cuda_version)
         current = up_to_date(target, spec, lock, env_archs, platform)
         if current is not None and not force:
             progress(
@@ -242,7 +241,7 @@ def build(
             t = time.monotonic()
             interp = interpreters.find(spec.python, allow_download=not source.offline)
             stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
-        interrupt_note[:] = [f"{target}: the previous env (if any) is untouched"]
+        reporter.leaves(f"{target}: the previous env (if any) is untouched")
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
         # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
         umask = os.umask(0)
@@ -250,16 +249,13 @@ def build(
         tmp.chmod(0o777 & ~umask)
         try:
             try:
+                job = _Job(spec=spec, lock=lock, tmp=tmp, target=target, env_archs=env_archs,
+                           stage=stage, progress=progress, source=source)  # fmt: skip
                 if interp is not None:
-                    result = _build_into(
-                        spec, lock, interp, tmp, target, env_archs, stage, progress, source
-                    )
+                    result = _build_into(job, interp)
                 else:
                     assert platform is not None
-                    result = _assemble_into(
-                        spec, lock, platforms.get(platform), tmp, target, env_archs, stage,
-                        progress, source,
-                    )  # fmt: skip
+                    result = _assemble_into(job, platforms.get(platform))
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     raise BuildError(_no_space(tmp)) from exc
@@ -267,7 +263,7 @@ def build(
             fault_point("swap", progress)
             t = time.monotonic()
             old = swap_into_place(tmp, target)
-            interrupt_note[:] = [f"{target} is the new env, complete (built from {lock_file.name})"]
+            reporter.leaves(f"{target} is the new env, complete (built from {lock_file.name})")
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
             fault_point("swapped", progress)
@@ -280,17 +276,23 @@ def build(
     return BuildResult(path=target, manifest=result)
 
 
-def _build_into(
-    spec: EnvSpec,
-    lock: Lock,
-    interp: interpreters.Interpreter,
-    tmp: Path,
-    target: Path,
-    env_archs: tuple[Arch, ...],
-    stage: Callable[[str, float], None],
-    progress: Progress,
-    source: Source,
-) -> Manifest:
+@dataclass(frozen=True, kw_only=True)
+class _Job:
+    """One env being made in ``tmp`` (to be swapped in at ``target``)."""
+
+    spec: EnvSpec
+    lock: Lock
+    tmp: Path
+    target: Path
+    env_archs: tuple[Arch, ...]
+    stage: Callable[[str, float], None]  # report a finished stage and its start time
+    progress: Progress
+    source: Source
+
+
+def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
+    spec, lock, tmp, stage, progress = job.spec, job.lock, job.tmp, job.stage, job.progress
+    source, env_archs = job.source, job.env_archs
     uv = proc.uv_bin()
     t = time.monotonic()
     # --relocatable: built here, used at `target` after the swap (entry points and activate
@@ -335,26 +337,25 @@ def _build_into(
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
     _check_hook(tmp)
-    built = _manifest(spec, lock, packages, overlay.nvcc_release, env_archs, target,
-                      python=interp.version, platform=platforms.host_name())  # fmt: skip
+    built = _manifest(
+        job, packages, overlay.nvcc_release, python=interp.version, platform=platforms.host_name()
+    )
     manifest.write(built, tmp)
     stage("manifest and hook self-check", t)
     return built
 
 
 def _manifest(
-    spec: EnvSpec,
-    lock: Lock,
+    job: _Job,
     packages: Sequence[LockedPackage],
     nvcc: str,
-    env_archs: tuple[Arch, ...],
-    target: Path,
     *,
     python: str,
     platform: str,
     assembled: bool = False,
 ) -> Manifest:
-    """What the env built (or assembled) at ``target`` from ``lock`` is."""
+    """What the env built (or assembled) at ``job.target`` from ``job.lock`` is."""
+    spec, lock, env_archs, target = job.spec, job.lock, job.env_archs, job.target
     return Manifest(
         name=spec.name,
         spec=str(spec.source),
@@ -390,22 +391,14 @@ def _install_argv(source: Source) -> list[str]:
     return argv
 
 
-def _assemble_into(
-    spec: EnvSpec,
-    lock: Lock,
-    platform: platforms.Platform,
-    tmp: Path,
-    target: Path,
-    env_archs: tuple[Arch, ...],
-    stage: Callable[[str, float], None],
-    progress: Progress,
-    source: Source,
-) -> Manifest:
+def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     """The files of the env for another machine, none of them run: the lock's wheels for
     ``platform`` unpacked hash-checked into ``lib/pythonX.Y/site-packages`` (uv
     ``--python-platform`` + ``--target``), the ``cuda-home/`` overlay, the start-up hook, and
     a manifest marked ``assembled``. Exit 0 only if :func:`toolchain.assembly_problems` finds
     nothing. There is no interpreter: on that machine ``pythonX.Y -m venv DIR`` adds one."""
+    spec, lock, tmp, stage, progress = job.spec, job.lock, job.tmp, job.stage, job.progress
+    source, env_archs = job.source, job.env_archs
     uv = proc.uv_bin()
     t = time.monotonic()
     site = tmp / "lib" / f"python{spec.python}" / "site-packages"
@@ -438,8 +431,10 @@ def _assemble_into(
             + "; ".join(problems)
         )
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}, {platform.name} ELF files checked)", t)
-    built = _manifest(spec, lock, packages, overlay.nvcc_release, env_archs, target,
-                      python=spec.python, platform=platform.name, assembled=True)  # fmt: skip
+    built = _manifest(
+        job, packages, overlay.nvcc_release, python=spec.python, platform=platform.name,
+        assembled=True,
+    )  # fmt: skip
     manifest.write(built, tmp)
     return built
 

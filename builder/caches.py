@@ -4,9 +4,10 @@ Every library that compiles at run time keeps a cache of its own, by default und
 user's home or /tmp, where envs with different toolkits collide: a CUDA 13 build reused by
 CUDA 12.9 workers (flashinfer#5145), a key that ignores the toolkit (flashinfer#3229). The
 start-up hook and ``activate`` point each library's own variable into the env (toolchain.py
-renders them from :data:`CACHES`), and Triton's tool variables at the env's matched binaries
-(Triton's bundled ptxas does not know ``sm_121a`` on DGX Spark, triton#8539). ``doctor``
-reports every location and flags one outside a cudaenv env.
+renders them from :data:`CACHES`, the cache rows of builder/variables.py), and Triton's tool
+variables at the env's matched binaries (Triton's bundled ptxas does not know ``sm_121a`` on
+DGX Spark, triton#8539). ``doctor`` reports every location and flags one outside a cudaenv
+env.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from builder import variables
 
 
 @dataclass(frozen=True)
@@ -24,55 +27,17 @@ class Cache:
     read_by: str  # where the library reads the variable (its default when unset)
 
 
-CACHES: tuple[Cache, ...] = (
-    # BASE/.cache/flashinfer/<version>/<archs>/cached_ops (default BASE = $HOME).
-    Cache("FLASHINFER_WORKSPACE_BASE", "flashinfer", "FlashInfer", "flashinfer/jit/env.py"),
-    # knobs.cache.dir; default $TRITON_HOME/.triton/cache.
-    Cache("TRITON_CACHE_DIR", "triton", "Triton", "triton/knobs.py"),
-    # load()/load_inline() build root; default ~/.cache/torch_extensions/pyXY_cuNNN.
-    Cache("TORCH_EXTENSIONS_DIR", "torch_extensions", "torch", "torch/utils/cpp_extension.py"),
-    # FX graph and Inductor caches; default $TMPDIR/torchinductor_$USER.
-    Cache(
-        "TORCHINDUCTOR_CACHE_DIR",
-        "torchinductor",
-        "torch Inductor",
-        "torch/_inductor/runtime/cache_dir_utils.py",
-    ),
-    # NVRTC jiterator kernels; default ~/.cache/torch/kernels.
-    Cache(
-        "PYTORCH_KERNEL_CACHE_PATH",
-        "torch_kernels",
-        "torch NVRTC",
-        "aten/src/ATen/native/cuda/jit_utils.cpp",
-    ),
-    # build_inline/load_inline output, also sglang's jit_kernel modules; default ~/.cache/tvm-ffi.
-    Cache("TVM_FFI_CACHE_DIR", "tvm-ffi", "TVM-FFI", "tvm_ffi/cpp/extension.py"),
-    # Read at import; default $TMPDIR/$USER/cutlass_python_cache.
-    Cache("CUTE_DSL_CACHE_DIR", "cute-dsl", "CuTe DSL", "cutlass/base_dsl/cache_helpers.py"),
-    # sglang's own root (newer releases; ~/.cache/sglang) and its JIT builds (~/.cache/sglang/jit).
-    Cache("SGLANG_CACHE_DIR", "sglang", "sglang", "sglang/srt/environ.py"),
-    Cache("SGLANG_JIT_CACHE_DIR", "sglang/jit", "sglang", "sglang/srt/environ.py"),
-    # sglang overwrites DeepGEMM's DG_JIT_CACHE_DIR with this at import (default
-    # ~/.cache/deep_gemm), so this is the one to set.
-    Cache(
-        "SGLANG_DG_CACHE_DIR",
-        "deep_gemm",
-        "DeepGEMM (through sglang)",
-        "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py",
-    ),
-    # The driver's PTX-to-SASS cache; default ~/.nv/ComputeCache.
-    Cache("CUDA_CACHE_PATH", "nv-compute-cache", "CUDA driver", "CUDA programming guide"),
+# The JIT cache rows of the variable table (builder/variables.py says who reads each, where,
+# and where it defaults to).
+CACHES: tuple[Cache, ...] = tuple(
+    Cache(v.name, v.cache, v.reader, v.read_at) for v in variables.TABLE if v.cache is not None
 )
 
-# Triton's tool variables (triton/knobs.py: env_nvidia_tool, "TRITON_<TOOL>_PATH"; the
-# Blackwell ptxas of newer Triton as TRITON_PTXAS_BLACKWELL_PATH) -> the binary in
-# cuda-home/bin. Triton silently falls back to its bundled binary when the path does not
-# run, so only binaries the env has are set (toolchain.write_hooks) and doctor checks them.
-TRITON_TOOLS: tuple[tuple[str, str], ...] = (
-    ("TRITON_PTXAS_PATH", "ptxas"),
-    ("TRITON_PTXAS_BLACKWELL_PATH", "ptxas"),
-    ("TRITON_CUOBJDUMP_PATH", "cuobjdump"),
-    ("TRITON_NVDISASM_PATH", "nvdisasm"),
+# Triton's tool variables -> the binary in cuda-home/bin. Triton silently falls back to its
+# bundled binary when the path does not run, so only binaries the env has are set
+# (toolchain.write_hooks) and doctor checks them.
+TRITON_TOOLS: tuple[tuple[str, str], ...] = tuple(
+    (v.name, v.tool) for v in variables.TABLE if v.tool is not None
 )
 
 VARIABLES: tuple[str, ...] = (*(c.variable for c in CACHES), *(v for v, _ in TRITON_TOOLS))

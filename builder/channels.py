@@ -73,12 +73,6 @@ def toolkit_extras(components: tuple[str, ...]) -> str:
     return ",".join(sorted(components))
 
 
-def cuda_of_version(version: str) -> str | None:
-    """``13.0.96`` -> ``13.0``; for packages in CUDA_VERSIONED and for cuda-toolkit."""
-    m = re.match(r"^(\d+)\.(\d+)", version)
-    return f"{m.group(1)}.{m.group(2)}" if m else None
-
-
 def major_suffix(name: str) -> int | None:
     """The CUDA major a wheel's name declares (``nvidia-cublas-cu12`` -> 12), else None."""
     m = _MAJOR_SUFFIXED.match(canonicalize_name(name))

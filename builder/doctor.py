@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import archs, caches, channels, manifest, proc
+from builder import archs, caches, channels, manifest, policy, proc, variables
+from builder.cudaversion import CudaVersion
 from builder.errors import CudaenvError
 from builder.manifest import Manifest
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+Severity = Literal["error", "warning", "info"]
+ERROR: Final = "error"
+WARNING: Final = "warning"
+INFO: Final = "info"
+SEVERITY_ORDER: dict[Severity, int] = {ERROR: 0, WARNING: 1, INFO: 2}
 PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
 PYTHON_FIX = "check that this is a working Python 3.9+"
@@ -34,7 +37,7 @@ HANG_FIX = "run with --debug and look at what hangs"
 # CUDA major -> the oldest driver branch that runs it (minor-version compatibility).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 # FlashInfer's own gate: "Failed to get device capability: SM 12.x requires CUDA >= 12.9".
-SM12_MIN_CUDA = (12, 9)
+SM12_MIN_CUDA = CudaVersion(major=12, minor=9)
 # Bumped from 1 when "facts" became typed values instead of the report's display strings.
 JSON_SCHEMA_VERSION = 2
 
@@ -251,7 +254,7 @@ class Facts:
 @dataclass(frozen=True, kw_only=True)
 class Finding:
     code: str
-    severity: str
+    severity: Severity
     cause: str
     evidence: tuple[str, ...] = ()
     fix: tuple[str, ...] = ()
@@ -266,17 +269,6 @@ class Finding:
             "fix": list(self.fix),
             "symptoms": [s.to_json() for s in self.symptoms],
         }
-
-
-def _minor(version: str | None) -> tuple[int, int] | None:
-    if not version:
-        return None
-    m = re.match(r"^(\d+)\.(\d+)", version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def _dotted(version: tuple[int, int]) -> str:
-    return f"{version[0]}.{version[1]}"
 
 
 def _home_text(home: CudaHome) -> str:
@@ -319,7 +311,7 @@ def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
         )
     elif want and facts.manifest is None:
         pin = facts.dists.get("cuda-toolkit")
-        if pin and _minor(pin) == _minor(want):
+        if pin and CudaVersion.read(pin) == CudaVersion.read(want):
             fixes.append(
                 f"install the matched compiler into this env: "
                 f"`pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]=={pin}'`, then build an env "
@@ -389,7 +381,9 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
     if Path(home.path).name == "usr":
         evidence.append("a distro /usr/bin/nvcc makes FlashInfer and torch use /usr as CUDA_HOME")
     intent = sm12_intent(facts)
-    jm = _minor(release)
+    # Versions another interpreter reported: one that cannot be read is not known, and the
+    # rules that need it say nothing.
+    jm = CudaVersion.read(release)
     if intent and jm is not None and jm < SM12_MIN_CUDA:
         torch_part = f" but torch is built for CUDA {torch_cuda}" if torch_cuda else ""
         out.append(
@@ -397,19 +391,19 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
                 code="sm12x-nvcc-too-old",
                 severity=ERROR,
                 cause=f"FlashInfer's JIT uses nvcc {release} (from {where}){torch_part}; "
-                f"SM 12.x needs {_dotted(SM12_MIN_CUDA)}+",
+                f"SM 12.x needs {SM12_MIN_CUDA}+",
                 evidence=(
                     *evidence,
                     f"SM 12.x intent: {intent}",
                     'FlashInfer then logs "Failed to get device capability: SM 12.x requires '
                     'CUDA >= 12.9" and builds no kernel',
                 ),
-                fix=_matched_fixes(facts, torch_cuda or _dotted(SM12_MIN_CUDA)),
+                fix=_matched_fixes(facts, torch_cuda or str(SM12_MIN_CUDA)),
             )
         )
-    tm = _minor(torch_cuda)
-    if tm and jm and tm != jm:
-        major = tm[0] != jm[0]
+    tm = CudaVersion.read(torch_cuda)
+    if tm is not None and jm is not None and tm != jm:
+        major = tm.major != jm.major
         out.append(
             Finding(
                 code="jit-toolkit-mismatch",
@@ -433,9 +427,9 @@ def sm12_intent(facts: Facts) -> str:
     for gpu in facts.gpus:
         if gpu.capability is not None and gpu.capability[0] == 12:
             reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability_text}")
-    for var in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "TVM_FFI_CUDA_ARCH_LIST"):
+    for var in variables.ARCH_LISTS:
         value = facts.env.get(var) or ""
-        if any(a.strip().startswith("12.") for a in re.split(r"[ ;,]+", value)):
+        if any(arch.major == 12 for arch in archs.parse_lenient(value)):
             reasons.append(f"{var}={value}")
     return "; ".join(reasons)
 
@@ -443,21 +437,22 @@ def sm12_intent(facts: Facts) -> str:
 def rule_wheels(facts: Facts) -> list[Finding]:
     """Mixed toolkit minors, more than one CUDA major, FlashInfer companions."""
     out: list[Finding] = []
-    minors: dict[str, list[str]] = {}
+    minors: dict[CudaVersion, list[str]] = {}
     for name in channels.CUDA_VERSIONED:
         if name in facts.dists:
-            m = channels.cuda_of_version(facts.dists[name])
-            if m:
+            m = CudaVersion.read(facts.dists[name])
+            if m is not None:
                 minors.setdefault(m, []).append(f"{name} {facts.dists[name]}")
     if len(minors) > 1:
-        want = facts.torch_cuda or max(minors, key=lambda k: len(minors[k]))
+        want = facts.torch_cuda or str(max(minors, key=lambda k: len(minors[k])))
         pin = facts.dists.get("cuda-toolkit")
         out.append(
             Finding(
                 code="mixed-toolkit-minors",
                 severity=ERROR,
                 cause=f"NVIDIA toolkit wheels of {len(minors)} CUDA minors are installed "
-                f"({', '.join(sorted(minors))}): nvcc and headers disagree (flashinfer#3493)",
+                f"({', '.join(str(m) for m in sorted(minors))}): nvcc and headers disagree "
+                "(flashinfer#3493)",
                 evidence=tuple(f"CUDA {m}: {', '.join(v)}" for m, v in sorted(minors.items())),
                 fix=(
                     *((_adopt_fix(facts),) if _adopt_fix(facts) else ()),
@@ -469,25 +464,19 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 ),
             )
         )
-    majors: dict[int, list[str]] = {}
-    for name, version in facts.dists.items():
-        if channels.multi_major_by_design(name):
-            continue
-        major = channels.major_suffix(name)
-        if major is None and name in channels.CUDA_VERSIONED:
-            mm = _minor(version)
-            major = mm[0] if mm else None
-        if major is not None:
-            majors.setdefault(major, []).append(f"{name} {version}")
-    if len(majors) > 1:
-        torch_minor = _minor(facts.torch_cuda)
-        keep = torch_minor[0] if torch_minor else max(majors)
-        drop = sorted(n.split()[0] for m, names in majors.items() if m != keep for n in names)
+    split = policy.mixed_majors(facts.dists)
+    if split is not None:
+        majors: dict[int, list[str]] = {}
+        for wheel in split.wheels:
+            majors.setdefault(wheel.major, []).append(f"{wheel.name} {wheel.version}")
+        torch_minor = CudaVersion.read(facts.torch_cuda)
+        keep = torch_minor.major if torch_minor is not None else max(split.majors)
+        drop = sorted(w.name for w in split.others(keep))
         out.append(
             Finding(
                 code="multiple-cuda-majors",
                 severity=ERROR,
-                cause=f"CUDA {' and '.join(str(m) for m in sorted(majors))} wheels are installed "
+                cause=f"CUDA {' and '.join(str(m) for m in split.majors)} wheels are installed "
                 "together: two libcudart/libcublas generations in one process",
                 evidence=tuple(
                     f"CUDA {m}: {', '.join(sorted(v))}" for m, v in sorted(majors.items())
@@ -499,27 +488,18 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 ),
             )
         )
-    fi = facts.dists.get("flashinfer-python")
-    for comp in channels.FLASHINFER_COMPANIONS:
-        comp_version = facts.dists.get(comp)
-        if comp_version and (fi is None or _public(comp_version) != _public(fi)):
-            out.append(
-                Finding(
-                    code="flashinfer-companion-mismatch",
-                    severity=ERROR,
-                    cause=f"{comp} {comp_version} does not match flashinfer-python {fi or '(not installed)'}",
-                    evidence=(f"{comp} {comp_version}", f"flashinfer-python {fi}"),
-                    fix=(f"pip install '{comp}=={fi}'" if fi else f"pip uninstall {comp}",),
-                )
+    for found in policy.companion_mismatches(facts.dists):
+        comp, comp_version, fi = found.companion, found.version, found.flashinfer
+        out.append(
+            Finding(
+                code="flashinfer-companion-mismatch",
+                severity=ERROR,
+                cause=f"{comp} {comp_version} does not match flashinfer-python {fi or '(not installed)'}",
+                evidence=(f"{comp} {comp_version}", f"flashinfer-python {fi}"),
+                fix=(f"pip install '{comp}=={fi}'" if fi else f"pip uninstall {comp}",),
             )
+        )
     return out
-
-
-def _public(version: str) -> str:
-    try:
-        return Version(version).public
-    except InvalidVersion:
-        return version
 
 
 def rule_driver(facts: Facts) -> list[Finding]:
@@ -532,10 +512,10 @@ def rule_driver(facts: Facts) -> list[Finding]:
                 "compile but cannot run here",
             )
         ]
-    tm = _minor(facts.torch_cuda)
+    tm = CudaVersion.read(facts.torch_cuda)
     if tm is None:
         return []
-    need = MIN_DRIVER.get(tm[0])
+    need = MIN_DRIVER.get(tm.major)
     have = int(facts.driver.split(".")[0]) if facts.driver.split(".")[0].isdigit() else None
     if need and have is not None and have < need:
         return [
@@ -543,7 +523,7 @@ def rule_driver(facts: Facts) -> list[Finding]:
                 code="driver-too-old",
                 severity=ERROR,
                 cause=f"driver {facts.driver} is too old for torch's CUDA {facts.torch_cuda}: "
-                f"CUDA {tm[0]}.x needs {need}+",
+                f"CUDA {tm.major}.x needs {need}+",
                 evidence=(f"driver {facts.driver}", f"torch {facts.torch_version}"),
                 fix=(
                     f"install NVIDIA driver {need} or newer",
@@ -633,8 +613,13 @@ def rule_glibc(facts: Facts) -> list[Finding]:
         glibc = Version(facts.glibc) if facts.glibc else None
     except InvalidVersion:
         glibc = None
-    release = _minor(home.release) if home else None
-    if glibc and glibc >= Version("2.42") and release and release < (13, 2):
+    release = CudaVersion.read(home.release) if home else None
+    if (
+        glibc
+        and glibc >= Version("2.42")
+        and release is not None
+        and release < CudaVersion(major=13, minor=2)
+    ):
         return [
             Finding(
                 code="glibc-too-new-for-cuda",
@@ -667,7 +652,9 @@ def rule_gpu_archs(facts: Facts) -> list[Finding]:
             f"list ({archs.flashinfer_spelling(built.archs)}): FlashInfer would build no "
             "kernel for it",
             # Spelled as FlashInfer would target it with the env's nvcc.
-            evidence=tuple(f"GPU {g.index} {g.name}: {g.arch(built.nvcc)}" for g in missing),
+            evidence=tuple(
+                f"GPU {g.index} {g.name}: {g.arch(CudaVersion.read(built.nvcc))}" for g in missing
+            ),
             fix=(f"rebuild so the arch list picks it up: `cudaenv build {built.spec}`",),
         )
     ]
@@ -928,9 +915,8 @@ def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding
     argv = [
         os.fspath(python),
         script,
-        # The cache variables (doctor) and what else changes a compile (fingerprint).
-        "--env="
-        + ",".join((*caches.VARIABLES, "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")),
+        # What to report: the probe imports nothing of cudaenv.
+        variables.probe_arg(variables.DOCTOR_PROBE),
         *(["--deep"] if deep else []),
     ]
     try:
@@ -987,12 +973,7 @@ def facts_table(facts: Facts) -> list[tuple[str, str]]:
         )
     if not facts.cuda_homes:
         rows.append(("JIT CUDA_HOME", "none"))
-    for var in (
-        "FLASHINFER_CUDA_ARCH_LIST",
-        "TORCH_CUDA_ARCH_LIST",
-        "TVM_FFI_CUDA_ARCH_LIST",
-        "LD_LIBRARY_PATH",
-    ):
+    for var in (*variables.ARCH_LISTS, "LD_LIBRARY_PATH"):
         rows.append((var, facts.env.get(var) or "(unset)"))
     shell = facts.env.get("CUDAENV_SHELL_CUDA_HOME")
     if shell is not None:

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from builder.report import CellStatus
 
 
 class CudaenvError(Exception):
@@ -58,9 +62,16 @@ class VerifyFailed(CudaenvError):
 
 
 class ToolMissing(CudaenvError):
-    """A tool the builder needs (uv, a Python, a C compiler, nvcc) is not on this machine."""
+    """A tool the builder needs (uv, a Python, a C compiler, nvcc) is not on this machine.
+
+    ``tool`` names what is missing as the message does (a command, or the path looked at), so
+    a check's result can carry it without parsing the message."""
 
     exit_code = 6
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        self.tool = tool
+        super().__init__(message)
 
 
 class CommandFailed(CudaenvError):
@@ -86,7 +97,7 @@ class CommandFailed(CudaenvError):
 
 
 # Exit code -> what the matrix grid calls a cell that ended with it.
-STATUS_OF_EXIT = {
+STATUS_OF_EXIT: dict[int, CellStatus] = {
     0: "passed",
     UsageError.exit_code: "error",
     ResolveError.exit_code: "refused",
@@ -94,3 +105,12 @@ STATUS_OF_EXIT = {
     VerifyFailed.exit_code: "failed",
     ToolMissing.exit_code: "error",
 }
+
+
+def error_lines(exc: CudaenvError) -> list[str]:
+    """What a command prints for an error: one line each (a spec's problems, then a count)."""
+    if isinstance(exc, SpecError):
+        return [f"error: {p}" for p in exc.problems] + [
+            f"error: {len(exc.problems)} problem(s) in the {exc.what}; nothing was done"
+        ]
+    return [f"error: {exc}"]

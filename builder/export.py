@@ -85,7 +85,8 @@ def pip_python(python: Path) -> Path:
     if made.returncode != 0:
         raise ToolMissing(
             f"{python} has no pip and cannot make a venv with one ({made.stderr.strip()[-200:]}); "
-            f"add pip with `{python} -m ensurepip` or install python{version[:4]}-venv"
+            f"add pip with `{python} -m ensurepip` or install python{version[:4]}-venv",
+            tool="pip",
         )
     return seeded
 
@@ -161,7 +162,9 @@ def _download(spec: EnvSpec, python: Path, wheelhouse: Path, extra: list[str], t
         )  # fmt: skip
     except proc.CommandFailed as exc:
         if "No module named pip" in exc.output:
-            raise ToolMissing(f"{python} has no pip; add it with `{python} -m ensurepip`") from exc
+            raise ToolMissing(
+                f"{python} has no pip; add it with `{python} -m ensurepip`", tool="pip"
+            ) from exc
         # pip's messages were streamed as it ran: not repeated here.
         raise BuildError(
             f"{spec.name}: downloading the lock failed (pip's messages above)"

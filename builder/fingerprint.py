@@ -14,26 +14,89 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import caches, doctor
+from builder import doctor, jsondoc, variables
 from builder.errors import ReportError
+from builder.jsondoc import Reader
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
 
 SCHEMA_VERSION = 1
-# What changes a compile or the kernels' behaviour besides the packages and the toolkit.
-VARIABLES = (
-    "FLASHINFER_CUDA_ARCH_LIST",
-    "TORCH_CUDA_ARCH_LIST",
-    "NVCC_PREPEND_FLAGS",
-    "NVCC_APPEND_FLAGS",
-    "NVCC_CCBIN",
-    "CUDA_HOME",
-    *caches.VARIABLES,
-)
+# What changes a compile or the kernels' behaviour besides the packages and the toolkit: every
+# variable the start-up hook sets among them (builder/variables.py).
+VARIABLES = variables.FINGERPRINT
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolkit:
+    cuda_home: str | None  # relative to the env: ENV/cuda-home
+    nvcc_release: str | None
+    binaries: tuple[tuple[str, str | None], ...]  # bin/nvcc, host:c++, env:NVCC_* -> content
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parts:
+    """What the hash is taken of, each part a plain JSON value once written."""
+
+    python: str
+    distributions: tuple[tuple[str, str], ...]
+    toolkit: Toolkit
+    variables: tuple[tuple[str, str | None], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "python": self.python,
+            "distributions": dict(self.distributions),
+            "toolkit": {
+                "cuda_home": self.toolkit.cuda_home,
+                "nvcc_release": self.toolkit.nvcc_release,
+                "binaries": dict(self.toolkit.binaries),
+            },
+            "variables": dict(self.variables),
+        }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> Parts:
+        tk = r.sub("toolkit")
+        return cls(
+            python=r.text("python"),
+            distributions=tuple(r.text_map("distributions").items()),
+            toolkit=Toolkit(
+                cuda_home=tk.opt_text("cuda_home"),
+                nvcc_release=tk.opt_text("nvcc_release"),
+                binaries=tuple(tk.nullable_text_map("binaries").items()),
+            ),
+            variables=tuple(r.nullable_text_map("variables").items()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fingerprint:
+    """What ``cudaenv fingerprint --json`` writes and ``--compare`` reads."""
+
+    python: str  # the interpreter it was taken of
+    fingerprint: str  # "sha256:..." of the parts
+    parts: Parts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "python": self.python,
+            "fingerprint": self.fingerprint,
+            "parts": self.parts.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> Fingerprint:
+        r = Reader(doc, where, "fingerprint", SCHEMA_VERSION)
+        return cls(
+            python=r.text("python"),
+            fingerprint=r.text("fingerprint"),
+            parts=Parts.from_json(r.sub("parts")),
+        )
 
 
 def _relative(value: str | None, prefix: str) -> str | None:
@@ -44,8 +107,8 @@ def _relative(value: str | None, prefix: str) -> str | None:
     return jit_store.normalise(value, jit_store.env_roots(prefix), placeholder="ENV")
 
 
-def parts_of(facts: doctor.Facts) -> dict[str, Any]:
-    """The fingerprint's parts, each a plain JSON value, from the doctor probe's facts."""
+def parts_of(facts: doctor.Facts) -> Parts:
+    """The fingerprint's parts, from the doctor probe's facts."""
     home = facts.jit_home
     root = jit_store_dir()
     hasher = jit_store.Hasher(root / "identities.json" if root else None)
@@ -57,50 +120,38 @@ def parts_of(facts: doctor.Facts) -> dict[str, Any]:
         # The host compiler by content, not by where it sits on this node.
         tools = {("host:c++" if k.startswith("host:") else k): v for k, v in tools.items()}
     hasher.save()
-    return {
-        "python": facts.python_version,
-        "distributions": dict(sorted(facts.dists.items())),
-        "toolkit": {
-            "cuda_home": _relative(home.path if home else None, facts.prefix),
-            "nvcc_release": home.release if home else None,
-            "binaries": tools,
-        },
-        "variables": {v: _relative(facts.env.get(v), facts.prefix) for v in VARIABLES},
-    }
+    return Parts(
+        python=facts.python_version,
+        distributions=tuple(sorted(facts.dists.items())),
+        toolkit=Toolkit(
+            cuda_home=_relative(home.path if home else None, facts.prefix),
+            nvcc_release=home.release if home else None,
+            binaries=tuple(tools.items()),
+        ),
+        variables=tuple((v, _relative(facts.env.get(v), facts.prefix)) for v in VARIABLES),
+    )
 
 
-def digest(parts: Mapping[str, Any]) -> str:
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+def digest(parts: Parts) -> str:
+    blob = json.dumps(parts.to_json(), sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def document(python: Path | str, facts: doctor.Facts) -> dict[str, Any]:
+def document(python: Path | str, facts: doctor.Facts) -> Fingerprint:
     parts = parts_of(facts)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "python": str(python),
-        "fingerprint": digest(parts),
-        "parts": parts,
-    }
+    return Fingerprint(python=str(python), fingerprint=digest(parts), parts=parts)
 
 
-def read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read ({exc.strerror})") from exc
-    except ValueError as exc:
-        raise ReportError(f"{path}: not JSON ({exc})") from exc
+def read(path: Path) -> Fingerprint:
+    doc = jsondoc.load(path, "fingerprint")
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         raise ReportError(
             f"{path}: not a fingerprint of this cudaenv (write it with `cudaenv fingerprint --json`)"
         )
-    if not isinstance(doc.get("parts"), dict):
-        raise ReportError(f"{path}: parts: expected an object")
-    return doc
+    return Fingerprint.from_json(doc, str(path))
 
 
-def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def differences(a: Parts, b: Parts) -> list[str]:
     """Each difference of two fingerprints' parts, one line each: ``KEY: A -> B``."""
     out: list[str] = []
 
@@ -111,7 +162,7 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         elif x != y:
             out.append(f"{path}: {_show(x)} -> {_show(y)}")
 
-    walk(a, b, "")
+    walk(a.to_json(), b.to_json(), "")
     return out
 
 

@@ -201,5 +201,6 @@ def _find(minor: str, *, allow_download: bool) -> Interpreter:
     raise ToolMissing(
         f"no Python {minor} on this machine (looked at: {seen}) and uv could not download one. "
         f"Install it (e.g. `pyenv install {minor}`, `apt-get install python{minor}`, or "
-        f"`uv python install {minor}` where GitHub is reachable), or change the spec's python."
+        f"`uv python install {minor}` where GitHub is reachable), or change the spec's python.",
+        tool=f"python{minor}",
     )

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from builder.archs import Arch
 from builder.errors import ReportError
+
+# One of a closed set of strings (a Literal alias: a status, a severity, a toolchain source).
+Choice = TypeVar("Choice", bound=str)
 
 
 def load(path: Path, what: str) -> object:
@@ -41,7 +44,8 @@ class Reader:
     ) -> None:
         self.where, self.what, self.path = where, what, path
         if not isinstance(doc, dict):
-            raise self.error(f"a {what} is a JSON object, got {type(doc).__name__}")
+            article = "an" if what[:1] in ("a", "e", "i", "o", "u") else "a"
+            raise self.error(f"{article} {what} is a JSON object, got {type(doc).__name__}")
         self.doc: dict[str, Any] = doc
         if schema_version is not None:
             found = doc.get("schema_version")
@@ -80,6 +84,30 @@ class Reader:
         value = self._get(key, str, "a string or null", required=False)
         return None if value is None else str(value)
 
+    def choice(self, key: str, allowed: tuple[Choice, ...]) -> Choice:
+        """The string at ``key``, which must be one of ``allowed`` (a Literal's values)."""
+        return self._choice(self.text(key), allowed, key)
+
+    def opt_choice(self, key: str, allowed: tuple[Choice, ...]) -> Choice | None:
+        value = self.opt_text(key)
+        return None if value is None else self._choice(value, allowed, key)
+
+    def choice_map(self, key: str, allowed: tuple[Choice, ...], noun: str) -> dict[str, Choice]:
+        """An object whose every value is one of ``allowed`` (a ``noun``, for the error)."""
+        return {
+            k: self._choice(v, allowed, f"{key}.{k}", noun) for k, v in self.text_map(key).items()
+        }
+
+    def _choice(
+        self, value: str, allowed: tuple[Choice, ...], key: str, noun: str | None = None
+    ) -> Choice:
+        for known in allowed:
+            if value == known:
+                return known
+        raise self.error(
+            f"unknown {noun or key} {value!r}; expected one of: {', '.join(allowed)}", key
+        )
+
     def num(self, key: str, default: float | None = None) -> float:
         value = self._get(key, (int, float), "a number", required=default is None)
         if value is None:
@@ -105,11 +133,25 @@ class Reader:
                 raise self.error(f"expected a string, got {type(item).__name__}", f"{key}[{i}]")
         return tuple(items)
 
+    def opt_text_map(self, key: str) -> dict[str, str] | None:
+        """An object of strings, or None where the key is absent or null."""
+        if self.doc.get(key) is None:
+            return None
+        return self.text_map(key)
+
     def text_map(self, key: str, *, required: bool = True) -> dict[str, str]:
         value = self._get(key, dict, "an object", required=required) or {}
         for k, v in value.items():
             if not isinstance(v, str):
                 raise self.error(f"expected a string, got {type(v).__name__}", f"{key}.{k}")
+        return dict(value)
+
+    def nullable_text_map(self, key: str) -> dict[str, str | None]:
+        """An object whose values are strings or null (an unset variable, a missing file)."""
+        value = self._get(key, dict, "an object", required=True)
+        for k, v in value.items():
+            if v is not None and not isinstance(v, str):
+                raise self.error(f"expected a string or null, got {type(v).__name__}", f"{key}.{k}")
         return dict(value)
 
     def archs(self, key: str) -> tuple[Arch, ...]:

@@ -16,6 +16,7 @@ from builder.archs import Arch
 from builder.errors import ReportError
 from builder.jsondoc import Reader
 from builder.proc import atomic_write_text
+from builder.spec import TOOLCHAIN_SOURCES, ToolchainSource
 
 FILE = "cudaenv.json"
 # What an adopted env's manifest names instead of a spec file (`cudaenv adopt`).
@@ -35,7 +36,7 @@ class Manifest:
     torch_cuda: str | None
     toolkit: str | None
     nvcc: str
-    toolchain_source: str
+    toolchain_source: ToolchainSource
     archs: tuple[Arch, ...]  # the env's list: the spec's plus the GPUs visible at build time
     spec_archs: tuple[Arch, ...]
     packages: tuple[tuple[str, str], ...]
@@ -88,7 +89,7 @@ class Manifest:
             torch_cuda=r.opt_text("torch_cuda"),
             toolkit=r.opt_text("toolkit"),
             nvcc=r.text("nvcc"),
-            toolchain_source=r.text("toolchain_source"),
+            toolchain_source=r.choice("toolchain_source", TOOLCHAIN_SOURCES),
             archs=r.archs("archs"),
             spec_archs=r.archs("spec_archs"),
             packages=tuple(r.text_map("packages").items()),

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, Any, NoReturn
 
 from builder.errors import CommandFailed, ToolMissing
 
@@ -93,35 +93,71 @@ def run(
         return _run_streaming(args, env=env, cwd=cwd, check=check, timeout=timeout)
     if log_file is not None:
         return _run_logged(args, env=env, cwd=cwd, check=check, timeout=timeout, log_file=log_file)
+    child = _start(
+        args,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE if input_text is not None else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
-        proc = subprocess.run(
-            args,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=None if stream else subprocess.PIPE,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            input=input_text,
-            check=False,
-            preexec_fn=_PREEXEC,  # single-threaded at spawn: see _die_with_parent
-        )
-    except FileNotFoundError as exc:
-        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+        out, err = child.communicate(input_text, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        # The output so far comes as bytes even in text mode (CPython's _communicate).
+        # Not communicate() again: a grandchild holding the pipes would keep it waiting for
+        # EOF past the deadline. The output so far is on the exception, as bytes even in text
+        # mode (CPython's _communicate), as subprocess.run does.
+        child.kill()
+        child.wait()
         out, err = (
             b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
             for b in (exc.stdout, exc.stderr)
         )
-        raise CommandFailed(args, -1, f"{out}\n{err}", timed_out=timeout) from exc
-    done = Completed(
-        argv=tuple(args), returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr or ""
-    )
-    if check and proc.returncode != 0:
-        raise CommandFailed(args, proc.returncode, done.stdout + "\n" + done.stderr)
-    return done
+        raise _timed_out(args, timeout, f"{out}\n{err}") from exc
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return _completed(args, child.returncode, out, err, check=check)
+
+
+def _start(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    stdin: int | IO[Any] | None,
+    stdout: int | IO[Any],
+    stderr: int | IO[Any],
+) -> subprocess.Popen[str]:
+    """The one place a child starts: text mode, die-with-parent, a missing program named."""
+    try:
+        return subprocess.Popen(
+            args,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            errors="replace",
+            preexec_fn=_PREEXEC,  # cudaenv is single-threaded when it spawns: see _die_with_parent
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
+
+
+def _timed_out(args: list[str], timeout: float | None, output: str) -> CommandFailed:
+    return CommandFailed(args, -1, output, timed_out=timeout)
+
+
+def _completed(
+    args: list[str], returncode: int, stdout: str, stderr: str, *, check: bool
+) -> Completed:
+    """The result; with ``check``, CommandFailed for a non-zero exit, with the output."""
+    if check and returncode != 0:
+        raise CommandFailed(args, returncode, stdout + "\n" + stderr)
+    return Completed(argv=tuple(args), returncode=returncode, stdout=stdout, stderr=stderr)
 
 
 def _run_logged(
@@ -135,26 +171,23 @@ def _run_logged(
 ) -> Completed:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("w") as fh:
+        child = _start(
+            args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT
+        )
         try:
-            proc = subprocess.run(
-                args,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-                preexec_fn=_PREEXEC,
-            )
-        except FileNotFoundError as exc:
-            raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+            child.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise CommandFailed(args, -1, f"see {log_file}", timed_out=timeout) from exc
-    if check and proc.returncode != 0:
+            child.kill()
+            child.wait()
+            raise _timed_out(args, timeout, f"see {log_file}") from exc
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+    if check and child.returncode != 0:
         tail = log_file.read_text(errors="replace")[-4000:]
-        raise CommandFailed(args, proc.returncode, tail)
-    return Completed(argv=tuple(args), returncode=proc.returncode, stdout="", stderr="")
+        raise CommandFailed(args, child.returncode, tail)
+    return Completed(argv=tuple(args), returncode=child.returncode, stdout="", stderr="")
 
 
 def _run_streaming(
@@ -171,19 +204,9 @@ def _run_streaming(
     pipes open: both pipes are read by threads and the main thread only waits, so a child
     that keeps stderr open past the deadline is killed there (not when it closes the pipe).
     """
-    try:
-        child = subprocess.Popen(
-            args,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            preexec_fn=_PREEXEC,
-        )
-    except FileNotFoundError as exc:
-        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})") from exc
+    child = _start(
+        args, env=env, cwd=cwd, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     err_lines: list[str] = []
     out_parts: list[str] = []
     assert child.stderr is not None and child.stdout is not None
@@ -208,9 +231,7 @@ def _run_streaming(
         child.kill()
         child.wait()
         _join(readers, until=time.monotonic() + 1)
-        raise CommandFailed(
-            args, -1, "".join(out_parts) + "\n" + "".join(err_lines), timed_out=timeout
-        ) from exc
+        raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines)) from exc
     except BaseException:
         child.kill()
         child.wait()
@@ -219,18 +240,8 @@ def _run_streaming(
     # 5 s, or up to the deadline, past which the run timed out (as subprocess.run's would).
     _join(readers, until=time.monotonic() + 5 if deadline is None else deadline)
     if deadline is not None and any(reader.is_alive() for reader in readers):
-        raise CommandFailed(
-            args, -1, "".join(out_parts) + "\n" + "".join(err_lines), timed_out=timeout
-        )
-    done = Completed(
-        argv=tuple(args),
-        returncode=child.returncode,
-        stdout="".join(out_parts),
-        stderr="".join(err_lines),
-    )
-    if check and child.returncode != 0:
-        raise CommandFailed(args, child.returncode, done.stdout + "\n" + done.stderr)
-    return done
+        raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines))
+    return _completed(args, child.returncode, "".join(out_parts), "".join(err_lines), check=check)
 
 
 def _join(threads: Sequence[threading.Thread], *, until: float) -> None:
@@ -283,7 +294,8 @@ def uv_bin() -> str:
             return chosen
         raise ToolMissing(
             f"CUDAENV_UV={chosen} is not an executable; unset it or install uv: "
-            f"`{sys.executable} -m pip install uv`"
+            f"`{sys.executable} -m pip install uv`",
+            tool=chosen,
         )
     try:
         from uv import find_uv_bin
@@ -294,7 +306,9 @@ def uv_bin() -> str:
     found = shutil.which("uv")
     if found:
         return found
-    raise ToolMissing(f"uv: not found; install it with `{sys.executable} -m pip install uv`")
+    raise ToolMissing(
+        f"uv: not found; install it with `{sys.executable} -m pip install uv`", tool="uv"
+    )
 
 
 def uv_env() -> dict[str, str]:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from builder import __version__, archs, jsondoc
 from builder.archs import Arch
@@ -22,14 +22,21 @@ from builder.jsondoc import Reader
 from builder.manifest import Manifest
 from builder.proc import atomic_write_text
 from builder.toolchain import templates
-from builder.verify import CHECKS, FAILED, PASSED, CheckResult, EnvFacts, Target
+from builder.verify import CHECKS, FAILED, PASSED, CheckResult, CheckStatus, EnvFacts, Target
 
 SCHEMA_VERSION = 1
 # The grid's columns: the two stages before verification, then each check.
 COLUMNS = ("resolve", "build", *CHECKS)
 # A cell's status, and what counts as a failure of the matrix ("refused" is a policy verdict
 # on a combination, shown but not a failure).
-CELL_STATUSES = ("passed", "failed", "refused", "error", "not run")
+CellStatus = Literal["passed", "failed", "refused", "error", "not run"]
+CELL_STATUSES: tuple[CellStatus, ...] = get_args(CellStatus)
+# What a grid column shows: the cell's stage status, a check's status, or "-" for a check the
+# spec does not run.
+ColumnStatus = Literal[CellStatus, CheckStatus, "-"]
+COLUMN_STATUSES: tuple[ColumnStatus, ...] = get_args(ColumnStatus)
+# Whether a whole verify run or matrix passed.
+Verdict = Literal["passed", "failed"]
 
 
 def timestamp() -> str:
@@ -54,7 +61,7 @@ class VerifyReport:
     cudaenv: str = __version__
 
     @property
-    def status(self) -> str:
+    def status(self) -> Verdict:
         return FAILED if any(c.status == FAILED for c in self.checks) else PASSED
 
     def check(self, name: str) -> CheckResult | None:
@@ -140,7 +147,7 @@ class BuildRecord:
     of scraping a log: the stage it ended in, the grid status, the reason, the exit code."""
 
     stage: str  # "resolve", "build" or "verify": the last stage that ran
-    status: str  # one of CELL_STATUSES
+    status: CellStatus
     reason: str
     exit_code: int
     verify: VerifyReport | None = None
@@ -164,18 +171,11 @@ class BuildRecord:
         sub = r.opt_sub("verify")
         return cls(
             stage=r.text("stage"),
-            status=_status(r, "status"),
+            status=r.choice("status", CELL_STATUSES),
             reason=r.text("reason"),
             exit_code=int(r.num("exit_code")),
             verify=VerifyReport._from_reader(sub) if sub else None,
         )
-
-
-def _status(r: Reader, key: str) -> str:
-    value = r.text(key)
-    if value not in CELL_STATUSES:
-        raise r.error(f"unknown status {value!r}; expected one of {', '.join(CELL_STATUSES)}", key)
-    return value
 
 
 # --------------------------------------------------------------------------- matrix
@@ -185,17 +185,17 @@ def _status(r: Reader, key: str) -> str:
 class CellReport:
     name: str
     spec: str | None
-    status: str
+    status: CellStatus
     reason: str
     values: tuple[tuple[str, str], ...]
     archs: tuple[Arch, ...]
     runs_on: tuple[str, ...]
     seconds: float
     log: str | None
-    columns: tuple[tuple[str, str], ...]  # column -> status, in COLUMNS order
+    columns: tuple[tuple[str, ColumnStatus], ...]  # in COLUMNS order
     verify: VerifyReport | None
 
-    def column(self, name: str) -> str:
+    def column(self, name: str) -> ColumnStatus:
         return dict(self.columns).get(name, "-")
 
     def to_json(self) -> dict[str, Any]:
@@ -219,23 +219,25 @@ class CellReport:
         return cls(
             name=r.text("name"),
             spec=r.opt_text("spec"),
-            status=_status(r, "status"),
+            status=r.choice("status", CELL_STATUSES),
             reason=r.text("reason"),
             values=tuple(r.text_map("values").items()),
             archs=r.archs("archs"),
             runs_on=r.texts("runs_on"),
             seconds=r.num("seconds", 0.0),
             log=r.opt_text("log"),
-            columns=tuple(r.text_map("columns").items()),
+            columns=tuple(r.choice_map("columns", COLUMN_STATUSES, "status").items()),
             verify=VerifyReport._from_reader(sub) if sub else None,
         )
 
 
-def columns_of(status: str, verify: VerifyReport | None) -> tuple[tuple[str, str], ...]:
+def columns_of(
+    status: CellStatus, verify: VerifyReport | None
+) -> tuple[tuple[str, ColumnStatus], ...]:
     """Status per grid column: resolve, build, then each verification check. A check the
     spec does not run is ``-``; one a stopped cell never reached is ``not run``."""
-    checks = {c.name: c.status for c in verify.checks} if verify else {}
-    cols = {"resolve": "passed", "build": "passed"}
+    checks: dict[str, CheckStatus] = {c.name: c.status for c in verify.checks} if verify else {}
+    cols: dict[str, ColumnStatus] = {"resolve": "passed", "build": "passed"}
     if status == "refused":
         cols = {"resolve": "refused", "build": "not run"}
     elif status in ("error", "not run") and not checks:
@@ -255,7 +257,7 @@ class MatrixReport:
     columns: tuple[str, ...] = COLUMNS
 
     @property
-    def status(self) -> str:
+    def status(self) -> Verdict:
         bad = [c for c in self.cells if c.status not in ("passed", "refused")]
         return "failed" if bad else "passed"
 
@@ -331,8 +333,8 @@ def merge(reports: Sequence[AnyReport], name: str = "merged") -> MatrixReport:
 class Regression:
     cell: str
     column: str
-    before: str
-    now: str
+    before: ColumnStatus
+    now: ColumnStatus | Literal["missing"]  # "missing": the cell is gone from the new report
 
     @property
     def key(self) -> str:

@@ -17,14 +17,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, channels, interpreters, platforms, proc, project
+from builder import archs, channels, interpreters, platforms, policy, proc, project
+from builder.cudaversion import CudaVersion
 from builder.errors import ResolveError, ToolMissing
 from builder.lock import (
     Lock,
@@ -58,7 +60,7 @@ def platform_of(spec: EnvSpec) -> platforms.Platform:
 
 def spec_problems(spec: EnvSpec) -> list[str]:
     """What the spec alone already breaks, before any resolver call."""
-    problems = archs.cuda_problems(spec.cuda, spec.archs)
+    problems = archs.cuda_problems(spec.cuda_version, spec.archs)
     if spec.toolchain.source == "wheels" and not channels.has_pip_nvcc(spec.cuda_major):
         problems.append(
             f"CUDA {spec.cuda} has no nvcc on PyPI (nvidia-cuda-nvcc-cu12 ships only ptxas, "
@@ -71,13 +73,16 @@ def spec_problems(spec: EnvSpec) -> list[str]:
 def torch_cuda(packages: Sequence[LockedPackage]) -> tuple[str | None, str | None]:
     """(torch's CUDA major.minor, the pin that says so), read from the resolved set."""
     by: dict[str, LockedPackage] = {canonicalize_name(p.name): p for p in packages}
-    if "cuda-toolkit" in by:
-        v = by["cuda-toolkit"].version
-        return channels.cuda_of_version(v), f"cuda-toolkit=={v}"
-    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11"):
+    for name in (
+        "cuda-toolkit",
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-runtime-cu12",
+        "nvidia-cuda-runtime-cu11",
+    ):
         if name in by:
             v = by[name].version
-            return channels.cuda_of_version(v), f"{name}=={v}"
+            cuda = CudaVersion.read(v)
+            return (None if cuda is None else str(cuda)), f"{name}=={v}"
     return None, None
 
 
@@ -113,32 +118,34 @@ def policy_problems(
         got = by.get(name)
         if got is None or name in pins:
             continue
-        minor = channels.cuda_of_version(got.version)
-        if minor is not None and minor != spec.cuda:
+        minor = CudaVersion.read(got.version)
+        if minor is not None and minor != spec.cuda_version:
             problems.append(
                 f"{got.name} {got.version} is CUDA {minor} but the spec asks {spec.cuda}"
             )
-    # Rule 3: one CUDA major.
-    for pkg in packages:
-        major = channels.major_suffix(pkg.name)
-        if (
-            major is not None
-            and major != spec.cuda_major
-            and not channels.multi_major_by_design(pkg.name)
-        ):
-            problems.append(
-                f"{pkg.name} {pkg.version} is a CUDA {major} wheel in a CUDA {spec.cuda_major} env"
-            )
+    # resolve() asks this of one platform's set, where each name is there once.
+    versions = {p.name: p.version for p in packages}
+    # Rule 3: one CUDA major, the spec's.
+    split = policy.mixed_majors(versions, want=spec.cuda_major)
+    if split is not None:
+        # A wheel whose *version* is of another major was named above, by its minor.
+        for wheel in split.others(spec.cuda_major):
+            if wheel.by_name:
+                problems.append(
+                    f"{wheel.name} {wheel.version} is a CUDA {wheel.major} wheel in a CUDA "
+                    f"{spec.cuda_major} env"
+                )
     # Rule 4: FlashInfer companions equal flashinfer-python.
-    fi = by.get("flashinfer-python")
-    for name in channels.FLASHINFER_COMPANIONS:
-        comp = by.get(name)
-        if comp is None:
-            continue
-        if fi is None:
-            problems.append(f"{name} {comp.version} is installed without flashinfer-python")
-        elif Version(comp.version).public != Version(fi.version).public:
-            problems.append(f"{name} {comp.version} does not match flashinfer-python {fi.version}")
+    for found in policy.companion_mismatches(versions):
+        if found.flashinfer is None:
+            problems.append(
+                f"{found.companion} {found.version} is installed without flashinfer-python"
+            )
+        else:
+            problems.append(
+                f"{found.companion} {found.version} does not match flashinfer-python "
+                f"{found.flashinfer}"
+            )
     return problems
 
 
@@ -151,7 +158,20 @@ class Resolution:
     seconds: float
 
 
-Compiler = Callable[[EnvSpec, Sequence[str], Sequence[str], Sequence[str]], Resolution]
+class Compiler(Protocol):
+    """What resolves a request for one platform: :func:`uv_compile`, or a test's recorded
+    answers. ``extra_args`` are uv flags (``--no-deps``, ``--resolution=lowest``)."""
+
+    def __call__(
+        self,
+        spec: EnvSpec,
+        requirements: Sequence[str],
+        constraints: Sequence[str],
+        overrides: Sequence[str],
+        /,
+        *,
+        extra_args: Sequence[str] = (),
+    ) -> Resolution: ...
 
 
 def uv_compile(
@@ -160,13 +180,15 @@ def uv_compile(
     constraints: Sequence[str] = (),
     overrides: Sequence[str] = (),
     *,
+    extra_args: Sequence[str] = (),
     python: Path | None = None,
     seed: Path | None = None,
     remember: bool = True,
 ) -> Resolution:
     """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words.
-    ``remember``: keep uv's output as the next re-lock's preference file (not for lookups
-    that resolve less than the spec, such as :func:`index_files`)."""
+    ``extra_args``: more uv flags. ``remember``: keep uv's output as the next re-lock's
+    preference file (not for lookups that resolve less than the spec, such as
+    :func:`index_files`)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
         d = Path(tmp)
@@ -195,9 +217,7 @@ def uv_compile(
         if constraints:
             (d / "constraints.txt").write_text("\n".join(constraints) + "\n")
             argv += ["--constraints", str(d / "constraints.txt")]
-        flags = [o for o in overrides if o.startswith("--")]
-        overrides = [o for o in overrides if not o.startswith("--")]
-        argv += flags
+        argv += extra_args
         if overrides:
             (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
             argv += ["--overrides", str(d / "overrides.txt")]
@@ -344,7 +364,7 @@ def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, s
         return cached
     request = [f"cuda-toolkit[all]=={toolkit}"]
     high = compile_(spec, request, (), ())
-    low = compile_(spec, request, (), ("--resolution=lowest",))
+    low = compile_(spec, request, (), (), extra_args=("--resolution=lowest",))
     low_versions = {p.name: p.version for p in low.packages}
     pins = {
         p.name: p.version
@@ -386,7 +406,7 @@ def _torch_cuda_on(spec: EnvSpec, compile_: Compiler) -> _TorchCuda:
     if spec.torch is None:
         if spec.toolchain.source != "wheels":
             return _TorchCuda()
-        nxt = f"{spec.cuda_major}.{spec.cuda_minor + 1}"
+        nxt = spec.cuda_version.next_minor()
         probe = compile_(spec, [f"cuda-toolkit>={spec.cuda},<{nxt}"], (), ())
         ct = next((p for p in probe.packages if p.name == "cuda-toolkit"), None)
         if ct is None:
@@ -448,15 +468,27 @@ def resolve(
         py = _spec_python(spec)
 
         def compile_(
-            s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]
+            s: EnvSpec,
+            r: Sequence[str],
+            c: Sequence[str],
+            o: Sequence[str],
+            *,
+            extra_args: Sequence[str] = (),
         ) -> Resolution:
-            return uv_compile(s, r, c, o, python=py)
+            return uv_compile(s, r, c, o, extra_args=extra_args, python=py)
 
-        def seeded(s: EnvSpec, r: Sequence[str], c: Sequence[str], o: Sequence[str]) -> Resolution:
+        def seeded(
+            s: EnvSpec,
+            r: Sequence[str],
+            c: Sequence[str],
+            o: Sequence[str],
+            *,
+            extra_args: Sequence[str] = (),
+        ) -> Resolution:
             # uv's own last output for this spec and platform: the previous lock itself may
             # hold two platforms' entries, which is no preference file for one.
             seed = _seed_file(s) if previous is not None and previous.exists() else None
-            return uv_compile(s, r, c, o, python=py, seed=seed)
+            return uv_compile(s, r, c, o, extra_args=extra_args, python=py, seed=seed)
 
         final_compile: Compiler = seeded
     else:
@@ -665,8 +697,7 @@ def index_files(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[Locke
     return uv_compile(
         replace(spec, indexes=()),
         [f"{p.name}=={p.version}" for p in packages],
-        (),
-        ("--no-deps",),
+        extra_args=("--no-deps",),
         python=_spec_python(spec),
         remember=False,
     ).packages

@@ -15,14 +15,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import platforms as platforms_mod
+from builder import variables
 from builder.archs import DEFAULT_ARCHS, Arch
+from builder.cudaversion import CudaVersion
 from builder.errors import SpecError
 from builder.yamldoc import Item, Mark, Problems, compose, display, kind, string, strings, suggest
 
@@ -30,7 +32,9 @@ MAX_SPEC_BYTES = 256 * 1024
 MAX_EXTENDS = 8
 
 TOOLCHAIN_KEYS = ("source", "components", "path")
-TOOLCHAIN_SOURCES = ("wheels", "system")
+# Where the env's nvcc comes from: NVIDIA's wheels, or a toolkit already on the machine.
+ToolchainSource = Literal["wheels", "system"]
+TOOLCHAIN_SOURCES: tuple[ToolchainSource, ...] = get_args(ToolchainSource)
 # Extras of NVIDIA's `cuda-toolkit` metapackage that make sense for a JIT toolchain.
 COMPONENTS = (
     "nvcc",
@@ -51,27 +55,10 @@ COMPONENTS = (
     "nvdisasm",
 )
 CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "sampling")
-# Variables the env sets itself (toolchain.py); a spec may not override them.
-RESERVED_ENV = (
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "PATH",
-    "FLASHINFER_CUDA_ARCH_LIST",
-    "TORCH_CUDA_ARCH_LIST",
-    "TVM_FFI_CUDA_ARCH_LIST",
-    "FLASHINFER_WORKSPACE_BASE",
-    "VIRTUAL_ENV",
-    "VIRTUAL_ENV_PROMPT",
-    "PYTHONHOME",
-)
-# What the activation scripts keep for deactivate: the venv's (_OLD_VIRTUAL_PATH, ...) and
-# ours (_CUDAENV_OLD_CUDA_HOME, ...). A spec value there would be restored in their place.
-RESERVED_ENV_PREFIXES = ("_OLD_VIRTUAL_", "_CUDAENV_")
 DEFAULT_COMPONENTS = ("nvcc", "cudart", "crt", "nvvm", "cccl")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
 _PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
-_CUDA_RE = re.compile(r"^(\d{2})\.(\d{1,2})$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PACKAGE_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _INDEX_URL_RE = re.compile(r"^(https?|file)://\S+$")
@@ -82,7 +69,7 @@ _INDEX_URL_RE = re.compile(r"^(https?|file)://\S+$")
 
 @dataclass(frozen=True, kw_only=True)
 class Toolchain:
-    source: str = "wheels"
+    source: ToolchainSource = "wheels"
     components: tuple[str, ...] = DEFAULT_COMPONENTS
     path: Path | None = None
 
@@ -107,12 +94,12 @@ class EnvSpec:
     platforms: tuple[str, ...] = platforms_mod.DEFAULT
 
     @property
-    def cuda_major(self) -> int:
-        return int(self.cuda.split(".")[0])
+    def cuda_version(self) -> CudaVersion:
+        return CudaVersion.parse(self.cuda)
 
     @property
-    def cuda_minor(self) -> int:
-        return int(self.cuda.split(".")[1])
+    def cuda_major(self) -> int:
+        return self.cuda_version.major
 
     def fingerprint(self) -> str:
         """sha256 over what decides the resolution; a lock carries it (lock.py).
@@ -120,7 +107,7 @@ class EnvSpec:
         ``archs``, ``env``, ``verify`` and ``summary`` do not change what is installed, so
         editing them does not force a re-lock.
         """
-        doc = {
+        doc: dict[str, object] = {
             "python": self.python,
             "cuda": self.cuda,
             "torch": self.torch,
@@ -140,8 +127,10 @@ class EnvSpec:
 # --------------------------------------------------------------------------- loading
 
 
-def _load_merged(path: Path, problems: Problems, chain: tuple[Path, ...]) -> dict[str, Item] | None:
-    root = compose(path, problems, max_bytes=MAX_SPEC_BYTES)
+def _load_merged(
+    path: Path, problems: Problems, chain: tuple[Path, ...], content: bytes | None = None
+) -> dict[str, Item] | None:
+    root = compose(path, problems, max_bytes=MAX_SPEC_BYTES, content=content)
     if root is None:
         return None
     assert isinstance(root.value, dict)
@@ -191,11 +180,12 @@ def _load_merged(path: Path, problems: Problems, chain: tuple[Path, ...]) -> dic
     return merged
 
 
-def load(path: str | Path) -> EnvSpec:
-    """Load and validate one spec file (with its ``extends:`` chain). Raises SpecError."""
+def load(path: str | Path, text: str | None = None) -> EnvSpec:
+    """Load and validate one spec file (with its ``extends:`` chain). Raises SpecError.
+    ``text``: the file's content, when it is not (or not yet) written at ``path``."""
     path = Path(path)
     problems = Problems()
-    data = _load_merged(path, problems, ())
+    data = _load_merged(path, problems, (), None if text is None else text.encode())
     if data is None:
         raise SpecError(problems.messages())
     spec = _validate(data, path, Mark(display(path), 1, 1), problems)
@@ -272,11 +262,12 @@ def _cuda(item: Item, problems: Problems) -> str | None:
     cuda = string(item, "cuda", problems, 'a CUDA major.minor like "13.0"')
     if cuda is None:
         return None
-    m = _CUDA_RE.match(cuda)
-    if not m:
+    try:
+        version = CudaVersion.parse(cuda)
+    except ValueError:
         problems.add(item.mark, "cuda", f'expected a CUDA major.minor like "13.0", got {cuda!r}')
         return None
-    if int(m.group(1)) not in (12, 13):
+    if version.major not in (12, 13):
         problems.add(item.mark, "cuda", f"CUDA {cuda} is not supported: 12.x and 13.x are")
         return None
     return cuda
@@ -336,20 +327,20 @@ def _toolchain(item: Item, problems: Problems) -> Toolchain | None:
         if key not in TOOLCHAIN_KEYS:
             problems.add(sub.key_mark or sub.mark, f"toolchain.{key}", suggest(key, TOOLCHAIN_KEYS))
             ok = False
-    source = "wheels"
+    source: ToolchainSource = "wheels"
     if "source" in data:
         text = string(data["source"], "toolchain.source", problems, "'wheels' or 'system'")
-        if text is not None and text not in TOOLCHAIN_SOURCES:
-            problems.add(
-                data["source"].mark,
-                "toolchain.source",
-                f"expected 'wheels' or 'system', got {text!r}",
-            )
-            ok = False
-        elif text is None:
-            ok = False
+        known = next((s for s in TOOLCHAIN_SOURCES if s == text), None)
+        if known is not None:
+            source = known
         else:
-            source = text
+            if text is not None:
+                problems.add(
+                    data["source"].mark,
+                    "toolchain.source",
+                    f"expected 'wheels' or 'system', got {text!r}",
+                )
+            ok = False
     components: list[str] = []
     if "components" in data:
         for text, sub, sub_path in strings(
@@ -437,7 +428,8 @@ def _env(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | None:
         if not _ENV_NAME_RE.match(key):
             problems.add(where, sub_path, "not a valid environment variable name")
             continue
-        if key in RESERVED_ENV or key.upper().startswith(RESERVED_ENV_PREFIXES):
+        # The env's own variables (builder/variables.py), and the names activation keeps.
+        if key in variables.RESERVED or key.upper().startswith(variables.RESERVED_PREFIXES):
             problems.add(
                 where, sub_path, f"{key} is set by cudaenv itself and cannot be overridden"
             )

@@ -24,8 +24,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, caches, channels, proc
+from builder import archs, caches, channels, proc, variables
 from builder.archs import Arch
+from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ToolMissing
 from builder.paths import cache_dir
 from builder.platforms import Platform
@@ -95,7 +96,7 @@ def _run_nvcc_version(nvcc: Path) -> str:
 def nvcc_release(cuda_home: Path) -> str:
     nvcc = cuda_home / "bin" / "nvcc"
     if not nvcc.exists():
-        raise ToolMissing(f"{nvcc}: no nvcc in this toolkit")
+        raise ToolMissing(f"{nvcc}: no nvcc in this toolkit", tool=str(nvcc))
     return _nvcc_release(nvcc)
 
 
@@ -216,7 +217,8 @@ def _c_compiler() -> str:
     if not cc:
         raise ToolMissing(
             "no C compiler (cc/gcc) to build the libcuda.so link stub; install one "
-            "(`apt-get install gcc`); nvcc needs it as host compiler anyway"
+            "(`apt-get install gcc`); nvcc needs it as host compiler anyway",
+            tool="cc",
         )
     return cc
 
@@ -289,7 +291,8 @@ def _compile_stub(cc: str, out: Path) -> None:
         except ToolMissing as exc:
             raise ToolMissing(
                 f"C compiler {cc} not found: it builds the libcuda.so link stub and is nvcc's "
-                "host compiler; install one (`apt-get install gcc`) or point CC at it"
+                "host compiler; install one (`apt-get install gcc`) or point CC at it",
+                tool=cc,
             ) from exc
 
 
@@ -416,9 +419,9 @@ def _nvcc_wheel_release(site: Path) -> str:
     prints as ``release``, read without running a binary of another machine."""
     for dist in sorted(site.glob("nvidia_cuda_nvcc-*.dist-info")):
         version = dist.name.removesuffix(".dist-info").split("-", 1)[1]
-        release = channels.cuda_of_version(version)
+        release = CudaVersion.read(version)
         if release is not None:
-            return release
+            return str(release)
     raise BuildError(
         f"{site}: no nvidia_cuda_nvcc-*.dist-info; is 'nvcc' among toolchain.components?"
     )
@@ -483,7 +486,8 @@ def check_system_toolkit(spec: EnvSpec) -> str:
     if not (path / "bin" / "nvcc").exists():
         raise ToolMissing(
             f"{spec.source}: toolchain.path {path}/bin/nvcc not found; install CUDA "
-            f"{spec.cuda} there or point toolchain.path at it"
+            f"{spec.cuda} there or point toolchain.path at it",
+            tool=str(path / "bin" / "nvcc"),
         )
     release = nvcc_release(path)
     if release != spec.cuda:
@@ -582,19 +586,8 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
         "tools": [
             (v, t) for v, t in caches.TRITON_TOOLS if (venv / "cuda-home" / "bin" / t).exists()
         ],
-        "saved": list(
-            dict.fromkeys(
-                [
-                    "CUDA_HOME",
-                    "CUDA_PATH",
-                    "FLASHINFER_CUDA_ARCH_LIST",
-                    "TORCH_CUDA_ARCH_LIST",
-                    "TVM_FFI_CUDA_ARCH_LIST",
-                    *caches.VARIABLES,
-                    *[k for k, _ in spec.env],
-                ]
-            )
-        ),
+        # What activation saves and deactivate gives back: every variable it sets.
+        "saved": list(dict.fromkeys([*variables.SET_BY_HOOK, *[k for k, _ in spec.env]])),
     }
     hook = site / f"{HOOK_MODULE}.py"
     hook.write_text(_render("hook.py.j2", values))

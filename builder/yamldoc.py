@@ -141,18 +141,25 @@ def strings(
 
 
 def compose(
-    path: Path, problems: Problems, *, what: str = "spec", max_bytes: int = MAX_BYTES
+    path: Path,
+    problems: Problems,
+    *,
+    what: str = "spec",
+    max_bytes: int = MAX_BYTES,
+    content: bytes | None = None,
 ) -> Item | None:
     """Read ``path`` into located plain data whose root is a mapping, or None with every
-    problem recorded. ``what`` names the kind of file in the messages ("a spec is ...")."""
+    problem recorded. ``what`` names the kind of file in the messages ("a spec is ...").
+    ``content``: the file's bytes as they would be at ``path`` (a matrix cell's generated
+    spec, read before it is written, or never written)."""
     name = display(path)
     start = Mark(name, 1, 1)
     try:
-        size = path.stat().st_size
+        size = len(content) if content is not None else path.stat().st_size
         if size > max_bytes:
             problems.add(start, "", f"file is {size} bytes; a {what} is at most {max_bytes}")
             return None
-        raw = path.read_bytes()
+        raw = content if content is not None else path.read_bytes()
     except OSError as exc:
         problems.add(start, "", f"cannot read: {exc.strerror}")
         return None

@@ -4,6 +4,7 @@ real venv holding the default lock's packages (e2e: real uv, real NVIDIA wheels)
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder import adopt, lock, proc
+from builder.errors import ReportError
 from tests.helpers import ENVSPECS, cudaenv, lock_of, write
 
 
@@ -46,6 +48,8 @@ def an_env(tmp_path: Path, **changes: object) -> adopt.Env:
                                                  "nvcc on PyPI, and no CUDA 12.8 toolkit is on this "
                                                  "machine (CUDA_HOME, /usr/local/cuda-12.8): install "
                                                  "CUDA 12.8 there"),
+        ({"torch_cuda": "13.x"}, "torch 2.14.1 reports torch.version.cuda = '13.x', not a CUDA "
+                                 'major.minor like "13.0": no CUDA to match'),
     ],
 )  # fmt: skip
 def test_refusals_name_why_and_change_nothing(
@@ -281,10 +285,9 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
     scripts = adopt._activation_scripts(venv)
     assert {"activate", "activate.fish", "activate.nu", "activate.ps1"} <= set(scripts)
     before = {name: path.read_text() for name, path in scripts.items()}
-    journal: dict[str, object] = (
-        {"activate": before["activate"]} if old_journal else {"activation": before}
-    )
-    adopt._write_journal(venv, journal)
+    # A journal as a file: the old one is one no current cudaenv writes.
+    journal = {"activate": before["activate"]} if old_journal else {"activation": before}
+    write(venv / adopt.JOURNAL, json.dumps(journal))
     s = spec.load(write(tmp_path / "s.yaml", 'name: a\npython: "3.12"\ncuda: "13.0"\n'))
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     assert all(path.read_text() != before[name] for name, path in scripts.items())
@@ -297,3 +300,69 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
         assert sorted(d for d in done if d.startswith("restored")) == sorted(
             f"restored bin/{n}" for n in scripts
         )
+
+
+# --------------------------------------------------------------------------- the journal
+
+
+def a_journal(**changes: object) -> adopt.Journal:
+    base = adopt.Journal(
+        state="started",
+        python="/v/bin/python",
+        before=(("torch", "2.14.1"),),
+        changes=(("cuda-toolkit", None, "13.0.3"), ("nvidia-cuda-nvcc", "13.5.1", "13.0.88")),
+        activation=(("activate", "# the venv's own\n"),),
+        var_before=("var/keep",),
+        var_existed=True,
+        started_at="2026-11-30T00:00:00+00:00",
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_journal_reads_back_what_was_written(tmp_path: Path) -> None:
+    assert adopt.read_journal(tmp_path) is None
+    for journal in (a_journal(), a_journal(state="done", before=None)):
+        adopt._write_journal(tmp_path, journal)
+        assert adopt.read_journal(tmp_path) == journal
+    # The file's keys are the ones adopt has always written.
+    assert set(json.loads((tmp_path / adopt.JOURNAL).read_text())) == {
+        "state", "python", "before", "changes", "activation", "var_before", "var_existed",
+        "started_at",
+    }  # fmt: skip
+
+
+def test_an_old_journal_with_bin_activate_alone_still_reads(tmp_path: Path) -> None:
+    write(tmp_path / adopt.JOURNAL, json.dumps({"activate": "# old\n"}))
+    journal = adopt.read_journal(tmp_path)
+    assert journal is not None
+    # Not marked done: an adopt that did not finish. No "before": undo leaves packages alone.
+    assert (journal.state, journal.before, journal.activation) == (
+        "started", None, (("activate", "# old\n"),),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"state": "finished"}, "in 'state': unknown state 'finished'; expected one of: started, done"),
+        ({"before": {"torch": 2}}, "in 'before.torch': expected a string, got int"),
+        ({"activation": ["activate"]}, "in 'activation': expected an object, got list"),
+        ({"changes": [["torch", "2.9"]]}, "in 'changes[0]': expected [name, version before or "
+         "null, version after or null], got ['torch', '2.9']"),
+        ({"var_existed": "yes"}, "in 'var_existed': expected true or false, got str"),
+        ([], "an adopt journal is a JSON object, got list"),
+    ],
+)  # fmt: skip
+def test_a_malformed_journal_names_the_file_and_the_key(
+    tmp_path: Path, doc: object, message: str
+) -> None:
+    path = write(tmp_path / adopt.JOURNAL, json.dumps(doc))
+    with pytest.raises(ReportError) as info:
+        adopt.read_journal(tmp_path)
+    assert str(info.value) == f"{path}: adopt journal: {message}"
+
+
+def test_a_journal_that_is_not_json_is_an_error_not_no_journal(tmp_path: Path) -> None:
+    path = write(tmp_path / adopt.JOURNAL, '{"state": "do')
+    with pytest.raises(ReportError, match=f"^{path}: the adopt journal is not JSON"):
+        adopt.read_journal(tmp_path)

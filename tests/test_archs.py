@@ -11,8 +11,10 @@ import pytest
 
 from builder import archs, proc
 from builder.archs import Arch, Gpu
+from builder.cudaversion import CudaVersion
 
 A = Arch.parse
+C = CudaVersion.parse
 
 
 def test_parse_and_spellings() -> None:
@@ -39,29 +41,37 @@ def test_parse_list_refuses_bad_and_empty_input() -> None:
 
 
 def test_normalise_as_flashinfer_does() -> None:
-    assert archs.normalise(9, 0, "13.0") == A("9.0a")
-    assert archs.normalise(12, 0, "13.0") == A("12.0f")
-    assert archs.normalise(12, 0, "12.8") == A("12.0a")
-    assert archs.normalise(12, 1, "12.9") == A("12.1f")
-    assert archs.normalise(8, 6, "13.0") == A("8.6")
-    # An unknown toolkit: spelled for the default CUDA, never a crash.
+    assert archs.normalise(9, 0, C("13.0")) == A("9.0a")
+    assert archs.normalise(12, 0, C("13.0")) == A("12.0f")
+    assert archs.normalise(12, 0, C("12.8")) == A("12.0a")
+    assert archs.normalise(12, 1, C("12.9")) == A("12.1f")
+    assert archs.normalise(8, 6, C("13.0")) == A("8.6")
+    # No toolkit known: spelled for the default CUDA, never a crash.
     assert archs.normalise(12, 0, None) == archs.normalise(12, 0, archs.DEFAULT_CUDA)
-    assert archs.normalise(12, 0, "garbage") == archs.normalise(12, 0, archs.DEFAULT_CUDA)
+    assert C("13.0") == archs.DEFAULT_CUDA
+
+
+def test_a_cuda_that_is_no_version_is_refused_not_taken_for_the_default() -> None:
+    """Text that names no CUDA once became the default 13.0 here (and so a family ``f``
+    target); now it is refused where it is read, naming it."""
+    for bad in ("garbage", "", "13", "13.0.1", "v13.0", "13.x"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            archs.normalise(12, 0, C(bad))
 
 
 def test_what_each_cuda_targets() -> None:
-    assert archs.cuda_problems("13.0", archs.parse_list("9.0a 10.0a 12.0f")) == []
-    assert archs.cuda_problems("12.8", archs.parse_list("12.0a 10.0a")) == []
-    assert archs.cuda_problems("12.8", [A("12.0f")]) == [
+    assert archs.cuda_problems(C("13.0"), archs.parse_list("9.0a 10.0a 12.0f")) == []
+    assert archs.cuda_problems(C("12.8"), archs.parse_list("12.0a 10.0a")) == []
+    assert archs.cuda_problems(C("12.8"), [A("12.0f")]) == [
         "arch 12.0f needs CUDA >= 12.9 but the spec asks 12.8"
     ]
-    assert archs.cuda_problems("12.6", [A("12.0a")]) == [
+    assert archs.cuda_problems(C("12.6"), [A("12.0a")]) == [
         "arch 12.0a needs CUDA >= 12.8 but the spec asks 12.6"
     ]
-    assert archs.cuda_problems("12.8", [A("12.1a")]) == [
+    assert archs.cuda_problems(C("12.8"), [A("12.1a")]) == [
         "arch 12.1a needs CUDA >= 12.9 but the spec asks 12.8"
     ]
-    assert archs.cuda_problems("13.0", [A("7.0")]) == [
+    assert archs.cuda_problems(C("13.0"), [A("7.0")]) == [
         "arch 7.0: CUDA 13 dropped targets below SM 7.5"
     ]
 
@@ -99,8 +109,8 @@ def test_gpu_query_output_is_parsed_without_crashing() -> None:
     # A driver that does not know the MIG field: four columns.
     old = archs.parse_gpu_query("0, GPU-aaaa, NVIDIA H200, 9.0\n", archs._QUERY[:-1])
     assert old == [gpus[0]]
-    assert gpus[0].arch("13.0") == A("9.0a")
-    assert gpus[2].arch("13.0") is None
+    assert gpus[0].arch(C("13.0")) == A("9.0a")
+    assert gpus[2].arch(C("13.0")) is None
     assert gpus[2].label == "GPU 2 (Mystery, SM unknown)"
 
 
@@ -129,8 +139,8 @@ def test_env_archs_add_the_visible_gpus_spelled_for_the_cuda() -> None:
     h200 = Gpu(index=0, uuid="u", name="H200", capability=(9, 0))
     unknown = Gpu(index=1, uuid="v", name="?", capability=None)
     spec_archs = (A("12.0f"),)
-    assert archs.env_archs(spec_archs, "13.0", [h200, unknown]) == (A("12.0f"), A("9.0a"))
-    assert archs.env_archs((A("9.0a"),), "13.0", [h200]) == (A("9.0a"),)
+    assert archs.env_archs(spec_archs, C("13.0"), [h200, unknown]) == (A("12.0f"), A("9.0a"))
+    assert archs.env_archs((A("9.0a"),), C("13.0"), [h200]) == (A("9.0a"),)
     assert archs.uncovered(spec_archs, h200)
     assert not archs.uncovered((A("9.0a"),), h200)
     assert not archs.uncovered(spec_archs, unknown)
@@ -165,3 +175,11 @@ def test_no_other_module_parses_archs_or_queries_gpus() -> None:
             ):
                 offenders.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     assert offenders == []
+
+
+def test_a_list_cudaenv_did_not_write_is_read_leniently() -> None:
+    """doctor reads the shell's lists: torch's +PTX keeps its arch, a named arch and an empty
+    list give nothing, never an error."""
+    assert archs.texts(archs.parse_lenient("8.0;12.0+PTX Hopper,12.0")) == ["8.0", "12.0"]
+    assert archs.parse_lenient("Hopper") == ()
+    assert archs.parse_lenient("") == ()

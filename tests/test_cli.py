@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, cli, lock, manifest, platforms, resolve, spec, verify
+from builder import archs, cli, lock, manifest, pipeline, platforms, resolve, spec, verify
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.manifest import Manifest
 from builder.report import VerifyReport
+from builder.reporter import silent
 from builder.verify import CheckResult
 from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, lock_of, workspace, write
 
@@ -89,9 +90,9 @@ def test_debug_is_taken_after_the_subcommand_too(tmp_path: Path) -> None:
 
 
 def test_archs_take_commas_and_spaces() -> None:
-    assert cli._parse_archs("12.0f,9.0a") == archs.parse_list("12.0f 9.0a")
+    assert pipeline.parse_archs("12.0f,9.0a") == archs.parse_list("12.0f 9.0a")
     with pytest.raises(UsageError, match=r"--archs '12\.0f,x'"):
-        cli._parse_archs("12.0f,x")
+        pipeline.parse_archs("12.0f,x")
 
 
 def test_verify_of_any_python_with_comma_archs_reports_without_a_traceback(
@@ -148,9 +149,9 @@ def test_a_missing_host_compiler_exits_6_a_failed_check_5() -> None:
         missing_tool="host compiler",
     )
     bad = CheckResult(name="cubin", status="failed", summary="no sm_120 cubin")
-    assert cli._verdict(a_report(ok)) is None
-    assert isinstance(cli._verdict(a_report(ok, bad)), VerifyFailed)
-    verdict = cli._verdict(a_report(no_cc, bad))
+    assert pipeline.verdict(a_report(ok)) is None
+    assert isinstance(pipeline.verdict(a_report(ok, bad)), VerifyFailed)
+    verdict = pipeline.verdict(a_report(no_cc, bad))
     assert isinstance(verdict, ToolMissing) and verdict.exit_code == 6
     assert "install a C++ compiler" in str(verdict)
 
@@ -171,15 +172,15 @@ def test_verify_refuses_an_env_another_spec_or_lock_built(tmp_path: Path) -> Non
     s = spec.load(TOOLCHAIN)
     lk = lock.read(lock.lock_path(s.source, s.name))
     good = built_manifest(s, lk)
-    target = cli.spec_target(s, tmp_path, lk, good)
+    target = pipeline.spec_target(s, tmp_path, lk, good)
     assert target.archs == s.archs and target.checks == s.verify
     other = built_manifest(s, lk, fingerprint="sha256:" + "1" * 64, spec="specs/b.yaml")
     with pytest.raises(VerifyFailed, match=r"built from another spec .*specs/b\.yaml") as info:
-        cli.spec_target(s, tmp_path, lk, other)
+        pipeline.spec_target(s, tmp_path, lk, other)
     assert str(info.value).endswith(f"rebuild it: `cudaenv build {s.source}`")
     stale = built_manifest(s, lk, lock_hash="sha256:" + "2" * 64)
     with pytest.raises(VerifyFailed, match="built from another lock"):
-        cli.spec_target(s, tmp_path, lk, stale)
+        pipeline.spec_target(s, tmp_path, lk, stale)
 
 
 def test_manifest_round_trip_and_unknown_schema(tmp_path: Path) -> None:
@@ -199,6 +200,10 @@ def test_manifest_round_trip_and_unknown_schema(tmp_path: Path) -> None:
     (tmp_path / manifest.FILE).write_text(json.dumps(doc))
     with pytest.raises(Exception, match="missing key 'archs'"):
         manifest.read(tmp_path)
+    doc = {**m.to_json(), "toolchain_source": "conda"}
+    (tmp_path / manifest.FILE).write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="in 'toolchain_source': unknown toolchain_source 'conda'"):
+        manifest.read(tmp_path)
 
 
 def test_a_stale_lock_is_re_resolved_only_when_asked(
@@ -217,14 +222,14 @@ def test_a_stale_lock_is_re_resolved_only_when_asked(
         return resolve.Plan(lock=committed, requirements=(), seconds=0.0)
 
     monkeypatch.setattr(resolve, "resolve", fake_resolve)
-    kept = cli._ensure_lock(s, path, offline=False, relock=False)
+    kept = pipeline.ensure_lock(s, path, offline=False, relock=False, reporter=silent())
     assert kept.fingerprint == stale.fingerprint and calls == []
-    fresh = cli._ensure_lock(s, path, offline=False, relock=True)
+    fresh = pipeline.ensure_lock(s, path, offline=False, relock=True, reporter=silent())
     assert fresh == committed and calls == [s.name]
     assert lock.read(lock.lock_path(path, s.name)).fingerprint == committed.fingerprint
     lock.write(stale, lock.lock_path(path, s.name))
     with pytest.raises(Exception, match="is stale and --offline cannot resolve one"):
-        cli._ensure_lock(s, path, offline=True, relock=True)
+        pipeline.ensure_lock(s, path, offline=True, relock=True, reporter=silent())
 
 
 def test_plan_says_where_the_lock_is(tmp_path: Path) -> None:
@@ -350,18 +355,14 @@ def test_build_refuses_a_lock_without_this_machines_platform(tmp_path: Path) -> 
 def fingerprint_doc(**versions: str) -> dict[str, object]:
     from builder import fingerprint
 
-    parts = {
-        "python": "3.12.1",
-        "distributions": {"torch": "2.14.1", "flashinfer-python": "0.7.2", **versions},
-        "toolkit": {"cuda_home": "ENV/cuda-home", "nvcc_release": "13.0", "binaries": {}},
-        "variables": {"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
-    }
-    return {
-        "schema_version": 1,
-        "python": "x",
-        "fingerprint": fingerprint.digest(parts),
-        "parts": parts,
-    }
+    parts = fingerprint.Parts(
+        python="3.12.1",
+        distributions=(("torch", "2.14.1"), ("flashinfer-python", "0.7.2"), *versions.items()),
+        toolkit=fingerprint.Toolkit(cuda_home="ENV/cuda-home", nvcc_release="13.0", binaries=()),
+        variables=(("FLASHINFER_CUDA_ARCH_LIST", "12.0f"),),
+    )
+    doc = fingerprint.Fingerprint(python="x", fingerprint=fingerprint.digest(parts), parts=parts)
+    return doc.to_json()
 
 
 def test_fingerprint_compare_names_each_difference(tmp_path: Path) -> None:
@@ -413,15 +414,15 @@ def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
 
     one = fingerprint.document("a", facts(tmp_path / "node1" / "env", "12.0f"))
     two = fingerprint.document("b", facts(tmp_path / "node2" / "other", "12.0f"))
-    assert one["fingerprint"] == two["fingerprint"]
-    assert one["parts"]["variables"]["TRITON_CACHE_DIR"] == "ENV/var/triton"
+    assert one.fingerprint == two.fingerprint
+    assert dict(one.parts.variables)["TRITON_CACHE_DIR"] == "ENV/var/triton"
     other_arch = fingerprint.document("c", facts(tmp_path / "node3", "9.0a"))
-    assert fingerprint.differences(one["parts"], other_arch["parts"]) == [
+    assert fingerprint.differences(one.parts, other_arch.parts) == [
         "variables.FLASHINFER_CUDA_ARCH_LIST: 12.0f -> 9.0a"
     ]
     write(tmp_path / "node2" / "other" / "cuda-home" / "bin" / "nvcc", "nvcc 13.5.37")
     changed = fingerprint.document("b", facts(tmp_path / "node2" / "other", "12.0f"))
-    assert [d.split(":")[0] for d in fingerprint.differences(one["parts"], changed["parts"])] == [
+    assert [d.split(":")[0] for d in fingerprint.differences(one.parts, changed.parts)] == [
         "toolkit.binaries.bin/nvcc"
     ]
 

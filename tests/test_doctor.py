@@ -726,3 +726,21 @@ def test_a_shell_script_without_the_envs_settings_is_flagged(env: FakeEnv, tmp_p
     found = next(f for f in findings if f.code == "activation-unwired")
     assert found.evidence == ("bin/activate.nu", "bin/activate.ps1")
     assert found.fix == ("rebuild the env: cudaenv build envspecs/mine.yaml --force",)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "intent"),
+    [
+        ("FLASHINFER_CUDA_ARCH_LIST", "9.0a 12.0f", True),
+        ("TORCH_CUDA_ARCH_LIST", "8.0;12.0+PTX", True),
+        ("TVM_FFI_CUDA_ARCH_LIST", "12.1a", True),
+        ("TORCH_CUDA_ARCH_LIST", "9.0;Hopper", False),
+        # A 1x.y arch is no SM 12.x, whatever its text begins with.
+        ("FLASHINFER_CUDA_ARCH_LIST", "10.0a", False),
+    ],
+)
+def test_sm12_intent_reads_every_arch_list_as_archs(
+    variable: str, value: str, intent: bool
+) -> None:
+    facts = doctor.Facts.from_json({"env": {variable: value}}, None)
+    assert doctor.sm12_intent(facts) == (f"{variable}={value}" if intent else "")

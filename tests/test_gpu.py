@@ -49,7 +49,7 @@ def test_our_kernel_is_exact_on_every_visible_gpu(tmp_path: Path) -> None:
     cases = ref.make_cases()
     us = sampling.uniforms(7, len(cases))
     for gpu in gpus:
-        arch = gpu.arch(facts.nvcc_release)
+        arch = gpu.arch(facts.nvcc_cuda)
         assert arch is not None, gpu
         built = build_kernel(Path(facts.cuda_home) / "bin" / "nvcc", arch, tmp_path, env=env)
         assert built.error is None, built.error
@@ -69,7 +69,7 @@ def test_sampling_check_passes_in_the_default_env(tmp_path: Path) -> None:
         pytest.skip(f"FlashInfer is not installed in {python}")
     # Verified for the GPUs at hand, as `cudaenv verify --archs` would be.
     gpus, _ = archs.visible_gpus()
-    here = archs.env_archs((), facts.nvcc_release or archs.DEFAULT_CUDA, gpus)
+    here = archs.env_archs((), facts.nvcc_cuda or archs.DEFAULT_CUDA, gpus)
     target = dataclasses.replace(target, archs=here)
     result = sampling.check(target, facts)
     assert result.status == PASSED, (result.summary, result.evidence)

@@ -15,10 +15,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from builder import cli, matrix, report, spec
+from builder import cli, matrix, pipeline, report, spec
 from builder.archs import Arch
 from builder.errors import ReportError, SpecError
-from builder.verify import CHECKS, CheckResult
+from builder.verify import CHECKS, CheckResult, CheckStatus
 from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
 
 RELEASE = ENVSPECS / "matrix" / "release.yaml"
@@ -39,7 +39,7 @@ def test_release_matrix_expands_to_stable_named_cells(tmp_path: Path) -> None:
     ]
     again = matrix.load(RELEASE, out_root=tmp_path)
     assert [c.name for c in again.cells] == names
-    cell = spec.load(mx.cell("torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f").spec_path)
+    cell = mx.spec_of(mx.cell("torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f"))
     assert (cell.torch, cell.cuda, cell.archs) == ("2.11.0", "13.0", (F120,))
     assert cell.packages == ("sglang==0.5.17", "flashinfer-python==0.6.15.post1")
     assert mx.cell("torch2.14.1-cu13.0-fi0.7.2-sglang0.5.23-sm9.0a+12.0f").runs_on == (
@@ -110,10 +110,28 @@ def test_cells_of_two_matrices_never_share_an_env(tmp_path: Path) -> None:
     assert one.cells[0].name == two.cells[0].name == "sm9.0a"
     assert one.env_dir(one.cells[0]) != two.env_dir(two.cells[0])
     assert one.env_dir(one.cells[0]) == tmp_path / "o" / "one" / "envs" / "sm9.0a"
-    argv = matrix.cell_argv(one, one.cells[0], tmp_path / "r.json")
-    assert argv[argv.index("--env-dir") + 1] == str(one.env_dir(one.cells[0]).absolute())
+    request = matrix.cell_request(one, one.cells[0], tmp_path / "r.json")
+    assert request.env_dir == one.env_dir(one.cells[0]).absolute()
+    assert request.verify and request.record == tmp_path / "r.json"
     # The cell's lock is the matrix's own: the build re-resolves it when it goes stale.
-    assert "--relock" in argv
+    assert request.relock
+    # What the cell's process reads back is the same request.
+    assert pipeline.BuildRequest.from_json(request.to_json(), "r") == request
+
+
+def test_loading_a_matrix_writes_nothing(tmp_path: Path) -> None:
+    write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
+    mx = matrix.load(
+        write(tmp_path / "m.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
+    )
+    assert not (tmp_path / "o").exists()
+    cell = mx.cells[0]
+    assert mx.spec_of(cell).archs == (Arch.parse("9.0a"),)  # read without writing
+    with pytest.raises(SpecError, match="no cell 'nosuch'"):
+        mx.cell("nosuch")
+    assert not (tmp_path / "o").exists()
+    assert matrix.write_cell_spec(cell).read_text() == cell.spec_text
+    assert spec.load(cell.spec_path) == mx.spec_of(cell)
 
 
 def fake_cell(
@@ -123,8 +141,9 @@ def fake_cell(
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
     mx = matrix.load(write(tmp_path / "m.yaml", "specs: [x.yaml]\n"), tmp_path / "o")
 
-    def argv(m: matrix.Matrix, cell: matrix.Cell, record: Path) -> list[str]:
-        return [sys.executable, "-c", code, str(record)]
+    def argv(request_file: Path) -> list[str]:
+        record = json.loads(request_file.read_text())["record"]
+        return [sys.executable, "-c", code, record]
 
     monkeypatch.setattr(matrix, "cell_argv", argv)
     return mx, mx.cells[0]
@@ -178,7 +197,7 @@ def test_github_matrix_round_trips_through_report_merge(tmp_path: Path) -> None:
     # Each runner uploads the verify report of its cell; merge joins them.
     uploads = []
     for i, entry in enumerate(emitted["include"]):
-        status = "failed" if i == 1 else "passed"
+        status: CheckStatus = "failed" if i == 1 else "passed"
         uploads.append(
             report.VerifyReport(
                 spec=entry["cell"],
@@ -226,6 +245,26 @@ def test_report_files_that_are_missing_broken_or_foreign(tmp_path: Path) -> None
         report.read_report(write(tmp_path / "m.json", json.dumps(doc)))
 
 
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (("columns", "build"), r"in 'cells\[0\].columns.build': unknown status 'green'"),
+        (("verify", "checks", 0, "status"), r"in 'cells\[0\].verify.checks\[0\].status': "
+         "unknown status 'green'; expected one of: passed, failed, skipped$"),
+    ],
+)  # fmt: skip
+def test_a_status_no_cudaenv_writes_is_refused_with_its_key(
+    tmp_path: Path, where: tuple[str | int, ...], message: str
+) -> None:
+    doc = sample_report().to_json()
+    node = doc["cells"][0]
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = "green"
+    with pytest.raises(ReportError, match=message):
+        report.read_report(write(tmp_path / "m.json", json.dumps(doc)))
+
+
 def test_cli_report_merge_and_baseline_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     broken = write(tmp_path / "broken.json", "not json")
     for argv in (
@@ -268,7 +307,7 @@ def sample_report() -> report.MatrixReport:
     )
 
     def cell(
-        name: str, status: str, reason: str, v: report.VerifyReport | None
+        name: str, status: report.CellStatus, reason: str, v: report.VerifyReport | None
     ) -> report.CellReport:
         return report.CellReport(
             name=name,

@@ -140,11 +140,17 @@ class FakeUv:
         self.platforms: list[str] = []
 
     def __call__(
-        self, s: spec.EnvSpec, reqs: Sequence[str], cons: Sequence[str], over: Sequence[str]
+        self,
+        s: spec.EnvSpec,
+        reqs: Sequence[str],
+        cons: Sequence[str],
+        over: Sequence[str],
+        *,
+        extra_args: Sequence[str] = (),
     ) -> resolve.Resolution:
-        self.calls.append((tuple(reqs), tuple(cons), tuple(over)))
+        self.calls.append((tuple(reqs), tuple(cons), (*over, *extra_args)))
         self.platforms.append(resolve.platform_of(s).name)
-        key = " + ".join(reqs) + (" lowest" if "--resolution=lowest" in over else "")
+        key = " + ".join(reqs) + (" lowest" if "--resolution=lowest" in extra_args else "")
         # A recorded answer for one platform ("linux-aarch64: torch==...") wins over the
         # answer for every platform.
         answer = self.answers.get(f"{self.platforms[-1]}: {key}", self.answers.get(key))

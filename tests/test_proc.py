@@ -157,8 +157,9 @@ def test_env_and_cwd_reach_the_child(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tool", ["/nonexistent/bin/cudaenv-no-such-tool", "cudaenv-no-such-tool"])
 def test_a_missing_executable_is_tool_missing(stream: bool, tool: str) -> None:
     message = f"{tool}: not found (No such file or directory)"
-    with pytest.raises(ToolMissing, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ToolMissing, match=f"^{re.escape(message)}$") as info:
         proc.run([tool, "--version"], stream=stream)
+    assert info.value.tool == tool
 
 
 # --------------------------------------------------------------------------- atomic_write_text

@@ -389,7 +389,7 @@ def test_a_check_that_raises_never_loses_the_report(
     def no_tool(t: Target, f: EnvFacts) -> CheckResult:
         from builder.errors import ToolMissing
 
-        raise ToolMissing("nvcc: not found")
+        raise ToolMissing("nvcc: not found", tool="nvcc")
 
     monkeypatch.setattr(verify, "registry", lambda: {"toolchain": crashes, "cubin": no_tool})
     monkeypatch.setattr(verify, "probe", lambda t, jit: facts(tmp_path))
@@ -397,3 +397,22 @@ def test_a_check_that_raises_never_loses_the_report(
     assert [(r.name, r.status) for r in results] == [("toolchain", FAILED), ("cubin", FAILED)]
     assert results[0].summary == "the check crashed: IndexError: list index out of range"
     assert results[1].missing_tool == "nvcc"
+
+
+def test_the_missing_tool_is_the_errors_own_not_read_from_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from builder import proc, toolchain
+
+    def no_compiler(t: Target, f: EnvFacts) -> CheckResult:
+        toolchain._c_compiler()  # the message begins "no C compiler (cc/gcc) ..."
+        raise AssertionError("a C compiler was found")
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(proc, "which", lambda *a, **k: None)
+    monkeypatch.setattr(verify, "registry", lambda: {"kernel-compile": no_compiler})
+    monkeypatch.setattr(verify, "probe", lambda t, jit: facts(tmp_path))
+    _, results = verify.run_checks(target(tmp_path), ("kernel-compile",))
+    assert results[0].status == FAILED
+    assert results[0].summary.startswith("no C compiler (cc/gcc) to build the libcuda.so link")
+    assert results[0].missing_tool == "cc"

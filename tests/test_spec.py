@@ -165,6 +165,25 @@ def test_env_values_and_reserved_names(in_tmp: Path) -> None:
     assert ok.env == (("FINE", "$(touch x)"), ("N", "3"))
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("13", "expected a CUDA major.minor like \"13.0\", got '13'"),
+        ("13.0.1", "expected a CUDA major.minor like \"13.0\", got '13.0.1'"),
+        ("13.00", "expected a CUDA major.minor like \"13.0\", got '13.00'"),
+        ("cu130", "expected a CUDA major.minor like \"13.0\", got 'cu130'"),
+        ("11.8", "CUDA 11.8 is not supported: 12.x and 13.x are"),
+    ],
+)
+def test_a_cuda_that_is_no_supported_version_is_refused_naming_it(
+    in_tmp: Path, text: str, message: str
+) -> None:
+    path = write(in_tmp / "s.yaml", GOOD.replace('cuda: "13.0"', f'cuda: "{text}"'))
+    assert problems(path) == [f"s.yaml:3:7: cuda: {message}"]
+    ok = spec.load(write(in_tmp / "t.yaml", GOOD.replace('cuda: "13.0"', 'cuda: "12.9"')))
+    assert (ok.cuda, ok.cuda_major, str(ok.cuda_version)) == ("12.9", 12, "12.9")
+
+
 def test_duplicate_key_is_an_error(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + 'cuda: "13.2"\n')
     assert problems(path) == ["s.yaml:7:1: cuda: duplicate key (YAML would keep only the last)"]

@@ -241,6 +241,17 @@ def glibc() -> str:
         return platform.libc_ver()[1]
 
 
+def requested_variables() -> list[str]:
+    """The names of ``--env=A,B`` (several such arguments add up)."""
+    return [
+        name
+        for arg in sys.argv[1:]
+        if arg.startswith("--env=")
+        for name in arg[len("--env=") :].split(",")
+        if name
+    ]
+
+
 def main() -> int:
     started = time.monotonic()
     facts: dict[str, object] = {
@@ -250,29 +261,9 @@ def main() -> int:
             "prefix": sys.prefix,
         },
         "platform": {"system": platform.system(), "machine": platform.machine(), "glibc": glibc()},
-        "env": {
-            k: os.environ.get(k)
-            for k in (
-                "CUDA_HOME",
-                "CUDA_PATH",
-                "FLASHINFER_CUDA_ARCH_LIST",
-                "TORCH_CUDA_ARCH_LIST",
-                "TVM_FFI_CUDA_ARCH_LIST",
-                "LD_LIBRARY_PATH",
-                "CUDA_VISIBLE_DEVICES",
-                "FLASHINFER_WORKSPACE_BASE",
-                "CUDAENV_SHELL_CUDA_HOME",
-                "CXX",
-                # cudaenv names the JIT cache variables it knows (builder/caches.py).
-                *[
-                    name
-                    for arg in sys.argv[1:]
-                    if arg.startswith("--env=")
-                    for name in arg[len("--env=") :].split(",")
-                    if name
-                ],
-            )
-        },
+        # The variables cudaenv names (builder/variables.py, given as --env=A,B): this
+        # script runs in a foreign interpreter and imports nothing of cudaenv.
+        "env": {k: os.environ.get(k) for k in requested_variables()},
     }
     steps = (
         ("torch", read_torch_version),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jit_store
-from doctor_probe import nvcc_info, which
+from doctor_probe import nvcc_info, requested_variables, which
 from flashinfer_light import cuda_facts, import_flashinfer_jit, installed
 
 
@@ -145,16 +145,9 @@ def main() -> int:
         "python": sys.executable,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
         "prefix": sys.prefix,
-        "env": {
-            k: os.environ.get(k)
-            for k in (
-                "CUDA_HOME",
-                "CUDA_PATH",
-                "FLASHINFER_CUDA_ARCH_LIST",
-                "TORCH_CUDA_ARCH_LIST",
-                "FLASHINFER_WORKSPACE_BASE",
-            )
-        },
+        # The variables cudaenv names (builder/variables.py, given as --env=A,B): this
+        # script runs in the env's interpreter and imports nothing of cudaenv.
+        "env": {k: os.environ.get(k) for k in requested_variables()},
         "path_nvcc": which("nvcc"),
         "cuda_home": cuda_home,
         "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},

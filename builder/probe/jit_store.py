@@ -42,7 +42,9 @@ from typing import Any
 
 VERSION = "v2"  # the entry format; v2: entries say which ninja log format they were built with
 ENV = "@ENV@"
-# What nvcc reads from the environment on top of its command line.
+# What nvcc reads from the environment on top of its command line. Written out: this module
+# runs inside the env's interpreter and imports nothing of cudaenv; a test keeps it equal to
+# builder/variables.py's NVCC.
 NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 # The binaries nvcc runs (bin/ and nvvm/bin/ of CUDA_HOME): their content is in the key.
 TOOLKIT_TOOLS = ("bin/nvcc", "bin/ptxas", "bin/fatbinary", "bin/nvlink", "bin/cudafe++",

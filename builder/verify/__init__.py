@@ -27,23 +27,29 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, get_args
 
-from builder import proc
+from builder import proc, variables
 from builder.archs import Arch
+from builder.cudaversion import CudaVersion
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.jsondoc import Reader
 from builder.paths import jit_store_dir
 
 log = logging.getLogger("cudaenv")
 
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+# What a check comes to; a report file holding anything else is refused on read.
+CheckStatus = Literal["passed", "failed", "skipped"]
+CHECK_STATUSES: tuple[CheckStatus, ...] = get_args(CheckStatus)
+PASSED: Final = "passed"
+FAILED: Final = "failed"
+SKIPPED: Final = "skipped"
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckResult:
     name: str
-    status: str
+    status: CheckStatus
     summary: str
     evidence: tuple[tuple[str, str], ...] = ()
     seconds: float = 0.0
@@ -68,7 +74,7 @@ class CheckResult:
         evidence = r.raw_map("evidence")
         return cls(
             name=r.text("name"),
-            status=r.text("status"),
+            status=r.choice("status", CHECK_STATUSES),
             summary=r.text("summary"),
             evidence=tuple((str(k), str(v)) for k, v in evidence.items()),
             seconds=r.num("seconds", 0.0),
@@ -121,6 +127,12 @@ class EnvFacts:
     # The interpreter's whole environment after its start-up hook: what every check runs with.
     environ: Mapping[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def nvcc_cuda(self) -> CudaVersion | None:
+        """The CUDA of CUDA_HOME's nvcc, None when there is no working one. The probe reports
+        the ``X.Y`` of nvcc's "release X.Y", so anything else is refused (ValueError)."""
+        return None if self.nvcc_release is None else CudaVersion.parse(self.nvcc_release)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], seconds: float) -> EnvFacts:
@@ -181,7 +193,12 @@ def probe(target: Target, *, jit: bool) -> EnvFacts:
     # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
     script = str(resources.files("builder.probe").joinpath("env_facts.py"))
     started = time.monotonic()
-    argv: list[str | os.PathLike[str]] = [target.python, script]
+    # The variables to report (builder/variables.py): the probe imports nothing of cudaenv.
+    argv: list[str | os.PathLike[str]] = [
+        target.python,
+        script,
+        variables.probe_arg(variables.VERIFY_PROBE),
+    ]
     if jit:
         argv.append("--jit")
     try:
@@ -281,9 +298,7 @@ def run_checks(
                 evidence=(("output", exc.output[-2000:]),),
             )
         except ToolMissing as exc:
-            result = CheckResult(
-                name=name, status=FAILED, summary=str(exc), missing_tool=str(exc).split(":")[0]
-            )
+            result = CheckResult(name=name, status=FAILED, summary=str(exc), missing_tool=exc.tool)
         except Exception as exc:
             # A check's own bug is its verdict: the other checks run and the report is written.
             log.debug("check %s crashed", name, exc_info=True)

@@ -21,15 +21,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from builder import channels, proc
+from builder import channels, proc, variables
 from builder.archs import Arch
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
 from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target, env_of
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
-# What nvcc reads from the environment on top of its command line (nvcc docs, "NVCC_PREPEND_FLAGS").
-NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 NO_HOST_COMPILER_FIX = (
     "install a C++ compiler nvcc supports (`apt-get install g++`), or point nvcc at one with "
     "NVCC_CCBIN or `-ccbin` in NVCC_PREPEND_FLAGS"
@@ -140,7 +138,7 @@ def build_kernel(
         *FLAGS,
         arch.gencode(),
         host.identity,
-        *(f"{k}={env.get(k, '')}" for k in NVCC_ENV),
+        *(f"{k}={env.get(k, '')}" for k in variables.NVCC),
     )
     out_dir = work / "kernels" / key
     out = out_dir / out_name

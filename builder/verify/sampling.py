@@ -32,7 +32,16 @@ from pathlib import Path
 from builder import archs, proc
 from builder.archs import Gpu
 from builder.errors import CudaenvError
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
+from builder.verify import (
+    FAILED,
+    PASSED,
+    SKIPPED,
+    CheckResult,
+    CheckStatus,
+    EnvFacts,
+    Target,
+    env_of,
+)
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 
@@ -268,7 +277,7 @@ class Half:
     """One sampler's verdict on one device."""
 
     who: str  # "our kernel" | "FlashInfer"
-    status: str
+    status: CheckStatus
     detail: str
     failures: tuple[str, ...] = ()
     missing_tool: str | None = None
@@ -278,7 +287,7 @@ def kernel_half(
     target: Target, facts: EnvFacts, device: Device, cases: list[ref.Case], work: Path
 ) -> Half:
     who = "our kernel"
-    arch = device.gpu.arch(facts.nvcc_release)
+    arch = device.gpu.arch(facts.nvcc_cuda)
     if arch is None:
         return Half(who=who, status=FAILED, detail="the driver reports no compute capability")
     nvcc = nvcc_of(facts)
@@ -333,7 +342,7 @@ def flashinfer_half(
     env_list = target.archs
     gpu = device.gpu
     if archs.uncovered(env_list, gpu):
-        own = gpu.arch(facts.nvcc_release)
+        own = gpu.arch(facts.nvcc_cuda)
         spec = target.spec_path or "SPEC"
         return Half(
             who=who,

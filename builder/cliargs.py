@@ -1,0 +1,357 @@
+"""The command table: every command, its help and its arguments (argparse).
+
+Kept apart from cli.py, which holds what each command does: the table is read by the CLI,
+by `cudaenv completion` and by the reference docs, and none of them needs the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder import __version__, spec
+
+DESCRIPTION = """\
+cudaenv puts a matched CUDA toolchain next to torch, FlashInfer and sglang in an isolated
+venv, from one declarative spec file, and proves it works by compiling and running real
+kernels.
+
+SPEC is a spec file (envspecs/NAME.yaml): the torch / CUDA / FlashInfer / sglang combination,
+the Python, the toolkit components and the GPU archs. Wherever a SPEC is taken, FILE:CELL
+names one cell of a matrix file instead (envspecs/matrix/release.yaml:sm12.0f), as CI
+runners get it from `cudaenv matrix FILE --emit github`.
+
+Exit codes: 0 ok; 1 other; 2 bad input (spec, matrix, report, argument); 3 refused or
+unresolvable set; 4 build failed; 5 a check failed; 6 a tool is missing; 130 interrupted.
+"""
+
+
+def _sub(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    example: str,
+) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help=summary,
+        description=f"{description}\n\nexample:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Accepted after the subcommand too (`cudaenv build --debug SPEC`); SUPPRESS keeps a value
+    # given before the subcommand.
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    return p
+
+
+SPEC_HELP = "a spec file (envspecs/NAME.yaml), or MATRIX.yaml:CELL"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """Every command and its arguments; each subcommand sets ``handler`` (the name of its
+    ``cmd_*`` function in cli.py)."""
+    p = argparse.ArgumentParser(
+        prog="cudaenv",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"cudaenv {__version__}")
+    p.add_argument("--debug", action="store_true", help="log every command; tracebacks on errors")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (CI logs)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lk = _sub(
+        sub,
+        "lock",
+        "resolve specs and write their PEP 751 locks",
+        "Resolve each spec with uv under the matching policy (torch's CUDA = the spec's, every "
+        "toolkit component of that CUDA minor, one CUDA major, FlashInfer companions matched) "
+        "and write locks/pylock.NAME.toml beside it (dots in NAME become '-'): file URLs, or "
+        'wheelhouse paths where pyproject.toml says [tool.cudaenv] locks = "index-neutral". '
+        "A set the policy refuses exits 3.",
+        "cudaenv lock envspecs/default.yaml",
+    )
+    lk.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
+    lk.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="resolve afresh instead of preferring the versions of the current lock",
+    )
+    lk.set_defaults(handler="lock")
+
+    pl = _sub(
+        sub,
+        "plan",
+        "print what a spec resolves to, without installing",
+        "Show the versions the spec's lock (or a fresh resolution) installs: torch and its "
+        "CUDA, the toolkit pin, the NVIDIA wheels, FlashInfer, sglang. Nothing is installed.",
+        "cudaenv plan envspecs/default.yaml",
+    )
+    pl.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
+    pl.add_argument("--fresh", action="store_true", help="resolve even if the lock is up to date")
+    pl.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    pl.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="the platform whose packages to show: linux-x86_64 or linux-aarch64 (default: "
+        "this machine's)",
+    )
+    pl.set_defaults(handler="plan")
+
+    bd = _sub(
+        sub,
+        "build",
+        "build the env of each spec from its lock",
+        "Install the spec's lock (hash-checked) into a venv built beside .envs/NAME and swapped "
+        "in whole when complete, then wire cuda-home/ and the start-up hook. A failed or "
+        "interrupted build leaves the previous env intact. A missing lock is resolved first. "
+        "--platform linux-aarch64 on an x86_64 machine (or the reverse) assembles that "
+        "machine's env without running any of it: its wheels unpacked hash-checked, cuda-home/ "
+        "and the hook, each compiler binary checked to be that machine's.",
+        "cudaenv build --verify envspecs/default.yaml",
+    )
+    bd.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
+    bd.add_argument("--env-dir", help="where the env goes (default .envs/NAME); one spec only")
+    bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
+    bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
+    bd.add_argument("--report", help="with --verify: write the JSON report here")
+    bd.add_argument(
+        "--json", action="store_true", help="print one JSON object per env (with its verify report)"
+    )
+    bd.add_argument(
+        "--record",
+        help="write a JSON build record here (stage, status, reason, exit code, verify report)",
+    )
+    bd.add_argument(
+        "--relock", action="store_true", help="re-resolve the lock first when it is stale"
+    )
+    bd.add_argument(
+        "--wheelhouse", help="install only from this directory (made by `cudaenv export`)"
+    )
+    bd.add_argument(
+        "--offline", action="store_true", help="no network: uv --offline, no Python download"
+    )
+    bd.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="assemble the env for another machine (linux-x86_64, linux-aarch64); needs "
+        "--env-dir, not --verify",
+    )
+    bd.set_defaults(handler="build")
+
+    ex = _sub(
+        sub,
+        "export",
+        "download every locked file (hash-checked), or write a lock with this index's URLs",
+        "Fill a wheelhouse with every file of the spec's lock, each sha256 checked, for "
+        "`cudaenv build --offline --wheelhouse DIR` on a machine without an index; without "
+        "--wheelhouse, the wheelhouse an index-neutral lock names beside it, so `uv pip install "
+        "-r` and `pip install -r` of the lock work. --pylock FILE writes a standard PEP 751 lock "
+        "of the same files with their URLs on the index this machine's uv is configured with; "
+        "a file the index serves with another hash is refused.",
+        "cudaenv export envspecs/default.yaml --wheelhouse /srv/wheels",
+    )
+    ex.add_argument(
+        "--with-jit",
+        action="store_true",
+        help="also carry the env's compiled JIT results (from its last verify) in the "
+        "wheelhouse, so the first verify on an air-gapped machine compiles nothing",
+    )
+    ex.add_argument(
+        "--env-dir", help="with --with-jit: where the spec's env is (default .envs/NAME)"
+    )
+    ex.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="download the files of another machine (linux-aarch64 or linux-x86_64), for "
+        "that machine or for `cudaenv build --platform ... --offline --wheelhouse DIR`",
+    )
+    ex.add_argument("spec", type=Path, metavar="SPEC", help=SPEC_HELP)
+    ex.add_argument(
+        "--wheelhouse",
+        help="directory to fill (default: an index-neutral lock's own wheelhouse beside it)",
+    )
+    ex.add_argument(
+        "--pylock",
+        metavar="FILE",
+        help="write a PEP 751 lock with this machine's index URLs (pylock.toml or pylock.NAME.toml)",
+    )
+    ex.set_defaults(handler="export")
+
+    vf = _sub(
+        sub,
+        "verify",
+        "prove an env works: compile and run real kernels",
+        "Run the checks (toolchain, kernel-compile, flashinfer-jit, cubin, sampling) on a spec's "
+        "built env, or on any interpreter with --python. A check that cannot run here (no GPU) "
+        "says skipped with the reason. A failed check exits 5; a missing tool 6.",
+        "cudaenv verify envspecs/default.yaml --checks toolchain,kernel-compile",
+    )
+    vf.add_argument("spec", nargs="?", type=Path, metavar="SPEC", help=SPEC_HELP)
+    vf.add_argument("--python", help="verify this interpreter (or env directory) instead")
+    vf.add_argument("--env-dir", help="where the spec's env is (default .envs/NAME)")
+    vf.add_argument("--checks", help="comma or space separated, of: " + ", ".join(spec.CHECKS))
+    vf.add_argument(
+        "--archs", help='comma or space separated, e.g. "9.0a,12.0f" (default: the env\'s)'
+    )
+    vf.add_argument("--fresh", action="store_true", help="rebuild what a check would reuse")
+    vf.add_argument("--report", help="write the JSON report here")
+    vf.add_argument("--markdown", help="write the Markdown report here")
+    vf.set_defaults(handler="verify")
+
+    dr = _sub(
+        sub,
+        "doctor",
+        "find the root cause of a split CUDA toolchain in any env",
+        "Probe an interpreter (a venv, conda env or system Python; no import of torch unless "
+        "--deep) and name what is wrong first: a JIT nvcc that is not torch's CUDA, mixed "
+        "toolkit minors, a stale JIT cache, a missing host compiler, ... with the fix. Exits 1 "
+        "when it finds an error.",
+        "cudaenv doctor --python .venv/bin/python",
+    )
+    dr.add_argument(
+        "--python",
+        help="the interpreter or env directory to diagnose (default: $VIRTUAL_ENV's, else python3)",
+    )
+    dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
+    dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
+    dr.set_defaults(handler="doctor")
+
+    ad = _sub(
+        sub,
+        "adopt",
+        "give an existing venv or conda env the toolchain its torch is built for",
+        "Read torch's CUDA from the env itself, install the matching toolkit components there "
+        "with uv (realigning drifted ones), add the cuda-home/ overlay, the start-up hook, the "
+        "activate block and the env's own JIT caches, then verify. Every change is journalled: "
+        "--undo restores the same distributions and versions and removes every cudaenv file; "
+        "an interrupted adopt is undone, and a rerun finishes from where the env was. Refuses "
+        "(exit 3, nothing changed) a CPU-only or missing torch, a CUDA 12 torch without its "
+        "toolkit on the machine, a system Python (unless --force), and a set uv cannot "
+        "resolve without breaking the env's own pins.",
+        "cudaenv adopt --python .venv/bin/python --dry-run",
+    )
+    ad.add_argument("--python", required=True, help="the env's interpreter or directory")
+    ad.add_argument("--archs", help="arch list for the JIT (default: 12.0f plus visible GPUs)")
+    ad.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    ad.add_argument("--undo", action="store_true", help="put the env back as before adopt")
+    ad.add_argument("--force", action="store_true", help="also adopt a system or distro Python")
+    ad.add_argument("--no-verify", action="store_true", help="skip the verify that follows")
+    ad.set_defaults(handler="adopt")
+
+    ls = _sub(
+        sub,
+        "list",
+        "the envs built here",
+        "Each env under .envs/: its spec, whether it matches the spec's current lock, its size "
+        "on disk (and how much of it no other env or uv's cache shares), its last verify.",
+        "cudaenv list --json",
+    )
+    ls.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    ls.set_defaults(handler="list")
+
+    rm_ = _sub(
+        sub,
+        "remove",
+        "delete built envs",
+        "Delete each named env (a name under .envs/ or an env directory) whole; a build of it "
+        "in progress is waited for.",
+        "cudaenv remove sglang-0.5.23-cu130",
+    )
+    rm_.add_argument("names", nargs="+", metavar="NAME")
+    rm_.set_defaults(handler="remove")
+
+    rn = _sub(
+        sub,
+        "run",
+        "run a command in an env without activating it",
+        "Run CMD with the env's bin/ first on PATH and every setting of its start-up hook "
+        "(CUDA_HOME, arch lists, JIT caches, ...), exactly as its own python sees them; the "
+        "exit status is the command's.",
+        "cudaenv run sglang-0.5.23-cu130 -- nvcc --version",
+    )
+    rn.add_argument("name", metavar="NAME")
+    rn.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    rn.set_defaults(handler="run")
+
+    co = _sub(
+        sub,
+        "completion",
+        "print shell completion for bash, zsh or fish",
+        "Print a completion script for cudaenv's commands and options. bash: add "
+        "`source <(cudaenv completion bash)` to ~/.bashrc; zsh: the same with zsh in ~/.zshrc; "
+        "fish: `cudaenv completion fish > ~/.config/fish/completions/cudaenv.fish`.",
+        "cudaenv completion bash",
+    )
+    co.add_argument("shell", choices=["bash", "zsh", "fish"])
+    co.set_defaults(handler="completion")
+
+    fp = _sub(
+        sub,
+        "fingerprint",
+        "one hash of what decides JIT results and kernel behaviour in an env",
+        "Print one hash over the env's installed distributions and versions, the toolkit its "
+        "JIT uses (release and the content of nvcc, cicc, ptxas, ...), the host compiler, the "
+        "arch lists and the variables that change a compile; the env's own path does not "
+        "count. Run it on every node of a deployment: equal hashes, equal compiles. "
+        "--compare A.json B.json (two `--json` outputs) names each difference and exits 1 "
+        "when there is one.",
+        "cudaenv fingerprint --python .venv/bin/python --json > node1.json",
+    )
+    fp.add_argument(
+        "--python",
+        help="the interpreter or env directory (default: $VIRTUAL_ENV's, else python3)",
+    )
+    fp.add_argument("--json", action="store_true", help="print the parts as JSON too")
+    fp.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="name the differences")
+    fp.set_defaults(handler="fingerprint")
+
+    mx = _sub(
+        sub,
+        "matrix",
+        "build and verify every cell of a matrix file",
+        "Expand a matrix file (specs: or base: + axes:) into cells, build and verify each, -j at "
+        "a time, and write matrix.json, matrix.html, matrix.md and junit.xml. A cell the policy "
+        "refuses is shown as refused; a failing cell never stops the others.",
+        "cudaenv matrix envspecs/matrix/release.yaml -j 2 --baseline old/matrix.json",
+    )
+    mx.add_argument("file", metavar="FILE", help="a matrix file (envspecs/matrix/NAME.yaml)")
+    mx.add_argument("-j", "--jobs", type=int, default=2, help="cells at once (default 2)")
+    mx.add_argument("--fail-fast", action="store_true", help="stop starting cells after a failure")
+    mx.add_argument("--out", help="report directory (default .envs/.matrix/NAME/report)")
+    mx.add_argument("--baseline", help="an earlier matrix.json: exit non-zero for regressions only")
+    mx.add_argument("--emit", choices=["github"], help="print a GitHub Actions strategy.matrix")
+    mx.add_argument(
+        "--cell",
+        metavar="NAME",
+        help="run only this cell, judged as in the whole matrix (one CI job per cell)",
+    )
+    mx.set_defaults(handler="matrix")
+
+    rp = _sub(
+        sub,
+        "report",
+        "work with reports",
+        "Join reports written on several machines into one matrix report.",
+        "cudaenv report merge runner-*/verify.json --out merged",
+    )
+    rsub = rp.add_subparsers(dest="report_command", required=True, metavar="COMMAND")
+    mg = _sub(
+        rsub,
+        "merge",
+        "join verify/matrix JSON reports into one matrix report",
+        "Each verify report becomes a cell, each matrix report adds its cells; the merged "
+        "matrix.json, matrix.html, matrix.md and junit.xml go to --out.",
+        "cudaenv report merge a/verify.json b/matrix.json --out merged",
+    )
+    mg.add_argument("reports", nargs="+", metavar="REPORT")
+    mg.add_argument("--out", default="merged-report", help="directory for the merged reports")
+    mg.add_argument("--name", default="merged")
+    mg.set_defaults(handler="report_merge")
+    return p

@@ -1,0 +1,179 @@
+"""Every environment variable cudaenv sets, refuses, reports or hashes, in one table.
+
+A name kept in several lists drifts: the start-up hook set ``TVM_FFI_CUDA_ARCH_LIST`` while the
+fingerprint did not hash it, so two envs that differed there fingerprinted equal. Each row
+says who reads the variable and what cudaenv does with it, and every list is taken from here:
+what the start-up hook and each shell's activation save and give back (toolchain.py passes
+them to the templates), the JIT caches and Triton's tools (caches.py), what a spec's ``env:``
+may not set (spec.py), what doctor's and verify's probes report (the probes run inside
+foreign interpreters and import nothing of cudaenv: they are given the names on their command
+line, :func:`probe_arg`), what the fingerprint hashes, the arch lists doctor reads.
+
+The hook's and the activation scripts' code still spells the toolkit and arch-list names, as
+each is set its own way; tests run the hook and ``bin/activate`` and compare what they set
+with :data:`SET_BY_HOOK`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class Kind(enum.Enum):
+    TOOLKIT = "toolkit"  # where the JIT finds the CUDA toolkit
+    ARCHS = "arch list"  # the archs a JIT build targets
+    CACHE = "JIT cache"  # where a library keeps what it compiled
+    TOOL = "Triton tool"  # which binary Triton runs instead of its bundled one
+    NVCC = "nvcc"  # what nvcc reads on top of its command line
+    COMPILE = "compile"  # what picks the host compiler of a JIT build
+    RUNTIME = "runtime"  # what the loader and the driver read
+    CUDAENV = "cudaenv"  # cudaenv's own switches and records
+    VENV = "venv"  # the venv's and the interpreter's own
+
+
+class Hook(enum.Enum):
+    """What the start-up hook does with a variable."""
+
+    # Set to the env's value, whatever the shell had; every activation script sets it too
+    # and its deactivate gives the shell's value back.
+    SETS = "sets"
+    # The env's cuda-home/bin put first, the rest kept (the venv's activate restores PATH).
+    PREPENDS = "prepends"
+    # What the shell had, kept for doctor to show what the hook overrides (the hook only).
+    RECORDS = "records"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variable:
+    name: str
+    kind: Kind
+    reader: str  # who reads it
+    read_at: str = ""  # where the reader reads it (its default when unset), when one place
+    hook: Hook | None = None
+    cache: str | None = None  # a JIT cache: the hook's value is ENV/var/<cache>
+    # A Triton tool: the hook's value is ENV/cuda-home/bin/<tool>, set only where the env has it.
+    tool: str | None = None
+    fingerprint: bool = False  # its value is part of `cudaenv fingerprint`
+    reserved: bool = False  # a spec's `env:` may not set it
+    doctor: bool = False  # doctor's probe reports it (the fingerprint reads those facts)
+    verify: bool = False  # verify's probe reports it
+
+
+def _cache(
+    name: str, subdir: str, reader: str, read_at: str, *, reserved: bool = False,
+    verify: bool = False,
+) -> Variable:  # fmt: skip
+    return Variable(name=name, kind=Kind.CACHE, reader=reader, read_at=read_at, hook=Hook.SETS,
+                    cache=subdir, fingerprint=True, reserved=reserved, doctor=True,
+                    verify=verify)  # fmt: skip
+
+
+def _triton_tool(name: str, tool: str) -> Variable:
+    # triton/knobs.py: env_nvidia_tool reads TRITON_<TOOL>_PATH.
+    return Variable(name=name, kind=Kind.TOOL, reader="Triton", read_at="triton/knobs.py",
+                    hook=Hook.SETS, tool=tool, fingerprint=True, doctor=True)  # fmt: skip
+
+
+# The order is the order of the hook's and activation's save lists and of the probes' reports.
+TABLE: tuple[Variable, ...] = (
+    Variable(name="CUDA_HOME", kind=Kind.TOOLKIT,
+             reader="FlashInfer's JIT, torch's cpp_extension, TVM-FFI",
+             read_at="get_cuda_path() (FlashInfer), _find_cuda_home() (torch)",
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+    Variable(name="CUDA_PATH", kind=Kind.TOOLKIT,
+             reader="FlashInfer's JIT, torch's cpp_extension (where CUDA_HOME is unset)",
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+    Variable(name="PATH", kind=Kind.TOOLKIT,
+             reader="FlashInfer and torch (nvcc on it when no CUDA_HOME is set), nvcc (the "
+             "host compiler)",
+             hook=Hook.PREPENDS, reserved=True),
+    Variable(name="FLASHINFER_CUDA_ARCH_LIST", kind=Kind.ARCHS, reader="FlashInfer's JIT",
+             read_at="flashinfer/compilation_context.py",
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+    Variable(name="TORCH_CUDA_ARCH_LIST", kind=Kind.ARCHS, reader="torch's cpp_extension",
+             read_at="_get_cuda_arch_flags() (torch/utils/cpp_extension.py)",
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+    # Without it TVM-FFI's extension builder asks nvidia-smi, and fails without a GPU.
+    Variable(name="TVM_FFI_CUDA_ARCH_LIST", kind=Kind.ARCHS,
+             reader="TVM-FFI's extension builder (tvm_ffi.cpp, under sglang's JIT kernels)",
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True),
+    # Every library that compiles at run time keeps a cache of its own, by default under the
+    # user's home or /tmp, where envs of different toolkits collide (caches.py).
+    # BASE/.cache/flashinfer/<version>/<archs>/cached_ops (default BASE = $HOME).
+    _cache("FLASHINFER_WORKSPACE_BASE", "flashinfer", "FlashInfer", "flashinfer/jit/env.py",
+           reserved=True, verify=True),
+    # knobs.cache.dir; default $TRITON_HOME/.triton/cache.
+    _cache("TRITON_CACHE_DIR", "triton", "Triton", "triton/knobs.py"),
+    # load()/load_inline() build root; default ~/.cache/torch_extensions/pyXY_cuNNN.
+    _cache("TORCH_EXTENSIONS_DIR", "torch_extensions", "torch", "torch/utils/cpp_extension.py"),
+    # FX graph and Inductor caches; default $TMPDIR/torchinductor_$USER.
+    _cache("TORCHINDUCTOR_CACHE_DIR", "torchinductor", "torch Inductor",
+           "torch/_inductor/runtime/cache_dir_utils.py"),
+    # NVRTC jiterator kernels; default ~/.cache/torch/kernels.
+    _cache("PYTORCH_KERNEL_CACHE_PATH", "torch_kernels", "torch NVRTC",
+           "aten/src/ATen/native/cuda/jit_utils.cpp"),
+    # build_inline/load_inline output, also sglang's jit_kernel modules; default ~/.cache/tvm-ffi.
+    _cache("TVM_FFI_CACHE_DIR", "tvm-ffi", "TVM-FFI", "tvm_ffi/cpp/extension.py"),
+    # Read at import; default $TMPDIR/$USER/cutlass_python_cache.
+    _cache("CUTE_DSL_CACHE_DIR", "cute-dsl", "CuTe DSL", "cutlass/base_dsl/cache_helpers.py"),
+    # sglang's own root (newer releases; ~/.cache/sglang) and its JIT builds (~/.cache/sglang/jit).
+    _cache("SGLANG_CACHE_DIR", "sglang", "sglang", "sglang/srt/environ.py"),
+    _cache("SGLANG_JIT_CACHE_DIR", "sglang/jit", "sglang", "sglang/srt/environ.py"),
+    # sglang overwrites DeepGEMM's DG_JIT_CACHE_DIR with this at import (default
+    # ~/.cache/deep_gemm), so this is the one to set.
+    _cache("SGLANG_DG_CACHE_DIR", "deep_gemm", "DeepGEMM (through sglang)",
+           "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"),
+    # The driver's PTX-to-SASS cache; default ~/.nv/ComputeCache.
+    _cache("CUDA_CACHE_PATH", "nv-compute-cache", "CUDA driver", "CUDA programming guide"),
+    # The Blackwell ptxas of newer Triton is TRITON_PTXAS_BLACKWELL_PATH.
+    _triton_tool("TRITON_PTXAS_PATH", "ptxas"),
+    _triton_tool("TRITON_PTXAS_BLACKWELL_PATH", "ptxas"),
+    _triton_tool("TRITON_CUOBJDUMP_PATH", "cuobjdump"),
+    _triton_tool("TRITON_NVDISASM_PATH", "nvdisasm"),
+    # nvcc documentation, "NVCC_PREPEND_FLAGS".
+    Variable(name="NVCC_PREPEND_FLAGS", kind=Kind.NVCC, reader="nvcc", fingerprint=True,
+             doctor=True),
+    Variable(name="NVCC_APPEND_FLAGS", kind=Kind.NVCC, reader="nvcc", fingerprint=True,
+             doctor=True),
+    Variable(name="NVCC_CCBIN", kind=Kind.NVCC, reader="nvcc", fingerprint=True, doctor=True),
+    Variable(name="CXX", kind=Kind.COMPILE, reader="torch's cpp_extension (the host compiler)",
+             doctor=True),
+    Variable(name="LD_LIBRARY_PATH", kind=Kind.RUNTIME, reader="the dynamic loader", doctor=True),
+    Variable(name="CUDA_VISIBLE_DEVICES", kind=Kind.RUNTIME, reader="the CUDA driver",
+             doctor=True),
+    Variable(name="CUDAENV_SHELL_CUDA_HOME", kind=Kind.CUDAENV, reader="cudaenv doctor",
+             hook=Hook.RECORDS, doctor=True),
+    Variable(name="CUDAENV_NO_HOOK", kind=Kind.CUDAENV,
+             reader="the start-up hook (1: it does nothing)"),
+    Variable(name="CUDAENV_ARCH_LIST", kind=Kind.CUDAENV,
+             reader="the start-up hook and activation (an arch list instead of the env's)"),
+    Variable(name="VIRTUAL_ENV", kind=Kind.VENV, reader="the venv's activation", reserved=True),
+    Variable(name="VIRTUAL_ENV_PROMPT", kind=Kind.VENV, reader="the venv's activation",
+             reserved=True),
+    Variable(name="PYTHONHOME", kind=Kind.VENV, reader="the Python interpreter", reserved=True),
+)  # fmt: skip
+
+
+def names(rows: Iterable[Variable]) -> tuple[str, ...]:
+    return tuple(v.name for v in rows)
+
+
+# What the hook and every activation script set (and deactivate gives back).
+SET_BY_HOOK = names(v for v in TABLE if v.hook is Hook.SETS)
+FINGERPRINT = names(v for v in TABLE if v.fingerprint)
+RESERVED = names(v for v in TABLE if v.reserved)
+DOCTOR_PROBE = names(v for v in TABLE if v.doctor)
+VERIFY_PROBE = names(v for v in TABLE if v.verify)
+ARCH_LISTS = names(v for v in TABLE if v.kind is Kind.ARCHS)
+NVCC = names(v for v in TABLE if v.kind is Kind.NVCC)
+# What the activation scripts keep for deactivate: the venv's (_OLD_VIRTUAL_PATH, ...) and
+# ours (_CUDAENV_OLD_CUDA_HOME, ...). A spec value there would be restored in their place.
+RESERVED_PREFIXES = ("_OLD_VIRTUAL_", "_CUDAENV_")
+
+
+def probe_arg(variables: Iterable[str]) -> str:
+    """The argument that tells a probe (doctor_probe.py, env_facts.py) which variables to
+    report: they run in another interpreter and import nothing of cudaenv."""
+    return "--env=" + ",".join(variables)

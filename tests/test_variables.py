@@ -1,0 +1,205 @@
+"""The variable table against what reads it: the start-up hook, every activation script, the
+probes, the fingerprint. Each test runs or renders the real thing and compares it with the
+table, so a name added in one place only fails here."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import archs, caches, doctor, fingerprint, proc, spec, toolchain, variables
+from builder import verify as verify_mod
+from builder.errors import ReportError
+from builder.probe import jit_store
+from builder.variables import Hook, Kind
+from tests.helpers import cudaenv, write
+
+ARCHS = "9.0a 12.0f"
+# The spec's own variable: one the fingerprint hashes, so everything the hook sets is.
+SPEC_ENV = {"NVCC_APPEND_FLAGS": "-lineinfo"}
+# What a bare process starts with: whatever a variable holds after the hook, the hook set.
+# Python itself would set LC_CTYPE in a C locale (PEP 538) were it not told not to.
+BARE = {"PATH": "/usr/bin:/bin", "PYTHONCOERCECLOCALE": "0"}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Path:
+    """An env wired as a build wires it, with every Triton tool in its toolkit (a tool the
+    toolkit lacks is left unset), and the venv's bin/activate kept as it was."""
+    path = tmp_path / "env"
+    proc.run(
+        [proc.uv_bin(), "venv", "--quiet", "--relocatable", "--python", sys.executable, str(path)]
+    )
+    shutil.copy(path / "bin" / "activate", path / "bin" / "activate.venv")
+    for tool in {tool for _, tool in caches.TRITON_TOOLS}:
+        write(path / "cuda-home" / "bin" / tool, "")
+    body = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in SPEC_ENV.items())
+    text = f'name: vars\npython: "3.12"\ncuda: "13.0"\narchs: ["9.0a", "12.0f"]\nenv:\n{body}'
+    s = spec.load(write(tmp_path / "vars.yaml", text))
+    toolchain.write_hooks(path, s, archs.parse_list(ARCHS))
+    return path
+
+
+def hook_changes(env: Path) -> dict[str, str]:
+    """Each variable the start-up hook adds or changes in a bare process, with its value."""
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    done = subprocess.run(
+        [env / "bin" / "python", "-c", code], env=BARE, capture_output=True, text=True, check=True
+    )
+    after: dict[str, str] = json.loads(done.stdout)
+    return {k: v for k, v in after.items() if BARE.get(k) != v}
+
+
+def test_every_variable_the_hook_sets_is_fingerprinted(env: Path) -> None:
+    """Two envs that differ in anything their hook sets fingerprint apart. PATH is only
+    prepended (the toolkit it leads to is hashed by content) and CUDAENV_SHELL_CUDA_HOME
+    records what the shell had, not what the env uses."""
+    not_hashed = {"PATH", "CUDAENV_SHELL_CUDA_HOME"}
+    missing = sorted(set(hook_changes(env)) - not_hashed - set(fingerprint.VARIABLES))
+    assert missing == []
+
+
+def test_the_hook_sets_exactly_what_the_table_says(env: Path) -> None:
+    changed = hook_changes(env)
+    by_hook = {v.name for v in variables.TABLE if v.hook is not None}
+    assert set(changed) == by_hook | set(SPEC_ENV)
+    assert changed["TVM_FFI_CUDA_ARCH_LIST"] == ARCHS
+    assert changed["PATH"] == f"{env / 'cuda-home' / 'bin'}:/usr/bin:/bin"
+
+
+def test_bin_activate_sets_what_the_hook_sets(env: Path) -> None:
+    """What sourcing bin/activate exports beyond what the venv's own activate does: the
+    table's variables the hook sets, and the spec's."""
+
+    def exported(script: str) -> dict[str, str]:
+        done = subprocess.run(
+            ["bash", "-c", f". {env / 'bin' / script} && env -0"],
+            env=BARE,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        pairs = (item.split("=", 1) for item in done.stdout.split("\0") if "=" in item)
+        return {k: v for k, v in pairs}
+
+    venv_only, ours = exported("activate.venv"), exported("activate")
+    added = {k for k, v in ours.items() if venv_only.get(k) != v} - {"PATH"}
+    assert added == set(variables.SET_BY_HOOK) | set(SPEC_ENV)
+    assert ours["PATH"].startswith(f"{env / 'cuda-home' / 'bin'}:")
+    assert ours["TVM_FFI_CUDA_ARCH_LIST"] == ARCHS
+
+
+def test_the_hook_touches_no_variable_the_table_does_not_know(env: Path) -> None:
+    """Every name the hook's code reads or writes (``_os.environ[...]``, ``.get``,
+    ``.setdefault``) is a row of the table or the spec's own."""
+    site = toolchain.site_packages(env)
+    tree = ast.parse((site / f"{toolchain.HOOK_MODULE}.py").read_text())
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_environ(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if not (is_environ(node.func.value) and node.args):
+                continue
+            key = node.args[0]
+        else:
+            continue
+        assert isinstance(key, ast.Constant), ast.unparse(node)
+        used.add(key.value)
+    assert "TVM_FFI_CUDA_ARCH_LIST" in used
+    assert used - set(SPEC_ENV) <= {v.name for v in variables.TABLE}
+
+
+@pytest.mark.parametrize(
+    "template", sorted({t for _, t, _ in toolchain.ACTIVATIONS} | {"hook.py.j2"})
+)
+def test_every_activation_names_every_variable_the_hook_sets(template: str) -> None:
+    """Each shell's script sets the toolkit and arch-list variables in code of its own: each
+    must name every variable of the table the hook sets. Rendered without the save list,
+    which names them all anyway."""
+    values = {
+        "name": "t",
+        "pth_name": toolchain.PTH_NAME,
+        "depth": 3,
+        "flashinfer_archs": ARCHS,
+        "torch_archs": "9.0;12.0",
+        "env": [],
+        "caches": [(c.variable, c.subdir) for c in caches.CACHES],
+        "tools": list(caches.TRITON_TOOLS),
+        "saved": [],
+    }
+    text = toolchain.templates().get_template(template).render(values)
+    assert [v for v in variables.SET_BY_HOOK if v not in text] == []
+
+
+def test_the_probes_report_the_tables_variables(env: Path, tmp_path: Path) -> None:
+    """doctor's and verify's probes run in the env's interpreter and report exactly the
+    variables the table gives them, as the hook left them."""
+    python = env / "bin" / "python"
+    facts, _, _ = doctor.probe(python, deep=False)
+    assert facts is not None
+    assert tuple(facts.env) == variables.DOCTOR_PROBE
+    assert facts.env["TVM_FFI_CUDA_ARCH_LIST"] == ARCHS
+    target = verify_mod.Target(python=python, archs=archs.parse_list(ARCHS), work=tmp_path)
+    verified = verify_mod.probe(target, jit=False)
+    assert tuple(verified.env) == variables.VERIFY_PROBE
+    assert verified.env["FLASHINFER_CUDA_ARCH_LIST"] == ARCHS
+
+
+def test_fingerprint_json_of_an_env_holds_its_arch_lists(env: Path, tmp_path: Path) -> None:
+    """`cudaenv fingerprint --json` hashes TVM-FFI's arch list with the others, and what it
+    writes reads back whole."""
+    done = cudaenv("fingerprint", "--python", str(env / "bin" / "python"), "--json", cwd=tmp_path)
+    doc = json.loads(done.stdout)
+    assert {k: doc["parts"]["variables"][k] for k in variables.ARCH_LISTS} == {
+        "FLASHINFER_CUDA_ARCH_LIST": ARCHS,
+        "TORCH_CUDA_ARCH_LIST": "9.0;12.0",
+        "TVM_FFI_CUDA_ARCH_LIST": ARCHS,
+    }
+    saved = write(tmp_path / "fp.json", done.stdout)
+    read = fingerprint.read(saved)
+    assert read.to_json() == doc
+    assert read.fingerprint == fingerprint.digest(read.parts)
+    same = cudaenv("fingerprint", "--compare", str(saved), str(saved), cwd=tmp_path)
+    assert same.stdout.strip() == f"same fingerprint {read.fingerprint}"
+
+
+def test_a_fingerprint_file_is_read_with_the_key_path_in_its_error(tmp_path: Path) -> None:
+    doc = {"schema_version": 1, "python": "x", "fingerprint": "sha256:0",
+           "parts": {"python": "3.12.1", "distributions": {}}}  # fmt: skip
+    path = write(tmp_path / "fp.json", json.dumps(doc))
+    with pytest.raises(ReportError) as raised:
+        fingerprint.read(path)
+    assert str(raised.value) == f"{path}: fingerprint: in 'parts': missing key 'toolkit'"
+
+
+def test_the_table_is_consistent() -> None:
+    names = [v.name for v in variables.TABLE]
+    assert len(names) == len(set(names))
+    for v in variables.TABLE:
+        assert (v.cache is not None) == (v.kind is Kind.CACHE), v.name
+        assert (v.tool is not None) == (v.kind is Kind.TOOL), v.name
+        if v.kind in (Kind.CACHE, Kind.TOOL):
+            assert v.hook is Hook.SETS, v.name
+        # The fingerprint is taken of doctor's facts: a variable it hashes must be reported.
+        if v.fingerprint:
+            assert v.doctor, v.name
+        if v.hook is Hook.SETS:
+            assert v.fingerprint, v.name
+    assert set(variables.ARCH_LISTS) <= set(variables.SET_BY_HOOK)
+
+
+def test_jit_stores_nvcc_variables_are_the_tables() -> None:
+    """jit_store.py runs inside the env's interpreter and imports nothing of cudaenv, so it
+    writes its list out."""
+    assert jit_store.NVCC_ENV == variables.NVCC
