@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -316,7 +317,8 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
     try:
         argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *_install_argv(source)]
-        proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
+        if not _sync_from_cache(argv, req):
+            proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         if "No space left on device" in exc.output:
             raise BuildError(_no_space(tmp)) from exc
@@ -378,6 +380,27 @@ def _manifest(
         platform=platform,
         assembled=assembled,
     )
+
+
+def _sync_from_cache(argv: Sequence[str], req: Path) -> bool:
+    """Install the lock from uv's cache alone (``--offline``), when every file is there.
+
+    Every line of the requirements names an exact version and its hashes, so the index has
+    nothing to add to what uv already holds: online, uv still revalidates each package's
+    index page (~0.6 s for the default stack's 207, most of a warm build's own time). Any
+    failure (a file not in the cache, an index page never fetched) says nothing: the
+    caller installs online, streaming uv's messages as usual. uv's output of a successful
+    run is replayed, as the online run would have shown it."""
+    if "--offline" in argv or "--no-index" in argv:
+        return False
+    try:
+        done = proc.run([*argv, "--offline", str(req)], env=proc.uv_env())
+    except proc.CommandFailed as exc:
+        log.debug("not all of the lock is in uv's cache; installing online: %s", exc)
+        return False
+    sys.stderr.write(done.stderr)
+    sys.stderr.flush()
+    return True
 
 
 def _install_argv(source: Source) -> list[str]:

@@ -8,16 +8,14 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from builder import archs, cliargs, pipeline, proc
-from builder.errors import CudaenvError, ReportError, UsageError, error_lines
-from builder.reporter import Reporter
+from builder.errors import ReportError, UsageError
+from builder.reporter import Reporter, run_main
 
 if TYPE_CHECKING:
     from builder import report
@@ -337,11 +335,6 @@ def cmd_report_merge(args: argparse.Namespace, say: Reporter) -> int:
     return 0
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Turn SIGTERM into an exception so the build's cleanup runs (build.py).
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "lock": cmd_lock,
     "plan": cmd_plan,
@@ -368,18 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.WARNING,
         format="cudaenv: %(message)s",
     )
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        return HANDLERS[args.handler](args, say)
-    except CudaenvError as exc:
-        if debug:
-            raise
-        for line in error_lines(exc):
-            print(line, file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {say.interrupt_note}", file=sys.stderr)
-        return 130
+    handler = HANDLERS[args.handler]
+    return run_main(lambda: handler(args, say), say, debug=debug)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import archs, lock, platforms, resolve, spec
+from builder import archs, lock, platforms, spec
 from builder.errors import (
     BuildError,
     CudaenvError,
@@ -34,14 +34,15 @@ from builder.errors import (
     UsageError,
     VerifyFailed,
 )
-from builder.reporter import Reporter, silent
+from builder.reporter import Reporter, run_main, silent
 
 if TYPE_CHECKING:
     from builder import report, verify
     from builder.manifest import Manifest
 
-# build, verify, report and export pull in jinja2 and more: imported where used, so
-# `cudaenv lock` and `plan` start in a few milliseconds.
+# resolve, build, verify, report and export are imported where used: a warm `cudaenv build`
+# of an up-to-date lock imports neither the resolver nor the verify and report machinery
+# (~80 ms of a ~2 s build), and `cudaenv plan` starts in a few milliseconds.
 
 
 def command_line(argv: Sequence[str]) -> str:
@@ -105,6 +106,8 @@ def write_lock(spec_arg: Path | str, *, upgrade: bool, reporter: Reporter) -> Lo
     if owner is not None and owner != s.name:
         lock.check_owner_name(owner, out, s.name)
     reporter(f"resolving {s.name} ({spec_arg}) with uv")
+    from builder import resolve
+
     plan = resolve.resolve(
         s, command=command_line(["lock", str(spec_arg)]), previous=None if upgrade else out
     )
@@ -116,6 +119,8 @@ def write_lock(spec_arg: Path | str, *, upgrade: bool, reporter: Reporter) -> Lo
 
 def current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
     """The spec's lock when up to date, else a fresh resolution; and which it is."""
+    from builder import resolve
+
     path = lock_file(s)
     if not fresh and path.exists():
         current = lock.read(path, spec_name=s.name)
@@ -179,6 +184,8 @@ def ensure_lock(
     if offline:
         raise BuildError(f"{path} {why} and --offline cannot resolve one")
     reporter(f"{path} {why}: resolving and writing it first")
+    from builder import resolve
+
     plan = resolve.resolve(
         s, command=command_line(["lock", str(spec_arg)]), previous=path if relock else None
     )
@@ -280,13 +287,13 @@ def build_and_verify(
 ) -> tuple[Built, report.VerifyReport | None]:
     """The whole :class:`Run`: build, ``show`` the env's path, verify when asked and ``show``
     the summary. The verdict is the caller's (:func:`raise_verdict`)."""
-    from builder import report
-
     with Run(request, reporter) as run:
         built = run.build()
         show(str(built.path))
         verified = run.verify(built) if request.verify else None
         if verified is not None:
+            from builder import report
+
             show(report.terminal(verified))
     return built, verified
 
@@ -318,7 +325,7 @@ class Run:
 
     def build(self) -> Built:
         """Resolve the lock if needed, then build (or reuse, or assemble) the env."""
-        from builder import build, export
+        from builder import build
 
         request, say = self.request, self.reporter
         self.stage = "resolve"
@@ -335,6 +342,8 @@ class Run:
         )
         wheelhouse = request.wheelhouse.absolute() if request.wheelhouse else None
         if wheelhouse is not None:
+            from builder import export
+
             export.check_wheelhouse(lk, wheelhouse, cross)  # before anything is built
             imported = export.import_jit(wheelhouse)
             if imported:
@@ -664,32 +673,20 @@ def cell_main(argv: Sequence[str]) -> int:
     """``python -m builder.pipeline REQUEST.json``: one matrix cell's process. Runs the
     :class:`BuildRequest` as `cudaenv build` would, its output on this process's stdout and
     stderr (the cell's log), and exits with the code `cudaenv build` would."""
-    import signal
-
-    from builder.errors import error_lines
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     say = Reporter()
-    try:
-        if len(argv) != 1:
-            raise UsageError("usage: python -m builder.pipeline REQUEST.json")
+
+    def body() -> int:
         from builder import jsondoc
 
+        if len(argv) != 1:
+            raise UsageError("usage: python -m builder.pipeline REQUEST.json")
         request = BuildRequest.from_json(jsondoc.load(Path(argv[0]), "build request"), argv[0])
         _, verified = build_and_verify(request, say, show=print)
         if verified is not None:
             raise_verdict(verified)
         return 0
-    except CudaenvError as exc:
-        for line in error_lines(exc):
-            print(line, file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"error: interrupted; {say.interrupt_note}", file=sys.stderr)
-        return 130
+
+    return run_main(body, say)
 
 
 if __name__ == "__main__":

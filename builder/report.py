@@ -143,8 +143,9 @@ def verify_report(
 
 @dataclass(frozen=True, kw_only=True)
 class BuildRecord:
-    """What ``cudaenv build --verify --record FILE`` ran into, for the matrix to read instead
-    of scraping a log: the stage it ended in, the grid status, the reason, the exit code."""
+    """What a build (``cudaenv build --record FILE``, a matrix cell: pipeline.Run) ran into,
+    for the matrix to read instead of scraping a log: the stage it ended in, the grid
+    status, the reason, the exit code."""
 
     stage: str  # "resolve", "build" or "verify": the last stage that ran
     status: CellStatus

@@ -7,9 +7,15 @@ its own log and a test each hold their own, and two of them never see each other
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TextIO
+
+from builder.errors import CudaenvError, error_lines
 
 NOTHING_BUILT = "nothing was built"
 
@@ -38,3 +44,33 @@ class Reporter:
 def silent() -> Reporter:
     """A reporter that says nothing (library calls and tests)."""
     return Reporter(quiet=True)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM becomes an exception so a build's cleanup runs (build.py), as for Ctrl-C.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False) -> int:
+    """A process's main (the CLI, a matrix cell): run ``body`` with SIGTERM turned into an
+    interrupt; an error becomes one ``error:`` line per problem on stderr and its exit code
+    (with ``debug``, the traceback instead), an interrupt 130 and what it left."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return body()
+    except CudaenvError as exc:
+        if debug:
+            raise
+        for line in error_lines(exc):
+            print(line, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {reporter.interrupt_note}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `cudaenv plan SPEC | head`: the reader left. As a shell tool would, stop quietly
+        # (128 + SIGPIPE), and point stdout at /dev/null so the interpreter's own flush at
+        # exit does not fail again (Python's documented recipe, "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

@@ -466,31 +466,8 @@ def resolve(
     wheelhouse = project.settings_for(spec.source).lock_wheelhouse
     if compile_ is None:
         py = _spec_python(spec)
-
-        def compile_(
-            s: EnvSpec,
-            r: Sequence[str],
-            c: Sequence[str],
-            o: Sequence[str],
-            *,
-            extra_args: Sequence[str] = (),
-        ) -> Resolution:
-            return uv_compile(s, r, c, o, extra_args=extra_args, python=py)
-
-        def seeded(
-            s: EnvSpec,
-            r: Sequence[str],
-            c: Sequence[str],
-            o: Sequence[str],
-            *,
-            extra_args: Sequence[str] = (),
-        ) -> Resolution:
-            # uv's own last output for this spec and platform: the previous lock itself may
-            # hold two platforms' entries, which is no preference file for one.
-            seed = _seed_file(s) if previous is not None and previous.exists() else None
-            return uv_compile(s, r, c, o, extra_args=extra_args, python=py, seed=seed)
-
-        final_compile: Compiler = seeded
+        compile_ = _uv_compiler(py, None)
+        final_compile = _uv_compiler(py, previous)
     else:
         final_compile = compile_
 
@@ -701,6 +678,26 @@ def index_files(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[Locke
         python=_spec_python(spec),
         remember=False,
     ).packages
+
+
+def _uv_compiler(python: Path | None, previous: Path | None) -> Compiler:
+    """:func:`uv_compile` with the spec's Python; with ``previous`` (a re-lock), seeded with
+    uv's own last output for the spec and platform: the previous lock itself may hold two
+    platforms' entries, which is no preference file for one."""
+
+    def compile_(
+        s: EnvSpec,
+        r: Sequence[str],
+        c: Sequence[str],
+        o: Sequence[str],
+        /,
+        *,
+        extra_args: Sequence[str] = (),
+    ) -> Resolution:
+        seed = _seed_file(s) if previous is not None and previous.exists() else None
+        return uv_compile(s, r, c, o, extra_args=extra_args, python=python, seed=seed)
+
+    return compile_
 
 
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:

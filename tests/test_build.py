@@ -103,3 +103,46 @@ def test_python_discovery_names_what_it_found() -> None:
     message = str(info.value)
     assert message.startswith("no Python 3.99 on this machine (looked at: ")
     assert "uv python install 3.99" in message
+
+
+# --------------------------------------------------------------------------- install from the cache
+
+
+def fake_uv(tmp_path: Path, *, cached: bool) -> Path:
+    """A stand-in uv that, like uv, fails with --offline when the files are not cached, and
+    records each of its runs."""
+    uv = tmp_path / "uv"
+    uv.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, pathlib\n"
+        f"pathlib.Path({str(tmp_path / 'runs')!r}).open('a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"cached = {cached!r}\n"
+        "if '--offline' in sys.argv and not cached:\n"
+        "    sys.exit('error: cuda-toolkit was not found in the cache')\n"
+        "sys.stderr.write(' + cuda-toolkit==13.0.3.0\\n')\n"
+    )
+    uv.chmod(0o755)
+    return uv
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+def test_a_warm_install_asks_no_index_and_a_cold_one_goes_online(
+    tmp_path: Path, cached: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uv = fake_uv(tmp_path, cached=cached)
+    req = tmp_path / "req.txt"
+    argv = [str(uv), "pip", "sync", "--require-hashes"]
+    took_cache = build._sync_from_cache(argv, req)
+    assert took_cache is cached
+    runs = (tmp_path / "runs").read_text().splitlines()
+    assert runs == [f"pip sync --require-hashes --offline {req}"]
+    # A cached install shows uv's own lines, as the online run would have; a failed attempt
+    # shows nothing (the online run that follows says what there is to say).
+    assert (" + cuda-toolkit" in capsys.readouterr().err) is cached
+
+
+def test_an_install_that_is_offline_or_from_a_wheelhouse_is_left_as_asked(tmp_path: Path) -> None:
+    uv = fake_uv(tmp_path, cached=True)
+    for extra in (["--offline"], ["--no-index", "--find-links", "/w"]):
+        assert not build._sync_from_cache([str(uv), "pip", "sync", *extra], tmp_path / "r.txt")
+    assert not (tmp_path / "runs").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -506,3 +507,19 @@ def test_completion_offers_commands_and_each_commands_options(shell: str, tmp_pa
     offered = [line.split() for line in done.stdout.splitlines()]
     assert "build" in offered[0] and "--verify" not in offered[0]
     assert "--verify" in offered[1] and "build" not in offered[1]
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    # `cudaenv plan SPEC | head -1` where head has gone: the pipe's reading end is closed
+    # before cudaenv writes anything, so its first write fails.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    argv = [sys.executable, "-m", "builder.cli", "plan", str(ENVSPECS / "default.yaml")]
+    try:
+        done = subprocess.run(
+            argv, cwd=REPO, stdout=write_end, stderr=subprocess.PIPE, text=True, check=False
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr

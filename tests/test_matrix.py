@@ -531,3 +531,15 @@ def test_one_cell_runs_judged_as_in_the_whole_matrix(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "b" / "matrix.json").read_text())
     assert [(c["name"], c["status"]) for c in doc["cells"]] == [("bad", "refused")]
     assert cli.main(["--quiet", "matrix", str(tmp_path / "m.yaml"), "--cell", "nope"]) == 2
+
+
+def test_a_cell_process_refuses_what_is_not_a_build_request(tmp_path: Path) -> None:
+    doc = {**pipeline.BuildRequest(spec="x.yaml").to_json(), "verify": "yes"}
+    bad = write(tmp_path / "r.json", json.dumps(doc))
+    done = subprocess.run(
+        matrix.cell_argv(bad), capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {bad}: build request: in 'verify': expected true or false, got str"
+    ]
