@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from builder import proc
 from builder.cudaversion import CudaVersion
@@ -72,16 +73,95 @@ class Arch:
         return f"-gencode=arch=compute_{self.code},code=sm_{self.code}"
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
-        """Whether a cubin of this arch loads on a GPU of ``capability``: ``a`` targets run on
-        exactly that capability, ``f`` on the same major with an equal or higher minor, plain
-        ones on the same major (SASS is not forward compatible across majors)."""
-        major, minor = capability
-        if self.suffix == "a":
-            return (self.major, self.minor) == capability
-        return self.major == major and minor >= self.minor
+        """Whether a cubin of this arch loads on a GPU of ``capability``
+        (:data:`COMPATIBILITY`'s SASS rows: SASS is not forward compatible across majors)."""
+        return code_runs_on("sass", self, capability)
 
 
 DEFAULT_ARCHS: tuple[Arch, ...] = (Arch.parse(DEFAULT_ARCH_TEXT),)
+
+
+# --------------------------------------------------------------------------- what runs where
+# NVIDIA's binary compatibility rules (CUDA C++ Programming Guide, "Binary Compatibility",
+# "PTX Compatibility" and the arch- and family-specific features of compute capability 9.0 and
+# later), one row per kind of code. An arch-specific cubin shipped for 12.0 is why sglang's
+# common ops have no kernel on a CC 12.1 DGX Spark (sgl-project/sglang#29317).
+
+CodeKind = Literal["sass", "ptx"]
+Reach = Literal["exact", "same major", "any later"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompatRule:
+    kind: CodeKind
+    suffix: str  # "" plain, "a" arch-specific, "f" family-specific
+    reach: Reach  # the capabilities X.Z it runs on, from its own X.Y
+    text: str
+
+
+COMPATIBILITY: tuple[CompatRule, ...] = (
+    CompatRule(kind="sass", suffix="", reach="same major",
+               text="an sm_XY cubin runs on CC X.Z for Z >= Y"),
+    CompatRule(kind="sass", suffix="a", reach="exact",
+               text="an sm_XYa cubin runs on CC X.Y only"),
+    CompatRule(kind="sass", suffix="f", reach="same major",
+               text="an sm_XYf cubin runs on the members of its family at or above X.Y"),
+    CompatRule(kind="ptx", suffix="", reach="any later",
+               text="compute_XY PTX is compiled by the driver for any CC >= X.Y, when the "
+               "driver is at least as new as the PTX ISA"),
+    CompatRule(kind="ptx", suffix="a", reach="exact",
+               text="compute_XYa PTX is compiled for CC X.Y only"),
+    CompatRule(kind="ptx", suffix="f", reach="same major",
+               text="compute_XYf PTX is compiled for the members of its family at or above X.Y"),
+)  # fmt: skip
+
+# The CUDA release that introduced each PTX ISA version (PTX ISA "Release Notes"): a driver
+# compiles PTX of an ISA no newer than its own CUDA; newer PTX fails with "the provided PTX
+# was compiled with an unsupported toolchain". 8.5 serves CUDA 12.5 and 12.6.
+PTX_ISA_CUDA: dict[tuple[int, int], CudaVersion] = {
+    **{(7, m): CudaVersion(major=11, minor=m) for m in range(9)},
+    **{(8, m): CudaVersion(major=12, minor=m) for m in range(6)},
+    (8, 6): CudaVersion(major=12, minor=7),
+    (8, 7): CudaVersion(major=12, minor=8),
+    (8, 8): CudaVersion(major=12, minor=9),
+    (9, 0): CudaVersion(major=13, minor=0),
+    (9, 1): CudaVersion(major=13, minor=1),
+    (9, 2): CudaVersion(major=13, minor=2),
+}
+
+
+def compat_rule(kind: CodeKind, suffix: str) -> CompatRule:
+    for rule in COMPATIBILITY:
+        if (rule.kind, rule.suffix) == (kind, suffix):
+            return rule
+    raise ValueError(f"no compatibility rule for {kind} code with suffix {suffix!r}")
+
+
+def code_runs_on(
+    kind: CodeKind,
+    arch: Arch,
+    capability: tuple[int, int],
+    *,
+    ptx_isa: tuple[int, int] | None = None,
+    driver_cuda: CudaVersion | None = None,
+) -> bool:
+    """Whether code of ``kind`` built for ``arch`` runs on a GPU of ``capability``, by
+    :data:`COMPATIBILITY`. For PTX, with ``driver_cuda`` (the newest CUDA the driver runs)
+    known, its ISA must be one that driver compiles: an ISA cudaenv does not know is newer
+    than every CUDA it knows, so it is not counted as runnable."""
+    rule = compat_rule(kind, arch.suffix)
+    if rule.reach == "exact":
+        fits = capability == arch.capability
+    elif rule.reach == "same major":
+        fits = capability[0] == arch.major and capability[1] >= arch.minor
+    else:
+        fits = capability >= arch.capability
+    if not fits or kind == "sass" or driver_cuda is None:
+        return fits
+    if ptx_isa is None:
+        return False  # PTX whose ISA was not read is never counted as runnable
+    made_by = PTX_ISA_CUDA.get(ptx_isa)
+    return made_by is not None and made_by <= driver_cuda
 
 
 def parse_list(text: str) -> tuple[Arch, ...]:

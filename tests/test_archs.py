@@ -183,3 +183,72 @@ def test_a_list_cudaenv_did_not_write_is_read_leniently() -> None:
     assert archs.texts(archs.parse_lenient("8.0;12.0+PTX Hopper,12.0")) == ["8.0", "12.0"]
     assert archs.parse_lenient("Hopper") == ()
     assert archs.parse_lenient("") == ()
+
+
+# --------------------------------------------------------------------------- what runs where
+# Each case is one of NVIDIA's documented statements (CUDA C++ Programming Guide, binary and
+# PTX compatibility; FACTS §12), or a consequence the audit relies on.
+
+
+@pytest.mark.parametrize(
+    ("kind", "arch", "capability", "runs"),
+    [
+        # "a cubin generated for compute capability X.y will only execute on devices of
+        # compute capability X.z where z >= y"
+        ("sass", "8.0", (8, 6), True),
+        ("sass", "8.6", (8, 0), False),
+        ("sass", "8.0", (9, 0), False),  # never across majors
+        ("sass", "12.0", (12, 1), True),  # plain sm_120 serves a DGX Spark (vLLM's, FACTS §15)
+        # arch-specific: exactly that CC
+        ("sass", "12.0a", (12, 0), True),
+        ("sass", "12.0a", (12, 1), False),  # sgl_kernel's sm_120a on CC 12.1 (sglang#29317)
+        ("sass", "9.0a", (9, 0), True),
+        ("sass", "10.0a", (10, 3), False),
+        # family-specific: the family's members at or above it
+        ("sass", "10.0f", (10, 3), True),
+        ("sass", "12.0f", (12, 1), True),
+        ("sass", "12.1f", (12, 0), False),
+        ("sass", "12.0f", (10, 0), False),
+        # PTX is compiled forward, across majors too
+        ("ptx", "8.0", (12, 0), True),
+        ("ptx", "9.0", (8, 9), False),
+        ("ptx", "9.0a", (10, 0), False),  # arch-specific PTX has no forward path
+        ("ptx", "9.0a", (9, 0), True),
+        ("ptx", "10.0f", (10, 3), True),
+        ("ptx", "10.0f", (12, 0), False),
+    ],
+)
+def test_code_runs_where_nvidia_documents(
+    kind: archs.CodeKind, arch: str, capability: tuple[int, int], runs: bool
+) -> None:
+    assert archs.code_runs_on(kind, archs.Arch.parse(arch), capability) is runs
+
+
+def test_every_kind_and_suffix_has_exactly_one_rule() -> None:
+    pairs = [(r.kind, r.suffix) for r in archs.COMPATIBILITY]
+    assert sorted(pairs) == sorted((k, s) for k in ("sass", "ptx") for s in ("", "a", "f"))
+    with pytest.raises(ValueError, match="no compatibility rule"):
+        archs.compat_rule("sass", "x")
+
+
+def test_ptx_runs_only_on_a_driver_as_new_as_its_isa() -> None:
+    plain_80 = archs.Arch.parse("8.0")
+    cu129, cu130 = CudaVersion(major=12, minor=9), CudaVersion(major=13, minor=0)
+    # PTX ISA 9.0 is CUDA 13.0's: a 12.9 driver cannot compile it ("unsupported toolchain").
+    assert archs.code_runs_on("ptx", plain_80, (12, 0), ptx_isa=(9, 0), driver_cuda=cu130)
+    assert not archs.code_runs_on("ptx", plain_80, (12, 0), ptx_isa=(9, 0), driver_cuda=cu129)
+    assert archs.code_runs_on("ptx", plain_80, (12, 0), ptx_isa=(8, 8), driver_cuda=cu129)
+    # An ISA nobody has told cudaenv about, or one that was not read, is never counted.
+    assert not archs.code_runs_on("ptx", plain_80, (12, 0), ptx_isa=(9, 9), driver_cuda=cu130)
+    assert not archs.code_runs_on("ptx", plain_80, (12, 0), driver_cuda=cu130)
+    # Minor-version compatibility covers SASS, not PTX: a cubin does not care.
+    assert archs.code_runs_on("sass", plain_80, (8, 6), ptx_isa=(9, 0), driver_cuda=cu129)
+
+
+def test_the_ptx_isa_table_follows_cuda_releases() -> None:
+    isa = archs.PTX_ISA_CUDA
+    assert str(isa[(7, 0)]) == "11.0" and str(isa[(8, 0)]) == "12.0"
+    assert str(isa[(8, 5)]) == "12.5" and str(isa[(8, 7)]) == "12.8"
+    assert str(isa[(8, 8)]) == "12.9" and str(isa[(9, 0)]) == "13.0"
+    ordered = [isa[k] for k in sorted(isa)]
+    assert ordered == sorted(ordered)  # a newer ISA never maps to an older CUDA
