@@ -29,6 +29,8 @@ FAMILY_CUDA = CudaVersion(major=12, minor=9)
 _ARCH_RE = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 _SEPARATORS = re.compile(r"[\s,;]+")
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
+# The one program asked about GPUs, by this module alone; others may name it in messages.
+NVIDIA_SMI = "nvidia-smi"
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -293,7 +295,7 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
     pass its index on."""
     if not DRIVER_VERSION_FILE.exists():
         return [], f"no NVIDIA driver ({DRIVER_VERSION_FILE} is absent)"
-    smi = proc.which("nvidia-smi")
+    smi = proc.which(NVIDIA_SMI)
     if not smi:
         return [], "NVIDIA driver present but no nvidia-smi to list GPUs"
     fields: Sequence[str] = _QUERY
@@ -317,6 +319,23 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
         said = done.stdout.strip() or done.stderr.strip() or f"exit {done.returncode}"
         return [], f"no visible NVIDIA GPU (nvidia-smi: {said[:200]})"
     return gpus, None
+
+
+def smi_driver_version() -> str | None:
+    """What ``nvidia-smi --query-gpu=driver_version`` says for the first GPU, as printed, or
+    None (no nvidia-smi, no GPU, no answer in 10 s). ``driver.detect`` reads and checks it;
+    the query lives here with the other nvidia-smi query."""
+    smi = proc.which(NVIDIA_SMI)
+    if not smi:
+        return None
+    try:
+        done = proc.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], check=False, timeout=10
+        )
+    except proc.CommandFailed:
+        return None
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return lines[0] if done.returncode == 0 and lines else None
 
 
 # --------------------------------------------------------------------------- the env's list

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, cliargs, pipeline, proc
+from builder import archs, cliargs, driver, pipeline, proc
 from builder.errors import ReportError, UsageError
 from builder.reporter import Reporter, run_main
 
@@ -46,8 +46,9 @@ def cmd_plan(args: argparse.Namespace, say: Reporter) -> int:
     lk, origin = pipeline.current_lock(s, fresh=args.fresh)
     platform = pipeline.plan_platform(s, lk, args.platform)
     path = pipeline.lock_file(s)
+    found = driver.detect()
     rows = [("lock", str(path) if path.exists() else f"{path} (not written yet)")]
-    rows += pipeline.plan_table(s, lk, platform)
+    rows += pipeline.plan_table(s, lk, platform, found)
     if args.json:
         doc = {
             "spec": str(s.source),
@@ -63,6 +64,17 @@ def cmd_plan(args: argparse.Namespace, say: Reporter) -> int:
             "torch_cuda": lk.torch_cuda,
             "toolkit": lk.toolkit,
             "archs": archs.texts(s.archs),
+            "driver": found.to_json() if found is not None else None,
+            "driver_needed": (
+                driver.minimum_driver(s.cuda_version)
+                if s.cuda_major in driver.MINIMUM_DRIVER
+                else None
+            ),
+            "driver_runs": (
+                found.runs(s.cuda_version)
+                if found is not None and s.cuda_major in driver.MINIMUM_DRIVER
+                else None
+            ),
             "packages": {p.name: p.version for p in lk.packages_on(platform)},
         }
         print(json.dumps(doc, indent=2))
@@ -89,6 +101,7 @@ def cmd_build(args: argparse.Namespace, say: Reporter) -> int:
             wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
             offline=args.offline,
             platform=args.platform,
+            no_driver_check=args.no_driver_check,
         )
         built, verified = pipeline.build_and_verify(
             request, say, show=(lambda _text: None) if args.json else print
@@ -173,6 +186,16 @@ def cmd_adopt(args: argparse.Namespace, say: Reporter) -> int:
         found = adopt.inspect(python)
     env_archs = pipeline.parse_archs(args.archs) if args.archs else None
     planned = adopt.plan(found, env_archs=env_archs, force=args.force)
+    if not args.no_driver_check:
+        # Before anything changes, as build does: torch's CUDA is what the env must run.
+        say(
+            driver.require(
+                planned.spec.cuda_version,
+                driver.detect(),
+                needs=f"torch {found.torch} in {found.prefix}",
+                older="a torch built",
+            )
+        )
     for line in planned.lines():
         print(line)
     if args.dry_run:

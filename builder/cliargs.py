@@ -22,8 +22,14 @@ names one cell of a matrix file instead (envspecs/matrix/release.yaml:sm12.0f), 
 runners get it from `cudaenv matrix FILE --emit github`.
 
 Exit codes: 0 ok; 1 other; 2 bad input (spec, matrix, report, argument); 3 refused or
-unresolvable set; 4 build failed; 5 a check failed; 6 a tool is missing; 130 interrupted.
+unresolvable set; 4 build failed; 5 a check failed; 6 a tool is missing; 7 the NVIDIA
+driver is too old for the CUDA (build, adopt); 130 interrupted.
 """
+
+# build and adopt refuse (exit 7) a CUDA this machine's driver cannot run; this says go on.
+NO_DRIVER_CHECK_HELP = (
+    "go on even where this machine's NVIDIA driver is too old for the CUDA (exit 7 otherwise)"
+)
 
 
 def _sub(
@@ -113,7 +119,9 @@ def make_parser() -> argparse.ArgumentParser:
         "interrupted build leaves the previous env intact. A missing lock is resolved first. "
         "--platform linux-aarch64 on an x86_64 machine (or the reverse) assembles that "
         "machine's env without running any of it: its wheels unpacked hash-checked, cuda-home/ "
-        "and the hook, each compiler binary checked to be that machine's.",
+        "and the hook, each compiler binary checked to be that machine's. Before anything is "
+        "resolved or built, a spec whose CUDA this machine's NVIDIA driver cannot run is "
+        "refused (exit 7; a machine without a driver builds).",
         "cudaenv build --verify envspecs/default.yaml",
     )
     bd.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help=SPEC_HELP)
@@ -143,6 +151,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="assemble the env for another machine (linux-x86_64, linux-aarch64); needs "
         "--env-dir, not --verify",
     )
+    bd.add_argument("--no-driver-check", action="store_true", help=NO_DRIVER_CHECK_HELP)
     bd.set_defaults(handler="build")
 
     ex = _sub(
@@ -234,7 +243,8 @@ def make_parser() -> argparse.ArgumentParser:
         "an interrupted adopt is undone, and a rerun finishes from where the env was. Refuses "
         "(exit 3, nothing changed) a CPU-only or missing torch, a CUDA 12 torch without its "
         "toolkit on the machine, a system Python (unless --force), and a set uv cannot "
-        "resolve without breaking the env's own pins.",
+        "resolve without breaking the env's own pins; exits 7 where this machine's NVIDIA "
+        "driver cannot run torch's CUDA.",
         "cudaenv adopt --python .venv/bin/python --dry-run",
     )
     ad.add_argument("--python", required=True, help="the env's interpreter or directory")
@@ -243,6 +253,7 @@ def make_parser() -> argparse.ArgumentParser:
     ad.add_argument("--undo", action="store_true", help="put the env back as before adopt")
     ad.add_argument("--force", action="store_true", help="also adopt a system or distro Python")
     ad.add_argument("--no-verify", action="store_true", help="skip the verify that follows")
+    ad.add_argument("--no-driver-check", action="store_true", help=NO_DRIVER_CHECK_HELP)
     ad.set_defaults(handler="adopt")
 
     ls = _sub(

@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import archs, caches, channels, manifest, policy, proc, variables
+from builder import archs, caches, channels, driver, manifest, policy, proc, variables
 from builder.cudaversion import CudaVersion
 from builder.errors import CudaenvError
 from builder.manifest import Manifest
@@ -34,8 +34,6 @@ PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
 PYTHON_FIX = "check that this is a working Python 3.9+"
 HANG_FIX = "run with --debug and look at what hangs"
-# CUDA major -> the oldest driver branch that runs it (minor-version compatibility).
-MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 # FlashInfer's own gate: "Failed to get device capability: SM 12.x requires CUDA >= 12.9".
 SM12_MIN_CUDA = CudaVersion(major=12, minor=9)
 # Bumped from 1 when "facts" became typed values instead of the report's display strings.
@@ -513,26 +511,35 @@ def rule_driver(facts: Facts) -> list[Finding]:
             )
         ]
     tm = CudaVersion.read(facts.torch_cuda)
-    if tm is None:
+    if tm is None or tm.major not in driver.MINIMUM_DRIVER:
         return []
-    need = MIN_DRIVER.get(tm.major)
-    have = int(facts.driver.split(".")[0]) if facts.driver.split(".")[0].isdigit() else None
-    if need and have is not None and have < need:
-        return [
-            Finding(
-                code="driver-too-old",
-                severity=ERROR,
-                cause=f"driver {facts.driver} is too old for torch's CUDA {facts.torch_cuda}: "
-                f"CUDA {tm.major}.x needs {need}+",
-                evidence=(f"driver {facts.driver}", f"torch {facts.torch_version}"),
-                fix=(
-                    f"install NVIDIA driver {need} or newer",
-                    "or use a torch/spec built for an older "
-                    f"CUDA (CUDA 12.x needs {MIN_DRIVER[12]}+)",
-                ),
-            )
-        ]
-    return []
+    try:
+        too_old = not driver.runs(facts.driver, tm)
+        fits = driver.newest_cuda_major(facts.driver)
+    except ValueError:  # the probe read a version that is not dotted numbers: no judgement
+        return []
+    if not too_old:
+        return []
+    need = driver.minimum_driver(tm)
+    older = (
+        f"or use a torch/spec built for CUDA {fits}.x, which this driver runs"
+        if fits is not None
+        else "or use a torch/spec built for an older CUDA"
+    )
+    return [
+        Finding(
+            code="driver-too-old",
+            severity=ERROR,
+            cause=f"driver {facts.driver} is too old for torch's CUDA {facts.torch_cuda}: "
+            f"CUDA {tm.major}.x needs {need}+",
+            evidence=(f"driver {facts.driver}", f"torch {facts.torch_version}"),
+            fix=(
+                f"install NVIDIA driver {need} or newer (or cuda-compat-{tm.major}-{tm.minor} "
+                "on a datacenter GPU)",
+                older,
+            ),
+        )
+    ]
 
 
 def rule_jit_cache(facts: Facts) -> list[Finding]:

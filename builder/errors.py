@@ -74,6 +74,13 @@ class ToolMissing(CudaenvError):
         super().__init__(message)
 
 
+class DriverTooOld(CudaenvError):
+    """This machine's NVIDIA driver cannot run the CUDA of the spec (or of the env's torch):
+    `build` and `adopt` refuse before changing anything, unless told ``--no-driver-check``."""
+
+    exit_code = 7
+
+
 class CommandFailed(CudaenvError):
     """A command exited non-zero or ran past its timeout. A stage that runs a command maps
     this to its own error class (and so its exit code); unmapped, it exits 1."""
@@ -104,6 +111,7 @@ STATUS_OF_EXIT: dict[int, CellStatus] = {
     BuildError.exit_code: "failed",
     VerifyFailed.exit_code: "failed",
     ToolMissing.exit_code: "error",
+    DriverTooOld.exit_code: "refused",
 }
 
 

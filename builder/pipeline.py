@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import archs, lock, platforms, spec
+from builder import archs, driver, lock, platforms, spec
+from builder.cudaversion import CudaVersion
 from builder.errors import (
     BuildError,
     CudaenvError,
@@ -144,8 +145,11 @@ def plan_platform(s: spec.EnvSpec, lk: lock.Lock, given: str | None) -> str:
     return host if host in lk.platforms else lk.platforms[0]
 
 
-def plan_table(s: spec.EnvSpec, lk: lock.Lock, platform: str) -> list[tuple[str, str]]:
-    """The lock as installed on ``platform`` (one of the lock's)."""
+def plan_table(
+    s: spec.EnvSpec, lk: lock.Lock, platform: str, found: driver.Driver | None
+) -> list[tuple[str, str]]:
+    """The lock as installed on ``platform`` (one of the lock's), and what the ``found`` driver
+    (``driver.detect()``) makes of the spec's CUDA."""
     packages = lk.packages_on(platform)
     others = [p for p in lk.platforms if p != platform]
     rows: list[tuple[str, str]] = [
@@ -160,6 +164,8 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock, platform: str) -> list[tuple[str,
             lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-"),
         ),
         ("archs", archs.flashinfer_spelling(s.archs)),
+        ("driver", found.describe() if found is not None else "none found on this machine"),
+        ("driver needed", driver_needed(s.cuda_version, found)),
     ]
     interesting = ("nvidia-", "cuda-toolkit", "flashinfer", "sglang", "sgl-kernel", "triton")
     for p in packages:
@@ -167,6 +173,16 @@ def plan_table(s: spec.EnvSpec, lk: lock.Lock, platform: str) -> list[tuple[str,
             rows.append((p.name, p.version))
     rows.append(("packages", str(len(packages))))
     return rows
+
+
+def driver_needed(cuda: CudaVersion, found: driver.Driver | None) -> str:
+    """``580 or newer for CUDA 13.0``, and whether the ``found`` driver is."""
+    if cuda.major not in driver.MINIMUM_DRIVER:
+        return f"not known for CUDA {cuda}"
+    need = f"{driver.minimum_driver(cuda)} or newer for CUDA {cuda}"
+    if found is None:
+        return need
+    return need + ("" if found.runs(cuda) else ": this driver is too old (`build` refuses)")
 
 
 def ensure_lock(
@@ -211,6 +227,7 @@ class BuildRequest:
     wheelhouse: Path | None = None
     offline: bool = False
     platform: str | None = None  # another machine's (assemble only); None: this one's
+    no_driver_check: bool = False  # build even where this machine's driver cannot run the CUDA
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -238,6 +255,7 @@ class BuildRequest:
             wheelhouse=path("wheelhouse"),
             offline=r.flag("offline"),
             platform=r.opt_text("platform"),
+            no_driver_check=r.opt_flag("no_driver_check"),
         )
 
 
@@ -331,6 +349,10 @@ class Run:
         self.stage = "resolve"
         cross = cross_platform(request)
         s = load_spec(request.spec, write=True)
+        if cross is None and not request.no_driver_check:
+            # Before the lock is resolved or anything installed: a cu130 torch installs fine
+            # on a 570 driver and fails only at its first kernel (pie-project/pie#327).
+            say(driver.require(s.cuda_version, driver.detect(), needs=request.spec, older="a spec"))
         lk = ensure_lock(
             s, request.spec, offline=request.offline, relock=request.relock, reporter=say
         )

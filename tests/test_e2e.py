@@ -1,7 +1,7 @@
 """Real uv, real NVIDIA wheels, real nvcc and FlashInfer JIT.
 
 `network` tests ask the package index; `e2e` tests build envs (the toolchain spec: ~100 MB,
-the default spec: ~9.4 GB hard-linked from uv's cache).
+the default spec: ~9.4 GB, the vLLM spec: ~8.8 GB, hard-linked from uv's cache).
 """
 
 from __future__ import annotations
@@ -119,6 +119,55 @@ def test_torch_built_for_another_cuda_is_refused_before_install(tmp_path: Path) 
     assert not lock_of(tmp_path / "envspecs" / "wrong.yaml").exists()
 
 
+VLLM = "vllm-0.33-cu130.yaml"
+
+
+@pytest.mark.network
+def test_the_vllm_lock_is_current_for_its_spec(tmp_path: Path) -> None:
+    """Re-locking the vLLM spec (uv preferring the committed versions, as `cudaenv lock` does)
+    gives exactly the committed lock: same spec fingerprint, same files on both platforms."""
+    ws = workspace(tmp_path, VLLM)
+    committed = lock.read(lock_of(ENVSPECS / VLLM))
+    assert committed.fingerprint == spec.load(ENVSPECS / VLLM).fingerprint()
+    done = cudaenv("lock", f"envspecs/{VLLM}", cwd=ws)
+    assert "199 packages for linux-x86_64, 199 packages for linux-aarch64" in done.stderr
+    fresh = lock.read(lock_of(ws / "envspecs" / VLLM))
+    assert versions(fresh) == versions(committed)
+    assert fresh.content_hash() == committed.content_hash()
+    assert lock_of(ws / "envspecs" / VLLM).read_text() == lock_of(ENVSPECS / VLLM).read_text()
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("old", "new", "pin"),
+    [
+        ('torch: "2.14.0"', 'torch: "2.14.1"', "vllm>=0.33.0 depends on torch==2.14.0"),
+        (
+            "flashinfer-python==0.7.2.post1,",  # in packages:, not the comment
+            "flashinfer-python==0.7.2,",
+            "vllm>=0.33.0 depends on flashinfer-python==0.7.2.post1",
+        ),
+    ],
+    ids=["torch-2.14.1", "flashinfer-0.7.2"],
+)
+def test_moving_a_pin_of_vllm_is_refused_naming_it(
+    tmp_path: Path, old: str, new: str, pin: str
+) -> None:
+    """vLLM 0.33.0 pins torch==2.14.0 and flashinfer-python==0.7.2.post1: the default stack's
+    torch 2.14.1 or FlashInfer 0.7.2 cannot be locked with it (exit 3, uv's reason, no lock)."""
+    ws = workspace(tmp_path, VLLM)
+    path = ws / "envspecs" / VLLM
+    text = path.read_text()
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, new))
+    lock_of(path).unlink()
+    done = cudaenv("lock", f"envspecs/{VLLM}", cwd=ws, check=False)
+    assert done.returncode == 3, done.stderr
+    assert pin in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not lock_of(path).exists()
+
+
 # --------------------------------------------------------------------------- e2e: toolchain
 
 
@@ -233,6 +282,43 @@ def test_killed_build_leaves_no_half_env(tmp_path: Path, sig: int) -> None:
     assert not list((ws / ".envs").glob(".toolchain-cu130.tmp-*"))
     if leftovers:
         assert "removed leftover" in done.stderr
+
+
+# --------------------------------------------------------------------------- e2e: vLLM
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_vllm_env_builds_verifies_and_imports_vllm(tmp_path: Path) -> None:
+    """The vLLM spec from its committed lock (~8.8 GB hard-linked from uv's cache): built,
+    verified with its own nvcc, and `import vllm` works without a GPU on torch's CUDA 13.0.
+    All of FlashInfer is imported (verify imports only flashinfer.jit): a cuda-python 12 wheel
+    overwriting cuda-bindings 13 breaks it there (see the spec)."""
+    ws = workspace(tmp_path, VLLM)
+    env = ws / ".envs" / "vllm-0.33-cu130"
+    done = cudaenv("build", "--verify", f"envspecs/{VLLM}", cwd=ws)
+    doc = json.loads((env / "var" / "cudaenv" / "verify.json").read_text())
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    # sampling runs on a GPU (`passed`) and is `skipped` without a driver; build exits 5 on a fail.
+    assert status == {
+        "toolchain": "passed",
+        "kernel-compile": "passed",
+        "flashinfer-jit": "passed",
+        "cubin": "passed",
+        "sampling": status["sampling"],
+    }, done.stdout + done.stderr
+    assert status["sampling"] in ("passed", "skipped")
+    cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
+    assert cubin["evidence"]["flashinfer sampling"].endswith(": sm_120"), cubin
+    code = (
+        "import flashinfer, torch, vllm; "
+        "print(vllm.__version__, torch.__version__, torch.version.cuda, flashinfer.__version__)"
+    )
+    probe = subprocess.run(
+        [env / "bin" / "python", "-c", code], capture_output=True, text=True, check=False
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["0.33.0", "2.14.0+cu130", "13.0", "0.7.2.post1"], probe.stdout
 
 
 # --------------------------------------------------------------------------- e2e: default

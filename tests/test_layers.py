@@ -10,7 +10,7 @@ BUILDER = Path(__file__).resolve().parent.parent / "builder"
 # Bottom first, as docs/architecture.md lists them.
 LAYERS = [
     "errors", "cudaversion", "platforms", "variables", "reporter", "paths", "proc",
-    "archs", "yamldoc", "jsondoc",
+    "archs", "driver", "yamldoc", "jsondoc",
     "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
     "caches", "manifest", "toolchain", "build", "export", "adopt",
     "verify", "doctor", "fingerprint", "report", "envs",

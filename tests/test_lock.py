@@ -77,6 +77,25 @@ def test_committed_locks_are_index_neutral() -> None:
     assert lock.read(lock_of(ENVSPECS / "default.yaml")).wheelhouse == "wheels"
 
 
+def test_the_vllm_lock_holds_vllms_own_pins_on_both_platforms() -> None:
+    """vLLM 0.33.0 pins torch==2.14.0 and flashinfer-python==0.7.2.post1: its committed lock
+    holds them with torch's CUDA 13.0 nvcc on both platforms, and names no index host."""
+    path = lock_of(ENVSPECS / "vllm-0.33-cu130.yaml")
+    assert "://" not in path.read_text()
+    lk = lock.read(path, spec_name="vllm-0.33-cu130")
+    assert lk.platforms == ("linux-x86_64", "linux-aarch64")
+    assert (lk.cuda, lk.torch, lk.torch_cuda, lk.toolkit) == ("13.0", "2.14.0", "13.0", "13.0.3.0")
+    for platform in lk.platforms:
+        got = {p.name: p.version for p in lk.packages_on(platform)}
+        assert got["vllm"] == "0.33.0", platform
+        assert got["torch"] == "2.14.0", platform
+        assert got["flashinfer-python"] == "0.7.2.post1", platform
+        assert got["nvidia-cuda-nvcc"].startswith("13.0."), platform
+        # Not cuda-python 12.6.2.post1, whose own cuda/bindings/ overwrites cuda-bindings 13.
+        assert got["cuda-python"].split(".")[0] == got["cuda-bindings"].split(".")[0] == "13"
+    assert all(f.url is None and f.path == f"wheels/{f.name}" for p in lk.packages for f in p.files)
+
+
 def test_the_wheelhouse_of_this_repository_is_git_ignored() -> None:
     repo = ENVSPECS.parent
     if shutil.which("git") is None or not (repo / ".git").exists():

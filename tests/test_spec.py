@@ -39,6 +39,7 @@ def test_shipped_specs_load() -> None:
         "flashinfer-0.7.4-torch2.15-cu132",
         "toolchain-cu130",
         "torch2.9-cu128-system",
+        "vllm-0.33-cu130",
     }
     default = spec.load(ENVSPECS / "default.yaml")
     assert default.torch == "2.14.1"

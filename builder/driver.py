@@ -1,0 +1,230 @@
+"""This machine's NVIDIA driver, read without starting a CUDA context, and the one table of
+the oldest driver that runs each CUDA.
+
+A cu130 torch installs fine on a 570 driver and fails only at its first kernel
+(pie-project/pie#327); an install meant for CUDA 12.9 that resolved to CUDA 13 does the same
+(vllm-project/vllm#42338). `build` and `adopt` compare the driver with this table before
+changing anything; `plan` shows both; `doctor` judges torch's CUDA with the same table.
+
+Where the version is read, first answer wins (uv's ``--torch-backend=auto`` reads the same
+places after its ``UV_CUDA_DRIVER_VERSION``): ``CUDAENV_DRIVER_VERSION``, the kernel module's
+``/sys/module/nvidia/version`` and ``/proc/driver/nvidia/version``, ``nvidia-smi``, then the
+user-mode driver's ``cuDriverGetVersion`` called in a child Python, as conda does: loading
+libcuda into cudaenv's own process is what this module avoids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import archs, proc
+from builder.cudaversion import CudaVersion
+from builder.errors import DriverTooOld, UsageError
+
+OVERRIDE = "CUDAENV_DRIVER_VERSION"
+SYS_VERSION = Path("/sys/module/nvidia/version")
+PROC_VERSION = Path("/proc/driver/nvidia/version")
+LIBCUDA = "libcuda cuDriverGetVersion"
+
+# CUDA major -> the oldest Linux driver branch that runs it under minor-version compatibility
+# (NVIDIA's CUDA Compatibility guide): any driver of at least this branch runs every minor of
+# that major, so no minor needs a row of its own. An older datacenter driver can still run a
+# newer CUDA through the forward-compatibility package cuda-compat-<major>-<minor>, which only
+# the user-mode driver (libcuda, the last source below) reflects.
+MINIMUM_DRIVER: dict[int, str] = {13: "580", 12: "525", 11: "450"}
+
+# 580.65.06, 525.60.13, 580: a driver version is dotted whole numbers.
+_VERSION_RE = re.compile(r"\d{2,4}(?:\.\d{1,4}){0,3}")
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ...", or for the open
+# modules "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build".
+_PROC_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+# Run by a child Python: cuDriverGetVersion needs no cuInit and makes no context. It prints
+# nothing where there is no libcuda (a build node) or the call fails.
+_LIBCUDA_PROBE = """\
+import ctypes
+try:
+    lib = ctypes.CDLL("libcuda.so.1")
+except OSError:
+    raise SystemExit(0)
+v = ctypes.c_int(0)
+if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+    print(v.value)
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Driver:
+    """The driver found: its version where a source gives one (libcuda gives only the highest
+    CUDA it runs), and where it was read."""
+
+    version: str | None  # "580.65.06"
+    cuda: CudaVersion | None  # the highest CUDA it runs, when the source says (libcuda)
+    source: str  # CUDAENV_DRIVER_VERSION, a file's path, nvidia-smi, or LIBCUDA
+
+    def describe(self) -> str:
+        """``driver 580.65.06 (read from /sys/module/nvidia/version)``."""
+        what = self.version if self.version is not None else f"for CUDA {self.cuda}"
+        return f"driver {what} (read from {self.source})"
+
+    def runs(self, cuda: CudaVersion) -> bool:
+        """Whether this driver runs ``cuda`` (a CUDA major in :data:`MINIMUM_DRIVER`)."""
+        if self.version is not None:
+            return runs(self.version, cuda)
+        # libcuda reports the newest CUDA it runs (13000 = 13.0); minor-version compatibility
+        # runs every minor of that major, and of older majors.
+        return self.cuda is not None and self.cuda.major >= cuda.major
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "version": self.version,
+            "cuda": str(self.cuda) if self.cuda is not None else None,
+            "source": self.source,
+        }
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    if not _VERSION_RE.fullmatch(version):
+        raise ValueError(f"expected a driver version like 580.65.06, got {version!r}")
+    return tuple(int(part) for part in version.split("."))
+
+
+def minimum_driver(cuda: CudaVersion) -> str:
+    """The oldest driver branch that runs ``cuda`` (``"580"`` for 13.x). ValueError for a CUDA
+    major the table does not hold."""
+    try:
+        return MINIMUM_DRIVER[cuda.major]
+    except KeyError:
+        known = ", ".join(f"{m}.x" for m in sorted(MINIMUM_DRIVER))
+        raise ValueError(f"no minimum driver known for CUDA {cuda} (known: {known})") from None
+
+
+def runs(driver_version: str, cuda: CudaVersion) -> bool:
+    """Whether driver ``driver_version`` runs ``cuda``, compared part by part as numbers:
+    570.86.15 is older than 580, 580.65.06 is not. ValueError for a version that is not
+    dotted numbers or a CUDA the table does not hold."""
+    return _numbers(driver_version) >= _numbers(minimum_driver(cuda))
+
+
+def newest_cuda_major(driver_version: str) -> int | None:
+    """The newest CUDA major ``driver_version`` runs, or None when it runs none of the table's."""
+    have = _numbers(driver_version)
+    fits = [m for m, need in MINIMUM_DRIVER.items() if have >= _numbers(need)]
+    return max(fits) if fits else None
+
+
+# --------------------------------------------------------------------------- finding it
+
+
+def from_override(environ: Mapping[str, str]) -> Driver | None:
+    """``CUDAENV_DRIVER_VERSION``: a driver version, as uv's ``UV_CUDA_DRIVER_VERSION``.
+    Anything else is refused naming the variable; set and empty counts as unset."""
+    text = environ.get(OVERRIDE, "").strip()
+    if not text:
+        return None
+    if not _VERSION_RE.fullmatch(text):
+        raise UsageError(
+            f"{OVERRIDE}={environ[OVERRIDE]!r}: expected a driver version like 580.65.06"
+        )
+    return Driver(version=text, cuda=None, source=OVERRIDE)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:  # absent (no driver), or unreadable: the next source is asked
+        return None
+
+
+def from_sys(path: Path = SYS_VERSION) -> Driver | None:
+    """The loaded kernel module's version, the whole of ``/sys/module/nvidia/version``."""
+    text = (_read(path) or "").strip()
+    return (
+        Driver(version=text, cuda=None, source=str(path)) if _VERSION_RE.fullmatch(text) else None
+    )
+
+
+def from_proc(path: Path = PROC_VERSION) -> Driver | None:
+    """The version on ``/proc/driver/nvidia/version``'s "Kernel Module" line."""
+    m = _PROC_RE.search(_read(path) or "")
+    if m is None or not _VERSION_RE.fullmatch(m.group(1)):
+        return None
+    return Driver(version=m.group(1), cuda=None, source=str(path))
+
+
+def from_smi() -> Driver | None:
+    """The driver version nvidia-smi reports for the first GPU, where PATH has nvidia-smi."""
+    text = archs.smi_driver_version()
+    if text is None or not _VERSION_RE.fullmatch(text):
+        return None
+    return Driver(version=text, cuda=None, source=archs.NVIDIA_SMI)
+
+
+def from_libcuda(python: str = sys.executable) -> Driver | None:
+    """libcuda's ``cuDriverGetVersion`` (13000 = CUDA 13.0), called by a child ``python``."""
+    try:
+        done = proc.run([python, "-I", "-S", "-c", _LIBCUDA_PROBE], check=False, timeout=20)
+    except proc.CommandFailed:
+        return None
+    text = done.stdout.strip()
+    if done.returncode != 0 or not text.isdigit() or int(text) < 1000:
+        return None
+    value = int(text)
+    return Driver(
+        version=None,
+        cuda=CudaVersion(major=value // 1000, minor=value % 1000 // 10),
+        source=LIBCUDA,
+    )
+
+
+def detect(
+    *,
+    environ: Mapping[str, str] | None = None,
+    sys_file: Path = SYS_VERSION,
+    proc_file: Path = PROC_VERSION,
+    python: str = sys.executable,
+) -> Driver | None:
+    """This machine's driver from the first source that answers, or None where none does (a
+    build node). The paths and the child's Python are there for tests."""
+    found = from_override(os.environ if environ is None else environ)
+    found = found or from_sys(sys_file) or from_proc(proc_file) or from_smi()
+    return found or from_libcuda(python)
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def require(cuda: CudaVersion, found: Driver | None, *, needs: str, older: str) -> str:
+    """The progress line for a ``found`` driver that runs ``cuda`` (or for no driver: a build
+    node builds, its envs run elsewhere). A driver too old raises DriverTooOld in one line:
+    the driver and where it was read, the minimum, and the ways out. ``needs`` names what
+    asks for ``cuda`` ("envspecs/x.yaml"), ``older`` what to pick instead ("a spec")."""
+    if cuda.major not in MINIMUM_DRIVER:
+        return f"no minimum driver known for CUDA {cuda}: the driver is not checked"
+    need = minimum_driver(cuda)
+    if found is None:
+        return (
+            f"no NVIDIA driver on this machine: going on; the env runs where the driver is "
+            f"{need} or newer (CUDA {cuda})"
+        )
+    if found.runs(cuda):
+        return f"{found.describe()} runs CUDA {cuda} (needs {need} or newer)"
+    if found.version is not None:
+        fits = newest_cuda_major(found.version)
+    else:
+        fits = found.cuda.major if found.cuda is not None else None
+    instead = (
+        f"{older} for CUDA {fits}.x (which it runs)"
+        if fits is not None
+        else f"{older} for an older CUDA"
+    )
+    raise DriverTooOld(
+        f"{needs} needs CUDA {cuda}, which needs NVIDIA driver {need} or newer; this machine "
+        f"has {found.describe()}: use {instead}, install driver {need} or newer (or "
+        f"cuda-compat-{cuda.major}-{cuda.minor} on a datacenter GPU), or pass --no-driver-check"
+    )
