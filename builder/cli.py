@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import archs, cliargs, driver, pipeline, proc
-from builder.errors import ReportError, UsageError
+from builder.errors import ReportError, UsageError, VerifyFailed
 from builder.reporter import Reporter, run_main
 
 if TYPE_CHECKING:
@@ -83,6 +83,37 @@ def cmd_plan(args: argparse.Namespace, say: Reporter) -> int:
     print(f"# plan for {s.name} from {origin}; nothing installed")
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace, say: Reporter) -> int:
+    from builder import init
+
+    argv = [f"--with={w}" for w in args.with_] + [f"--gpu={g}" for g in args.gpu]
+    argv += [f"--{k}={v}" for k, v in (("cuda", args.cuda), ("name", args.name)) if v]
+    request = init.make_request(
+        with_=args.with_,
+        gpu=args.gpu,
+        cuda=args.cuda,
+        name=args.name,
+        out=args.out,
+        argv=argv + ([f"--out={args.out}"] if args.out else []),
+    )
+    done = init.init(request, say)
+    lk = done.locked.lock
+    platform = done.box.platform if done.box.platform in lk.platforms else lk.platforms[0]
+    rows = [("lock", str(done.locked.path))]
+    rows += pipeline.plan_table(done.spec, lk, platform, done.box.driver)
+    width = max(len(k) for k, _ in rows)
+    print(f"# {done.spec_path}: CUDA {done.choice.cuda}, locked in {done.locked.seconds:.1f} s")
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    print("next:")
+    print(f"  cudaenv build --verify {done.spec_path}")
+    if "audit" in HANDLERS:
+        print(
+            f"  cudaenv audit {done.spec_path}   (can each prebuilt binary run on this box's GPUs?)"
+        )
     return 0
 
 
@@ -268,6 +299,25 @@ def cmd_completion(args: argparse.Namespace, say: Reporter) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace, say: Reporter) -> int:
+    from builder import audit
+
+    request = pipeline.AuditRequest(
+        spec=str(args.spec) if args.spec is not None else None,
+        python=args.python,
+        env_dir=Path(args.env_dir) if args.env_dir else None,
+        archs=pipeline.parse_archs(args.archs) if args.archs else None,
+        probe=not args.no_probe,
+    )
+    done = pipeline.audit(request, say)
+    print(json.dumps(done.to_json(), indent=2) if args.json else audit.render(done))
+    if args.markdown:
+        proc.atomic_write_text(Path(args.markdown), audit.markdown(done))
+    if done.failures:
+        raise VerifyFailed(f"audit: {len(done.failures)} required binary problem(s); see above")
+    return 0
+
+
 def cmd_fingerprint(args: argparse.Namespace, say: Reporter) -> int:
     from builder import doctor, fingerprint, interpreters
 
@@ -360,6 +410,7 @@ def cmd_report_merge(args: argparse.Namespace, say: Reporter) -> int:
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "lock": cmd_lock,
+    "init": cmd_init,
     "plan": cmd_plan,
     "build": cmd_build,
     "export": cmd_export,
@@ -371,6 +422,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "run": cmd_run,
     "completion": cmd_completion,
     "fingerprint": cmd_fingerprint,
+    "audit": cmd_audit,
     "matrix": cmd_matrix,
     "report_merge": cmd_report_merge,
 }

@@ -91,6 +91,47 @@ def make_parser() -> argparse.ArgumentParser:
     )
     lk.set_defaults(handler="lock")
 
+    it = _sub(
+        sub,
+        "init",
+        "set up a new box: detect it, choose the CUDA, write and lock a spec",
+        "Read this box's platform, glibc, GPUs (their archs), NVIDIA driver and installed CUDA "
+        "toolkits, then choose the newest CUDA that the driver runs, that torch has wheels for "
+        "and that the asked packages accept: each candidate (13.2, 13.0, 12.8; CUDA 12 only "
+        "with a CUDA 12 toolkit installed, PyPI has no CUDA 12 nvcc) is resolved by uv for this "
+        "platform, and each one tried is printed with why it was refused. The spec is written "
+        "with exact pins (torch as uv chose it, following any package that pins it) and the "
+        "archs, locked, and its plan printed. A box without a GPU needs --gpu (exit 2); a file "
+        "that exists is never overwritten (exit 2); an unknown package or a set no CUDA holds "
+        "exits 3 with uv's reason, and nothing is written.",
+        "cudaenv init --with vllm==0.33.0 --gpu 12.0",
+    )
+    it.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="a package to install (PEP 508: vllm==0.33.0, sglang); repeat for more",
+    )
+    it.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="a GPU the env is for: 12.0, 9.0 (spelled as FlashInfer spells it for the chosen "
+        "CUDA) or with its suffix, 12.0f; repeat for more (default: this box's GPUs; needed "
+        "where none is visible)",
+    )
+    it.add_argument("--cuda", metavar="X.Y", help="this CUDA only (default: the newest that fits)")
+    it.add_argument(
+        "--name", help="the env's name (default: the first package, its version and the CUDA)"
+    )
+    it.add_argument(
+        "--out", metavar="FILE", help="the spec file to write (default: envspecs/NAME.yaml)"
+    )
+    it.set_defaults(handler="init")
+
     pl = _sub(
         sub,
         "plan",
@@ -322,6 +363,33 @@ def make_parser() -> argparse.ArgumentParser:
     fp.add_argument("--json", action="store_true", help="print the parts as JSON too")
     fp.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="name the differences")
     fp.set_defaults(handler="fingerprint")
+
+    au = _sub(
+        sub,
+        "audit",
+        "can every prebuilt CUDA binary of an env run on the target GPUs?",
+        "Read the SASS and PTX of every binary in the env (site-packages, cuda-home/, its JIT "
+        "caches) and judge each target arch: runs, runs through the driver's PTX JIT, or has "
+        "no code. The binaries the stack loads on that arch (torch's libraries, sgl_kernel's "
+        "common ops as its loader picks them, vLLM's extensions, and what they link) are "
+        "required: one without code fails, naming package, file, what it holds and the arch. "
+        "Also lists the CUDA libraries linked by major, and imports the stack in the env to "
+        "read what one process maps (two majors of one library fail). Exits 5 on a failure.",
+        "cudaenv audit envspecs/default.yaml --archs 12.1f",
+    )
+    au.add_argument("spec", nargs="?", type=Path, metavar="SPEC", help=SPEC_HELP)
+    au.add_argument("--python", help="audit the env of this interpreter (or env directory)")
+    au.add_argument("--env-dir", help="where the spec's env is (default .envs/NAME)")
+    au.add_argument(
+        "--archs",
+        help='target archs, e.g. "12.1f,9.0a" (default: the env\'s list, else each visible GPU)',
+    )
+    au.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    au.add_argument("--markdown", metavar="FILE", help="also write a Markdown report here")
+    au.add_argument(
+        "--no-probe", action="store_true", help="do not import the stack to read what it maps"
+    )
+    au.set_defaults(handler="audit")
 
     mx = _sub(
         sub,

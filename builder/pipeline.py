@@ -38,6 +38,7 @@ from builder.errors import (
 from builder.reporter import Reporter, run_main, silent
 
 if TYPE_CHECKING:
+    from builder import audit as audit_
     from builder import report, verify
     from builder.manifest import Manifest
 
@@ -686,6 +687,69 @@ def export(request: ExportRequest, reporter: Reporter) -> None:
         command = command_line(["export", request.spec, "--pylock", str(request.pylock)])
         exporting.export_pylock(s, lk, request.pylock, command=command)
         reporter(f"wrote {request.pylock}: {len(lk.packages)} packages, every sha256 as in {path}")
+
+
+# --------------------------------------------------------------------------- audit
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditRequest:
+    """What `cudaenv audit` takes: a spec's built env, or any interpreter's env."""
+
+    spec: str | None = None
+    python: str | None = None
+    env_dir: Path | None = None
+    archs: tuple[archs.Arch, ...] | None = None
+    probe: bool = True  # import the stack in the env and read what its process maps
+
+
+def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
+    """Audit an env for its target archs: ``request.archs``, else (a spec's env) the env's own
+    list, else each visible GPU's; the driver's CUDA bounds which PTX counts."""
+    from builder import audit as auditing
+    from builder import build, driver, interpreters, manifest
+    from builder.cudaversion import CudaVersion
+    from builder.paths import cache_dir
+
+    if (request.spec is None) == (request.python is None):
+        raise UsageError("audit takes a SPEC or --python PATH (one of them)")
+    if request.spec is not None:
+        s = load_spec(request.spec)
+        env = (request.env_dir or build.default_env_dir(s)).absolute()
+        if not manifest.exists(env):
+            raise BuildError(f"{env} is not built; run `cudaenv build {request.spec}` first")
+    else:
+        assert request.python is not None
+        env = interpreters.python_arg(request.python).absolute().parent.parent
+    found = manifest.try_read(env)
+    targets = request.archs
+    if targets is None and found is not None and request.spec is not None:
+        targets = found.archs
+    if targets is None:
+        gpus, why = archs.visible_gpus()
+        targets = tuple(a for g in gpus if (a := g.arch(None)) is not None)
+        if not targets:
+            raise UsageError(f"audit needs --archs here: {why or 'no GPU is visible'}")
+    seen = driver.detect()
+    driver_cuda = None
+    if seen is not None:
+        # A driver that names only its version runs the minors of its newest major; which
+        # minors exactly is not known here, so PTX newer than the major's first ISA is not
+        # counted (never counted as runnable when unsure).
+        major = driver.newest_cuda_major(seen.version) if seen.version else None
+        driver_cuda = seen.cuda or (CudaVersion(major=major, minor=0) if major else None)
+    probe = None
+    if request.probe and (env / "bin" / "python").exists():
+        modules = auditing.import_names(env)
+        probe = (env / "bin" / "python", modules, None)
+        reporter(f"importing {', '.join(modules)} in {env} to read what one process maps")
+    reporter(f"reading the device code of every binary in {env}")
+    cache = auditing.ScanCache(cache_dir() / "audit" / "scans.json")
+    env_cuda = CudaVersion.read(found.cuda) if found is not None else None
+    major = env_cuda.major if env_cuda is not None else None
+    return auditing.run(
+        env, targets, driver_cuda=driver_cuda, cache=cache, major=major, probe=probe
+    )
 
 
 # --------------------------------------------------------------------------- a matrix cell

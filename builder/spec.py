@@ -54,7 +54,7 @@ COMPONENTS = (
     "cuobjdump",
     "nvdisasm",
 )
-CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "sampling")
+CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "binaries", "sampling")
 DEFAULT_COMPONENTS = ("nvcc", "cudart", "crt", "nvvm", "cccl")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")

@@ -636,6 +636,7 @@ def test_verify_default_env(default_env: Path) -> None:
         "kernel-compile": "passed",
         "flashinfer-jit": "passed",
         "cubin": "passed",
+        "binaries": "passed",
         "sampling": "skipped",
     }, done.stdout
     cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
@@ -643,6 +644,35 @@ def test_verify_default_env(default_env: Path) -> None:
     toolchain = next(c for c in doc["checks"] if c["name"] == "toolchain")
     assert toolchain["evidence"]["flashinfer import"] == "flashinfer.jit only"
     assert cubin["evidence"]["topk_topp 12.0f"].endswith(": sm_120"), cubin
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_audit_names_sglangs_common_ops_on_a_dgx_spark(default_env: Path) -> None:
+    ws = default_env.parent.parent
+    # CC 12.1 (DGX Spark): sgl_kernel's loader takes sm100/common_ops, which holds sm_120a
+    # only: an arch-specific cubin for 12.0 (sgl-project/sglang#29317).
+    spark = cudaenv("audit", "envspecs/default.yaml", "--archs", "12.1f", "--json", cwd=ws,
+                    check=False)  # fmt: skip
+    assert spark.returncode == 5, spark.stderr
+    doc = json.loads(spark.stdout)
+    assert doc["status"] == "failed"
+    assert any(
+        "sgl_kernel/sm100/common_ops" in f and "sm_120a" in f and "12.1f" in f
+        for f in doc["failures"]
+    ), doc["failures"]
+    # The cu12 CuTe DSL libraries of a CUDA 13 env, named with what requires them.
+    assert any(
+        "nvidia-cutlass-dsl-libs-cu12" in w and "required by nvidia-cutlass-dsl" in w
+        for w in doc["warnings"]
+    ), doc["warnings"]
+    # The env's own archs pass, and a second audit reads no binary again.
+    started = time.monotonic()
+    blackwell = cudaenv("audit", "envspecs/default.yaml", "--archs", "12.0f", "--no-probe",
+                        cwd=ws, check=False)  # fmt: skip
+    assert blackwell.returncode == 0, blackwell.stdout + blackwell.stderr
+    assert time.monotonic() - started < 10
+    assert "PASSED for 12.0f" in blackwell.stdout
 
 
 @pytest.mark.network

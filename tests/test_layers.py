@@ -10,11 +10,11 @@ BUILDER = Path(__file__).resolve().parent.parent / "builder"
 # Bottom first, as docs/architecture.md lists them.
 LAYERS = [
     "errors", "cudaversion", "platforms", "variables", "reporter", "paths", "proc",
-    "archs", "driver", "yamldoc", "jsondoc",
+    "archs", "fatbin", "driver", "yamldoc", "jsondoc",
     "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
-    "caches", "manifest", "toolchain", "build", "export", "adopt",
+    "caches", "manifest", "toolchain", "build", "export", "adopt", "audit",
     "verify", "doctor", "fingerprint", "report", "envs",
-    "pipeline", "matrix", "completion", "cliargs", "cli",
+    "pipeline", "init", "matrix", "completion", "cliargs", "cli",
 ]  # fmt: skip
 NOT_MODULES = {"__version__", "probe", "kernels", "templates"}
 

@@ -219,17 +219,25 @@ Check = Callable[[Target, EnvFacts], CheckResult]
 
 
 # Every check, in run order (what `--checks` and a spec's `verify:` may name).
-CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "sampling")
+CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "binaries", "sampling")
 
 
 def registry() -> dict[str, Check]:
-    from builder.verify import cubin, flashinfer_jit, kernel_compile, sampling, toolchain
+    from builder.verify import (
+        binaries,
+        cubin,
+        flashinfer_jit,
+        kernel_compile,
+        sampling,
+        toolchain,
+    )
 
     return {
         "toolchain": toolchain.check,
         "kernel-compile": kernel_compile.check,
         "flashinfer-jit": flashinfer_jit.check,
         "cubin": cubin.check,
+        "binaries": binaries.check,
         "sampling": sampling.check,
     }
 

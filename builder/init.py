@@ -1,0 +1,610 @@
+"""`cudaenv init`: a spec and its lock for a new box, from what the box has and what is asked.
+
+What the box has is read, not asked: its platform, glibc, the GPUs' archs, the NVIDIA driver
+and any CUDA toolkit installed on it. The CUDA of the env is chosen by trying the CUDA minors
+PyPI's torch wheels are built for, newest first (``--cuda`` fixes one). A candidate the
+driver cannot run, whose archs its nvcc cannot target, or that is CUDA 12 without a CUDA 12
+toolkit on the box (PyPI has no CUDA 12 nvcc) is skipped without a resolver call; each other
+one is one ``uv pip compile`` for this box's platform, of the asked packages and torch with
+torch's CUDA held to the candidate's minor, and the first whose set resolves wins. uv decides
+which torch that is: a package that pins torch (vllm 0.33.0 pins torch 2.14.0) is followed,
+never fought with a pin of our own. The winner is written as a spec of exact pins and locked
+by the pipeline, under the whole matching policy, for every platform of the spec; if that
+fails, the spec is removed again, so a failed init leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform as _platform
+import re
+import shlex
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder import archs, driver, lock, pipeline, platforms, proc, resolve, spec, toolchain
+from builder.archs import Arch
+from builder.cudaversion import CudaVersion
+from builder.errors import CudaenvError, ResolveError, SpecError, UsageError
+from builder.lock import LockedPackage
+from builder.reporter import Reporter
+
+# The CUDA minors torch's PyPI wheels are built for, newest first (each release's own pins:
+# torch 2.15 -> 13.2, 2.11-2.14 -> 13.0, 2.8-2.10 -> 12.8). Only the order of trying comes
+# from here: whether a set holds on a CUDA is uv's answer and the policy's.
+CUDA_CANDIDATES: tuple[CudaVersion, ...] = (
+    CudaVersion(major=13, minor=2),
+    CudaVersion(major=13, minor=0),
+    CudaVersion(major=12, minor=8),
+)
+# The Python of every shipped spec: the one the measured stacks resolve for.
+PYTHON = "3.12"
+# Where a CUDA toolkit is looked for on the box (besides $CUDA_HOME, $CUDA_PATH, nvcc on PATH).
+TOOLKIT_GLOBS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/opt/nvidia/cuda-*")
+# What uv says when a requested name is on no index: the same for every CUDA, so the first
+# candidate's answer is the answer.
+_UNKNOWN_PACKAGE = ("was not found in the package registry", "not found in the provided package")
+# The resolver's own words when the index itself did not answer (resolve.uv_compile).
+_NO_INDEX = "the package index did not answer"
+# Decoration of uv's error tree, dropped when its reason is put on one line.
+# (x, corner, bar, arrow, pipes: written as escapes, they look like letters and dashes.)
+_TREE_CHARS = re.compile("^[\\s\u00d7\u2570\u2500\u25b6\u2502\u251c\u252c\u2534\u253c]+")
+
+Outcome = Literal["chosen", "skipped", "refused"]
+# One trial resolution: a spec narrowed to one platform, its requirements and constraints ->
+# the resolved set (raises ResolveError with uv's reason). Tests pass recorded answers.
+Probe = Callable[[spec.EnvSpec, Sequence[str], Sequence[str]], Sequence[LockedPackage]]
+# Writes the lock of the spec file at the path (pipeline.write_lock in production).
+Locker = Callable[[Path, Reporter], pipeline.Locked]
+
+
+# --------------------------------------------------------------------------- the box
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolkit:
+    """A CUDA toolkit installed on the box: its nvcc's release and where it lives."""
+
+    cuda: CudaVersion
+    path: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class Box:
+    """What this machine has, as far as choosing an env goes."""
+
+    platform: str  # linux-x86_64
+    glibc: str | None  # "2.36"; None where it cannot be read (not glibc)
+    gpus: tuple[archs.Gpu, ...] = ()
+    gpu_note: str | None = None  # why no GPU is listed
+    driver: driver.Driver | None = None
+    toolkits: tuple[Toolkit, ...] = ()
+
+    def lines(self) -> list[str]:
+        """What was found, one line each, for the progress output."""
+        floor = platforms.GLIBC_TAG.removeprefix("manylinux_").replace("_", ".")
+        glibc = self.glibc or "unknown (not glibc?)"
+        if self.glibc is not None and _older(self.glibc, floor):
+            glibc += f": older than {floor}, the locked wheels ({platforms.GLIBC_TAG}) will not install here"
+        gpus = ", ".join(g.label for g in self.gpus) or f"none ({self.gpu_note or 'none visible'})"
+        found = (
+            self.driver.describe()
+            if self.driver is not None
+            else "none found: every CUDA is a candidate (the env runs where the driver is new enough)"
+        )
+        kits = ", ".join(f"{t.cuda} at {t.path}" for t in self.toolkits) or "none"
+        return [
+            f"platform {self.platform}, glibc {glibc}",
+            f"GPUs: {gpus}",
+            f"NVIDIA driver: {found}",
+            f"CUDA toolkits installed: {kits}",
+        ]
+
+    def toolkit(self, cuda: CudaVersion) -> Toolkit | None:
+        return next((t for t in self.toolkits if t.cuda == cuda), None)
+
+
+def _older(version: str, than: str) -> bool:
+    try:
+        return Version(version) < Version(than)
+    except InvalidVersion:
+        return False
+
+
+def glibc_version() -> str | None:
+    """``2.36``: what the C library says (``confstr``), else what Python read of its binary."""
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        if text.startswith("glibc "):
+            return text.split()[1]
+    name, version = _platform.libc_ver()
+    return version if name == "glibc" and version else None
+
+
+def _toolkit_dirs() -> Iterator[Path]:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            yield Path(os.environ[var])
+    nvcc = proc.which("nvcc")
+    if nvcc:
+        yield Path(nvcc).parent.parent
+    for pattern in TOOLKIT_GLOBS:
+        root = Path(pattern).parent
+        with contextlib.suppress(OSError):
+            yield from sorted(root.glob(Path(pattern).name))
+
+
+def system_toolkits() -> tuple[Toolkit, ...]:
+    """Every toolkit on the box with an nvcc that says its release, each directory once."""
+    found: list[Toolkit] = []
+    seen: set[Path] = set()
+    for d in _toolkit_dirs():
+        try:
+            real = d.resolve()
+            # include/ too: /usr/local/bin/nvcc may be a wrapper script, /usr/local no toolkit.
+            if real in seen or not (d / "include" / "cuda_runtime.h").is_file():
+                continue
+            seen.add(real)
+            release = toolchain.nvcc_release(d)
+        except (OSError, CudaenvError):
+            continue  # not a toolkit, or an nvcc that does not run: not one to offer
+        cuda = CudaVersion.read(release)
+        if cuda is not None:
+            found.append(Toolkit(cuda=cuda, path=d.absolute()))
+    return tuple(found)
+
+
+def detect_box() -> Box:
+    gpus, why = archs.visible_gpus()
+    return Box(
+        platform=platforms.host_name(),
+        glibc=glibc_version(),
+        gpus=tuple(gpus),
+        gpu_note=why,
+        driver=driver.detect(),
+        toolkits=system_toolkits(),
+    )
+
+
+# --------------------------------------------------------------------------- the request
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What `cudaenv init` was asked, checked."""
+
+    packages: tuple[Requirement, ...] = ()  # --with, torch excepted
+    torch: Requirement | None = None  # a --with naming torch
+    gpus: tuple[Arch, ...] = ()  # --gpu, as given (a bare 12.0 is spelled per CUDA later)
+    cuda: CudaVersion | None = None
+    name: str | None = None
+    out: Path | None = None
+    argv: tuple[str, ...] = ()  # the command line, for the spec's first comment
+
+
+def _check_name(name: str) -> None:
+    """The spec's own rule for a name (spec.py), worded for ``--name``."""
+    probe = f'name: {json.dumps(name)}\npython: {json.dumps(PYTHON)}\ncuda: "13.0"\n'
+    try:
+        spec.load(Path("--name.yaml"), text=probe)
+    except SpecError as exc:
+        said = exc.problems[0].split(": name: ", 1)[-1] if exc.problems else str(exc)
+        raise UsageError(f"--name {name!r}: {said}") from None
+
+
+def make_request(
+    *,
+    with_: Sequence[str] = (),
+    gpu: Sequence[str] = (),
+    cuda: str | None = None,
+    name: str | None = None,
+    out: str | None = None,
+    argv: Sequence[str] = (),
+) -> Request:
+    """The arguments, each refused in one line naming it (UsageError, exit 2)."""
+    packages: list[Requirement] = []
+    torch: Requirement | None = None
+    seen: set[str] = set()
+    for text in with_:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            first = str(exc).splitlines()[0]  # packaging adds the text and a caret below
+            raise UsageError(f"--with {text!r}: not a valid requirement: {first}") from None
+        if req.url:
+            raise UsageError(f"--with {text!r}: a direct URL cannot be locked by hash here")
+        cname = canonicalize_name(req.name)
+        if cname in seen:
+            raise UsageError(f"--with {text!r}: {req.name} is asked twice")
+        seen.add(cname)
+        if cname == "torch":
+            torch = req
+        else:
+            packages.append(req)
+    gpus: list[Arch] = []
+    for text in gpu:
+        for part in re.split(r"[\s,;]+", text.strip()):
+            if not part:
+                continue
+            try:
+                arch = Arch.parse(part)
+            except ValueError as exc:
+                raise UsageError(f"--gpu {text!r}: {exc}") from None
+            if arch not in gpus:
+                gpus.append(arch)
+    version: CudaVersion | None = None
+    if cuda is not None:
+        try:
+            version = CudaVersion.parse(cuda)
+        except ValueError as exc:
+            raise UsageError(f"--cuda {cuda!r}: {exc}") from None
+        if version.major not in (12, 13):
+            raise UsageError(f"--cuda {cuda}: CUDA 12.x and 13.x are supported")
+    if name is not None:
+        _check_name(name)
+    path = Path(out) if out else None
+    if path is not None and (path.exists() or path.is_symlink()):
+        raise UsageError(f"--out {out}: the file exists; init never overwrites a spec")
+    return Request(
+        packages=tuple(packages),
+        torch=torch,
+        gpus=tuple(gpus),
+        cuda=version,
+        name=name,
+        out=path,
+        argv=tuple(argv),
+    )
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tried:
+    cuda: CudaVersion
+    outcome: Outcome
+    reason: str
+
+    def line(self) -> str:
+        return f"CUDA {self.cuda}: {self.outcome}: {self.reason}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """The env to write: everything its spec says."""
+
+    cuda: CudaVersion
+    torch: str
+    packages: tuple[str, ...]  # the spec's packages:, exact pins
+    archs: tuple[Arch, ...]
+    toolchain: spec.Toolchain
+    name: str
+    tried: tuple[Tried, ...]
+    notes: tuple[str, ...] = ()
+
+
+def one_line(text: str) -> str:
+    """A resolver's or the policy's reason, multi-line as uv and resolve word it, on one line."""
+    parts: list[str] = []
+    for raw in text.splitlines():
+        line = _TREE_CHARS.sub("", raw).strip()
+        for prefix in ("- ", "error:", "cause:", "Caused by:"):
+            line = line.removeprefix(prefix).strip()
+        if not line or line.startswith("No solution found"):
+            continue
+        parts.append(line)
+    return " ".join(parts)
+
+
+def _uv_reason(exc: ResolveError) -> str:
+    """uv's own words from a ResolveError of resolve.uv_compile, without its heading."""
+    text = str(exc)
+    head, sep, rest = text.partition("\n")
+    body = rest if sep and "could not resolve" in head else text
+    # resolve's hint about a platform without wheels is for a spec's author; a candidate's
+    # refusal is uv's own words only.
+    kept = [ln for ln in body.splitlines() if not ln.startswith("(a package without a ")]
+    return one_line("\n".join(kept))
+
+
+def archs_for(request: Request, box: Box, cuda: CudaVersion) -> tuple[Arch, ...]:
+    """``--gpu`` (a bare capability spelled as FlashInfer spells it for ``cuda``; a suffix
+    given is kept), else each visible GPU's arch for ``cuda``."""
+    out: list[Arch] = []
+    if request.gpus:
+        for a in request.gpus:
+            arch = a if a.suffix else archs.normalise(a.major, a.minor, cuda)
+            if arch not in out:
+                out.append(arch)
+        return tuple(out)
+    for gpu in box.gpus:
+        found = gpu.arch(cuda)
+        if found is not None and found not in out:
+            out.append(found)
+    return tuple(out)
+
+
+def _constraints(cuda: CudaVersion) -> list[str]:
+    """Hold torch's CUDA to one minor: as constraints, so they bind only what torch itself
+    requires (torch >= 2.11 pins cuda-toolkit, older releases nvidia-cuda-runtime-cu12)."""
+    nxt = cuda.next_minor()
+    names: tuple[str, ...] = (
+        ("cuda-toolkit", "nvidia-cuda-runtime")
+        if cuda.major >= 13
+        else (f"nvidia-cuda-runtime-cu{cuda.major}",)
+    )
+    return [f"{n}>={cuda},<{nxt}" for n in names]
+
+
+def _pin(req: Requirement, version: str) -> str:
+    """``vllm`` -> ``vllm==0.33.0``; a requirement with a marker is kept as written (it may
+    not even be in the set on this platform)."""
+    if req.marker is not None:
+        return str(req)
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name}{extras}=={version}"
+
+
+def _cuda_tag(cuda: CudaVersion) -> str:
+    return f"cu{cuda.major}{cuda.minor}"
+
+
+def _default_name(request: Request, found: dict[str, str], torch: str, cuda: CudaVersion) -> str:
+    if request.packages:
+        first = request.packages[0]
+        version = found.get(canonicalize_name(first.name))
+        stem = (
+            f"{canonicalize_name(first.name)}-{version}"
+            if version
+            else str(canonicalize_name(first.name))
+        )
+    else:
+        stem = f"torch-{torch}"
+    return f"{stem}-{_cuda_tag(cuda)}"
+
+
+def _spec_packages(
+    request: Request, found: dict[str, str], cuda: CudaVersion
+) -> tuple[list[str], list[str]]:
+    """The spec's ``packages:`` (each asked package at the version uv chose, and FlashInfer:
+    what the JIT compiles), and notes on what was added."""
+    out: list[str] = []
+    notes: list[str] = []
+    asked = {canonicalize_name(r.name) for r in request.packages}
+    for req in request.packages:
+        version = found.get(canonicalize_name(req.name))
+        out.append(_pin(req, version) if version else str(req))
+    fi = found.get("flashinfer-python")
+    if fi is not None and "flashinfer-python" not in asked:
+        out.append(f"flashinfer-python=={fi}")
+        notes.append(f"pinned flashinfer-python=={fi} (what the JIT compiles; chosen by uv)")
+    cp = found.get("cuda-python")
+    cp_cuda = CudaVersion.read(cp)
+    if (
+        cp is not None
+        and cp_cuda is not None
+        and cp_cuda.major != cuda.major
+        and "cuda-python" not in asked
+    ):
+        # FlashInfer asks only cuda-python>=12.0; uv then picks 12.6.2.post1, the old one-piece
+        # wheel whose CUDA 12 cuda/bindings/ files overwrite torch's cuda-bindings 13, and
+        # `import flashinfer` fails (no cuda.bindings.runtime.cudaLibrary_t).
+        want = f"cuda-python>={cuda.major}.0,<{cuda.major + 1}"
+        out.append(want)
+        notes.append(f"added {want}: uv chose cuda-python {cp}, a CUDA {cp_cuda.major} build")
+    return out, notes
+
+
+def choose(request: Request, box: Box, probe: Probe, say: Reporter, source: Path) -> Choice:
+    """The newest CUDA candidate whose set resolves here. Each candidate tried is reported
+    through ``say`` as it is decided. Raises ResolveError (one line) when none does."""
+    if not request.gpus and not box.gpus:
+        raise UsageError(
+            f"no NVIDIA GPU is visible here ({box.gpu_note or 'none listed'}): name the GPUs "
+            "the env is for with --gpu ARCH (e.g. --gpu 12.0 --gpu 9.0)"
+        )
+    if box.platform not in platforms.KNOWN:
+        raise ResolveError(
+            f"this box is {box.platform}: cudaenv locks {', '.join(platforms.KNOWN)} only"
+        )
+    candidates = (request.cuda,) if request.cuda is not None else CUDA_CANDIDATES
+    tried: list[Tried] = []
+
+    def record(t: Tried) -> None:
+        tried.append(t)
+        say(f"  {t.line()}")
+
+    torch_req = str(request.torch) if request.torch is not None else "torch"
+    requirements = [str(r) for r in request.packages] + [torch_req]
+    say(f"choosing a CUDA for [{', '.join(requirements)}], newest first:")
+    for cuda in candidates:
+        found_archs = archs_for(request, box, cuda)
+        if (
+            box.driver is not None
+            and cuda.major in driver.MINIMUM_DRIVER
+            and not box.driver.runs(cuda)
+        ):
+            need = driver.minimum_driver(cuda)
+            record(Tried(cuda=cuda, outcome="skipped",
+                         reason=f"{box.driver.describe()} does not run it (needs {need} or newer)"))  # fmt: skip
+            continue
+        chain = spec.Toolchain()
+        if cuda.major < 13:
+            kit = box.toolkit(cuda)
+            if kit is None:
+                record(Tried(cuda=cuda, outcome="skipped",
+                             reason=f"no CUDA {cuda} toolkit installed here, and PyPI has no CUDA "
+                             f"{cuda.major} nvcc (NVIDIA/cuda-python#2100)"))  # fmt: skip
+                continue
+            chain = spec.Toolchain(source="system", path=kit.path)
+        cand = spec.EnvSpec(
+            name=request.name or f"init-{_cuda_tag(cuda)}",
+            python=PYTHON,
+            cuda=str(cuda),
+            source=source,
+            packages=tuple(str(r) for r in request.packages),
+            toolchain=chain,
+            archs=found_archs or archs.DEFAULT_ARCHS,
+            platforms=(box.platform,),
+        )
+        problems = resolve.spec_problems(cand)
+        if problems:
+            record(Tried(cuda=cuda, outcome="skipped", reason="; ".join(problems)))
+            continue
+        try:
+            got = probe(cand, requirements, _constraints(cuda))
+        except ResolveError as exc:
+            reason = _uv_reason(exc)
+            if _NO_INDEX in str(exc) or any(m in reason for m in _UNKNOWN_PACKAGE):
+                # Not a matter of CUDA: every other candidate would get the same answer.
+                raise ResolveError(f"uv: {reason}") from None
+            record(Tried(cuda=cuda, outcome="refused", reason=f"uv: {reason}"))
+            continue
+        versions = {str(canonicalize_name(p.name)): p.version for p in got}
+        torch = versions.get("torch")
+        tcuda, evidence = resolve.torch_cuda(got)
+        if torch is None or tcuda != str(cuda):
+            what = (
+                "no torch in the set" if torch is None
+                else f"torch {torch} is built for CUDA {tcuda} ({evidence})" if tcuda
+                else f"torch {torch} pins no CUDA runtime (a CPU-only build)"
+            )  # fmt: skip
+            record(Tried(cuda=cuda, outcome="refused", reason=what))
+            continue
+        packages, notes = _spec_packages(request, versions, cuda)
+        name = request.name or _default_name(request, versions, torch, cuda)
+        record(Tried(cuda=cuda, outcome="chosen", reason=f"torch {torch} ({evidence})"))
+        return Choice(
+            cuda=cuda,
+            torch=torch,
+            packages=tuple(packages),
+            archs=cand.archs,
+            toolchain=chain,
+            name=name,
+            tried=tuple(tried),
+            notes=tuple(notes),
+        )
+    why = "; ".join(t.line() for t in tried)
+    asked = ", ".join(requirements)
+    raise ResolveError(f"no CUDA fits [{asked}] on this box: {why}")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def render(choice: Choice, request: Request, box: Box) -> str:
+    """The spec file's text. Every string is written as JSON, which YAML reads as itself."""
+
+    def q(value: str) -> str:
+        return json.dumps(value)
+
+    def seq(values: Sequence[str]) -> str:
+        return "[" + ", ".join(q(v) for v in values) + "]"
+
+    command = shlex.join(["cudaenv", "init", *request.argv])
+    made = ", ".join(g.label for g in box.gpus) or "no GPU visible"
+    asked = ", ".join(choice.packages) or "torch"
+    if choice.toolchain.source == "wheels":
+        chain = f"{{source: wheels, components: [{', '.join(choice.toolchain.components)}]}}"
+    else:
+        chain = f"{{source: system, path: {q(str(choice.toolchain.path))}}}"
+    lines = [
+        f"# Written by `{command}`",
+        f"# on {box.platform} ({made}); CUDA {choice.cuda} is the newest that resolved:",
+        *(f"#   {t.line()}" for t in choice.tried),
+        f"name: {q(choice.name)}",
+        f"summary: {q(f'{asked} on torch {choice.torch} (CUDA {choice.cuda})')}",
+        f"python: {q(PYTHON)}",
+        f"cuda: {q(str(choice.cuda))}",
+        f"torch: {q(choice.torch)}",
+        f"packages: {seq(choice.packages)}",
+        f"toolchain: {chain}",
+        f"archs: {seq(archs.texts(choice.archs))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    box: Box
+    choice: Choice
+    spec_path: Path
+    spec: spec.EnvSpec
+    locked: pipeline.Locked
+
+
+def _default_locker(path: Path, say: Reporter) -> pipeline.Locked:
+    return pipeline.write_lock(path, upgrade=True, reporter=say)
+
+
+def uv_probe(
+    s: spec.EnvSpec, requirements: Sequence[str], constraints: Sequence[str]
+) -> Sequence[LockedPackage]:
+    """One ``uv pip compile`` for the candidate's one platform; not kept as a re-lock seed."""
+    return resolve.uv_compile(s, requirements, constraints, remember=False).packages
+
+
+def _made_dirs(path: Path) -> list[Path]:
+    """The directories above ``path`` that do not exist yet, deepest first."""
+    out: list[Path] = []
+    d = path.parent
+    while not d.exists():
+        out.append(d)
+        d = d.parent
+    return out
+
+
+def init(
+    request: Request,
+    say: Reporter,
+    *,
+    box: Box | None = None,
+    probe: Probe = uv_probe,
+    locker: Locker = _default_locker,
+) -> Done:
+    """Detect the box, choose the env, write its spec and lock it. On any failure the spec
+    (and any directory made for it) is removed again: nothing is left written."""
+    box = box if box is not None else detect_box()
+    for line in box.lines():
+        say(line)
+    out = request.out or Path("envspecs") / f"{request.name or 'init'}.yaml"
+    choice = choose(request, box, probe, say, out.absolute())
+    for note in choice.notes:
+        say(f"note: {note}")
+    out = request.out or Path("envspecs") / f"{choice.name}.yaml"
+    what = "--out " + str(out) if request.out else f"{out} (named by --name or the packages)"
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"{what}: the file exists; init never overwrites a spec")
+    lock_file = lock.lock_path(out, choice.name)
+    if lock_file.exists():
+        raise UsageError(
+            f"{lock_file} exists already: remove it, or pick another --name than {choice.name!r}"
+        )
+    text = render(choice, request, box)
+    try:
+        written = spec.load(out, text=text)  # refused here, before anything is written
+    except SpecError as exc:
+        raise UsageError(one_line("\n".join(exc.problems))) from None
+    made = _made_dirs(lock_file)  # locks/ beside the spec, and any missing parents of both
+    try:
+        proc.atomic_write_text(out, text)
+        say(f"wrote {out}; locking it for {', '.join(written.platforms)}")
+        locked = locker(out, say)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            out.unlink()
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only if empty: never a directory that holds anything else
+        if isinstance(exc, ResolveError):
+            raise ResolveError(f"{out} not written: {one_line(str(exc))}") from None
+        raise
+    return Done(box=box, choice=choice, spec_path=out, spec=written, locked=locked)

@@ -1,0 +1,178 @@
+"""`cudaenv audit`: the judgement of an env's prebuilt binaries, on envs made of real ELF files
+(tests/data/fatbin/, built by nvcc) laid out as packages lay them out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from builder import audit, fatbin
+from builder.archs import Arch
+from tests.helpers import REPO, cudaenv
+
+DATA = REPO / "tests" / "data" / "fatbin"
+SITE = "lib/python3.12/site-packages"
+
+
+def code(kind: str, arch: str, isa: tuple[int, int] | None = None) -> fatbin.DeviceCode:
+    return fatbin.DeviceCode(kind=kind, arch=Arch.parse(arch), ptx_isa=isa)  # type: ignore[arg-type]
+
+
+def a_scan(*codes: fatbin.DeviceCode, needed: tuple[str, ...] = (), error: str | None = None
+           ) -> fatbin.Scan:  # fmt: skip
+    return fatbin.Scan(path=Path("x.so"), elf=True, codes=codes, needed=needed, machine=62,
+                       error=error)  # fmt: skip
+
+
+def binary(rel: str, package: str, scan: fatbin.Scan) -> audit.Binary:
+    return audit.Binary(path=Path(SITE) / rel, package=package, scan=scan)
+
+
+def test_a_verdict_follows_the_compatibility_rules() -> None:
+    spark, blackwell = Arch.parse("12.1f"), Arch.parse("12.0f")
+    common_ops = a_scan(code("sass", "9.0a"), code("sass", "12.0a"))
+    assert audit.verdict(common_ops, blackwell, None) == "sass"
+    assert audit.verdict(common_ops, spark, None) == "none"
+    ptx_only = a_scan(code("ptx", "8.0", (9, 0)))
+    assert audit.verdict(ptx_only, spark, None) == "ptx"
+    # PTX newer than the driver's CUDA cannot be compiled by it.
+    from builder.cudaversion import CudaVersion
+
+    assert audit.verdict(ptx_only, spark, CudaVersion(major=12, minor=9)) == "none"
+    # A file that could not be read whole is never covered, whatever was seen before the fault.
+    broken = a_scan(code("sass", "12.0"), error="truncated")
+    assert audit.verdict(broken, blackwell, None) == "unreadable"
+
+
+def test_what_the_stack_loads_is_required_by_arch_and_what_it_links_too() -> None:
+    found = [
+        binary("sgl_kernel/sm90/common_ops.abi3.so", "sglang-kernel", a_scan(code("sass", "9.0a"))),
+        binary("sgl_kernel/sm100/common_ops.abi3.so", "sglang-kernel",
+               a_scan(code("sass", "12.0a"), needed=("libhelper.so",))),
+        binary("sgl_kernel/flash_ops.abi3.so", "sglang-kernel", a_scan(code("sass", "9.0a"))),
+        binary("helper/libhelper.so", "helper", a_scan(code("sass", "8.0"))),
+        binary("nvidia/cu13/lib/libcufft.so.12", "nvidia-cufft", a_scan(code("sass", "7.5"))),
+        binary("torch/lib/libtorch_cuda.so", "torch",
+               a_scan(code("sass", "12.0"), needed=("libcufft.so.12",))),
+    ]  # fmt: skip
+    hopper = audit.required_on(found, (9, 0))
+    spark = audit.required_on(found, (12, 1))
+    names = {p.name for p in spark}
+    assert "common_ops.abi3.so" in {p.name for p in hopper}
+    assert Path(SITE, "sgl_kernel/sm90/common_ops.abi3.so") in hopper
+    assert Path(SITE, "sgl_kernel/sm100/common_ops.abi3.so") in spark
+    assert Path(SITE, "sgl_kernel/sm90/common_ops.abi3.so") not in spark
+    assert "libhelper.so" in names  # linked by a required binary
+    assert "flash_ops.abi3.so" not in names  # loaded in a try: optional
+    assert "libcufft.so.12" not in names  # NVIDIA's libraries choose their kernels at run time
+    done = audit.Audit(
+        env=Path("/e"), archs=(Arch.parse("12.1f"),), driver_cuda=None, binaries=tuple(found),
+        judgements=tuple(audit.judge(found, [Arch.parse("12.1f")], None)), linked=(),
+        other_majors=(), major=13, mapped=None, seconds=0.0,
+    )  # fmt: skip
+    assert done.failures == [
+        f"sglang-kernel: {SITE}/sgl_kernel/sm100/common_ops.abi3.so holds sm_120a: no code for "
+        "12.1f (needed there: sgl_kernel's load_utils takes sm100/common_ops on every CC but 9.0)",
+        f"helper: {SITE}/helper/libhelper.so holds sm_80: no code for 12.1f (needed there: "
+        "linked by common_ops.abi3.so)",
+    ]
+
+
+def test_cuda_majors_come_only_from_sonames_that_carry_them() -> None:
+    assert audit.cuda_major_of("libcudart.so.13") == ("libcudart", 13)
+    assert audit.cuda_major_of("libnvrtc.so.12") == ("libnvrtc", 12)
+    # cuFFT and cuRAND number their own majors: CUDA 13 ships libcufft.so.12, libcurand.so.10.
+    assert audit.cuda_major_of("libcufft.so.12") is None
+    assert audit.cuda_major_of("libcurand.so.10") is None
+    assert audit.cuda_major_of("libc10_cuda.so") is None
+
+
+def fake_env(root: Path) -> Path:
+    """An env whose torch ships the nvcc-built libshared.so (sm_120, links libcudart.so.13)
+    and a cu12 package that something requires."""
+    site = root / SITE
+    lib = site / "torch" / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy(DATA / "libshared.so", lib / "libtorch_cuda.so")
+    (site / "torch-2.14.1.dist-info").mkdir()
+    (site / "torch-2.14.1.dist-info" / "RECORD").write_text("torch/lib/libtorch_cuda.so,,\n")
+    for name, requires in (
+        ("nvidia_cutlass_dsl-4.8.0", "Requires-Dist: nvidia-cutlass-dsl-libs-cu12==4.8.0\n"),
+        ("nvidia_cutlass_dsl_libs_cu12-4.8.0", ""),
+    ):
+        meta = site / f"{name}.dist-info"
+        meta.mkdir()
+        dist, version = name.rsplit("-", 1)
+        (meta / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n{requires}\nbody\n"
+        )
+    return root
+
+
+def test_an_env_of_real_binaries_is_judged_and_a_second_audit_reads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = fake_env(tmp_path / "env")
+    cache = audit.ScanCache(tmp_path / "scans.json")
+    done = audit.run(env, [Arch.parse("12.0f"), Arch.parse("9.0a")], driver_cuda=None,
+                     cache=cache, major=13)  # fmt: skip
+    assert [str(b.path) for b in done.with_code] == [f"{SITE}/torch/lib/libtorch_cuda.so"]
+    assert done.with_code[0].package == "torch"
+    assert done.failures == [
+        f"torch: {SITE}/torch/lib/libtorch_cuda.so holds sm_120: no code for 9.0a (needed "
+        "there: torch loads its libraries at import)"
+    ]
+    assert any("nvidia-cutlass-dsl-libs-cu12 4.8.0 (CUDA 12) is installed, required by "
+               "nvidia-cutlass-dsl" in w for w in done.warnings)  # fmt: skip
+    assert [(ln.library, ln.major) for ln in done.linked] == [("libcudart", 13)]
+    # Unchanged files are not read again.
+    calls: list[Path] = []
+    real = fatbin.scan
+
+    def counted(path: Path) -> fatbin.Scan:
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(fatbin, "scan", counted)
+    again = audit.run(env, [Arch.parse("12.0f")], driver_cuda=None,
+                      cache=audit.ScanCache(tmp_path / "scans.json"), major=13)  # fmt: skip
+    assert calls == [] and not again.failures
+
+
+def test_a_scan_cache_that_is_not_ours_is_ignored(tmp_path: Path) -> None:
+    env = fake_env(tmp_path / "env")
+    cached = tmp_path / "scans.json"
+    target = env / SITE / "torch" / "lib" / "libtorch_cuda.so"
+    key = audit.ScanCache.key(target)
+    forged = {"elf": True, "codes": [["sass", "9.0a", None]], "needed": [], "machine": 62,
+              "error": None}  # fmt: skip
+    # A malformed entry decides nothing: the file itself is read (sm_120 does not run on 9.0).
+    cached.write_text(json.dumps({key: {**forged, "elf": "yes"}}))
+    done = audit.run(env, [Arch.parse("9.0a")], driver_cuda=None,
+                     cache=audit.ScanCache(cached), major=13)  # fmt: skip
+    assert done.failures
+    # A well-formed one in a cache file another user may write is not read at all.
+    cached.write_text(json.dumps({key: forged}))
+    assert audit.ScanCache(cached).entries  # ours: read
+    cached.chmod(0o666)
+    assert audit.ScanCache(cached).entries == {}
+    cached.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({key: forged}))
+    cached.symlink_to(tmp_path / "elsewhere.json")
+    assert audit.ScanCache(cached).entries == {}
+    cached.unlink()
+    cached.write_text("not json")
+    assert audit.ScanCache(cached).entries == {}
+
+
+def test_the_cli_needs_an_arch_and_one_target(tmp_path: Path) -> None:
+    env = fake_env(tmp_path / "env")
+    (env / "bin").mkdir()
+    both = cudaenv("audit", "x.yaml", "--python", str(env), cwd=tmp_path, check=False)
+    assert both.returncode == 2 and "one of them" in both.stderr
+    bad = cudaenv("audit", "--python", str(env), "--archs", "12.1x", cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and "--archs '12.1x'" in bad.stderr
+    assert "Traceback" not in both.stderr + bad.stderr
