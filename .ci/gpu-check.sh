@@ -46,9 +46,13 @@ print(','.join(str(a) for a in archs.env_archs((), sys.argv[1])))" "$nvcc_releas
     "$PY" -m builder.cli doctor --python "$PY" --deep
     echo "== cudaenv verify for $ARCHS"
     "$PY" -m builder.cli verify --python "$PY" \
-        --checks toolchain,kernel-compile,flashinfer-jit,cubin,sampling ${ARCHS:+--archs "$ARCHS"} \
+        --checks toolchain,kernel-compile,flashinfer-jit,cubin,binaries,sampling ${ARCHS:+--archs "$ARCHS"} \
         --report "$OUT/verify.json" --markdown "$OUT/verify.md"
     echo "verify exit: $?"
+    echo "== cudaenv audit of the machine's own env for its GPUs (the driver bounds PTX)"
+    "$PY" -m builder.cli audit --python "$PY" ${ARCHS:+--archs "$ARCHS"} \
+        --json > "$OUT/audit.json"
+    echo "audit exit: $?"
     echo "== pytest -m gpu"
     "$PY" -m pytest -q -rs -m gpu tests/test_gpu.py -p no:cacheprovider
     echo "pytest exit: $?"
