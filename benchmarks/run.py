@@ -10,7 +10,7 @@ ratio is the least disturbed figure a shared machine gives.
 Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png; with
 --merge, only the cases run replace theirs and the others keep their figures and date.
 Cases: build-warm, build-cold, plan, relock, platforms, second-env, verify, doctor, growth,
-matrix.
+matrix, audit.
 Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,...]
 """
 
@@ -590,6 +590,44 @@ class Bench:
             ),
         ]
 
+    def audit(self) -> list[Case]:
+        """`cudaenv audit` of a default env for 12.0f: the first with an empty scan cache
+        (every binary's headers read, the stack imported once), then an unchanged env again."""
+        env_dir = self.work / "audit-env"
+        self.cudaenv_build(env_dir)
+        first, second = Timing(), Timing()
+        argv = ("audit", "--python", env_dir / "bin" / "python", "--archs", "12.0f", "--quiet")
+        for i in range(max(2, self.runs // 2)):
+            cache = self.work / f"audit-cache-{i}"
+            env = {"CUDAENV_CACHE_DIR": str(cache)}
+
+            def one(env: dict[str, str] = env) -> None:
+                cudaenv(*argv, env=env)
+
+            first.samples.append(timed(one))
+            second.samples.append(timed(one))
+            rm(cache)
+        rm(env_dir)
+        return [
+            Case(
+                name="audit, first",
+                what="cudaenv audit of the default env for 12.0f with an empty scan cache: the "
+                "headers of every binary read, the stack imported once in the env",
+                figures={"first audit": first.to_json()},
+                goal="≤ 60 s",
+                met=first.median <= 60.0,
+            ),
+            Case(
+                name="audit, unchanged env",
+                what="the same audit again: no binary read, the import probe's answer reused",
+                figures={"second audit": second.to_json(), "first audit": first.to_json()},
+                ratio=second.median / first.median,
+                anchor="first audit",
+                goal="≤ 2 s",
+                met=second.median <= 2.0,
+            ),
+        ]
+
     def run_matrix(
         self, cells: dict[str, str], env: dict[str, str] | None = None
     ) -> tuple[float, list[float], list[float], dict[str, str]]:
@@ -809,7 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = args.cases.split(",")
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
-        "growth", "matrix",
+        "growth", "matrix", "audit",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -830,6 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("doctor", bench.doctor),
             ("growth", bench.growth),
             ("matrix", bench.matrix),
+            ("audit", bench.audit),
         ):
             if key not in wanted:
                 continue

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -134,18 +135,24 @@ def _owners(site: Path) -> dict[str, str]:
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    """Regular files under ``root``; symlinks are neither followed nor listed (cuda-home/
-    links into the wheels' prefix: those files are scanned where they live)."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
-        for name in filenames:
-            path = Path(dirpath) / name
-            if not path.is_symlink() and path.is_file():
-                yield path
+    """The regular files under ``root`` whose names a shared library, object or fatbin has;
+    symlinks are neither followed nor listed (cuda-home/ links into the wheels' prefix: those
+    files are scanned where they live). os.scandir's entry types need no stat per file: an
+    env holds ~75,000 files."""
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False) and _candidate(entry.name):
+                        yield Path(entry.path)
+        except OSError:
+            continue  # a directory that vanished or cannot be read holds nothing to judge
 
 
-def _candidate(path: Path) -> bool:
-    name = path.name
+def _candidate(name: str) -> bool:
     return name.endswith((".so", ".cubin", ".fatbin", ".o")) or ".so." in name
 
 
@@ -167,6 +174,7 @@ class ScanCache:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.entries: dict[str, object] = {}
+        self.seen: list[str] = []  # every file scanned (or found unchanged) in this run
         self.dirty = False
         if path is not None and _ours(path):
             try:
@@ -183,6 +191,7 @@ class ScanCache:
 
     def scan(self, path: Path) -> fatbin.Scan:
         key = self.key(path)
+        self.seen.append(f"{path}={key}")
         found = self.entries.get(key)
         if isinstance(found, dict):
             cached = fatbin.Scan.from_json(found, path)
@@ -192,6 +201,25 @@ class ScanCache:
         self.entries[key] = result.to_json()
         self.dirty = True
         return result
+
+    def probe(self, python: Path, modules: Sequence[str], env: Path, run: Callable[[], Mapped]
+              ) -> Mapped:  # fmt: skip
+        """What the import probe mapped, reused while no binary and no installed distribution
+        of the env changed (the files scanned this run and every RECORD, by identity)."""
+        records = sorted(
+            f"{r}={self.key(r)}" for r in env.glob("lib/python3*/site-packages/*.dist-info/RECORD")
+        )
+        material = "\n".join([str(python), *modules, *sorted(self.seen), *records])
+        key = "probe:" + hashlib.sha256(material.encode()).hexdigest()
+        found = self.entries.get(key)
+        if isinstance(found, dict):
+            cached = Mapped.from_json(found)
+            if cached is not None:
+                return cached
+        mapped = run()
+        self.entries[key] = mapped.to_json()
+        self.dirty = True
+        return mapped
 
     def save(self) -> None:
         if self.path is None or not self.dirty:
@@ -210,7 +238,7 @@ def binaries(env: Path, cache: ScanCache) -> list[Binary]:
         if not root.is_dir() or root.is_symlink():
             continue
         for path in _walk(root):
-            if not _candidate(path) or not fatbin.is_elf(path):
+            if not fatbin.is_elf(path):
                 continue
             scan = cache.scan(path)
             if not scan.codes and scan.error is None and not scan.needed:
@@ -434,6 +462,33 @@ class Mapped:
     libraries: tuple[tuple[str, int, str], ...]  # (library, major, path) mapped
     errors: tuple[tuple[str, str], ...]  # packages that failed to import, and why
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "imported": list(self.imported),
+            "libraries": [list(x) for x in self.libraries],
+            "errors": dict(self.errors),
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> Mapped | None:
+        try:
+            imported = doc["imported"]
+            libraries = doc["libraries"]
+            errors = doc["errors"]
+            assert isinstance(imported, list) and all(isinstance(m, str) for m in imported)
+            assert isinstance(libraries, list) and isinstance(errors, dict)
+            libs = []
+            for lib, major, path in libraries:
+                assert isinstance(lib, str) and isinstance(major, int) and isinstance(path, str)
+                libs.append((lib, major, path))
+            errs = []
+            for name, why in errors.items():
+                assert isinstance(name, str) and isinstance(why, str)
+                errs.append((name, why))
+            return cls(imported=tuple(imported), libraries=tuple(libs), errors=tuple(errs))
+        except (AssertionError, KeyError, TypeError, ValueError):
+            return None
+
     def two_majors(self) -> dict[str, list[int]]:
         majors: dict[str, set[int]] = {}
         for lib, major, _ in self.libraries:
@@ -578,13 +633,7 @@ class Audit:
                 {"library": ln.library, "major": ln.major, "by": [list(x) for x in ln.by]}
                 for ln in self.linked
             ],
-            "mapped": None
-            if self.mapped is None
-            else {
-                "imported": list(self.mapped.imported),
-                "libraries": [list(x) for x in self.mapped.libraries],
-                "errors": dict(self.mapped.errors),
-            },
+            "mapped": None if self.mapped is None else self.mapped.to_json(),
         }
 
 
@@ -603,8 +652,11 @@ def run(
         raise UsageError("audit needs at least one target arch (--archs, or a visible GPU)")
     started = time.monotonic()
     found = binaries(env, cache)
+    mapped = None
+    if probe is not None:
+        python, modules, environ = probe
+        mapped = cache.probe(python, modules, env, lambda: probe_maps(python, modules, env=environ))
     cache.save()
-    mapped = probe_maps(probe[0], probe[1], env=probe[2]) if probe is not None else None
     linked = linked_majors(found)
     if major is None:
         # The env's CUDA: the major of the runtime most of its binaries link.

@@ -176,3 +176,32 @@ def test_the_cli_needs_an_arch_and_one_target(tmp_path: Path) -> None:
     bad = cudaenv("audit", "--python", str(env), "--archs", "12.1x", cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "--archs '12.1x'" in bad.stderr
     assert "Traceback" not in both.stderr + bad.stderr
+
+
+def test_the_import_probe_runs_again_only_when_the_env_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    env = fake_env(tmp_path / "env")
+    runs: list[str] = []
+    real = audit.probe_maps
+
+    def counted(python: Path, modules: list[str], *, env: object = None) -> audit.Mapped:
+        runs.append("probe")
+        return real(python, modules)
+
+    monkeypatch.setattr(audit, "probe_maps", counted)
+
+    def once() -> audit.Audit:
+        return audit.run(env, [Arch.parse("12.0f")], driver_cuda=None, major=13,
+                         cache=audit.ScanCache(tmp_path / "scans.json"),
+                         probe=(Path(sys.executable), ["json"], None))  # fmt: skip
+
+    first = once()
+    assert first.mapped is not None and first.mapped.imported == ("json",)
+    assert once().mapped == first.mapped and runs == ["probe"]
+    # A distribution installed or changed: its RECORD is new, so the probe runs again.
+    (env / SITE / "torch-2.14.1.dist-info" / "RECORD").write_text("changed,,\n")
+    once()
+    assert runs == ["probe", "probe"]
