@@ -76,6 +76,11 @@ LOADERS: tuple[Loader, ...] = (
         why="sgl_kernel's load_utils takes sm100/common_ops on every CC but 9.0",
         when=lambda cc: not _is_hopper(cc),
     ),
+    # DeepGEMM loads its _C at import; it holds host code only (its kernels are compiled at
+    # run time through NVRTC), so it is judged by what it links. FlashMLA and sgl_kernel's
+    # flash_ops / flashmla_ops are imported only by the attention backends that choose them
+    # (Hopper, datacenter Blackwell), inside a try: they are listed, not required.
+    Loader(package="sgl-deep-gemm", pattern="deep_gemm/_C.so", why="deep_gemm loads _C at import"),
     Loader(package="vllm", pattern="vllm/_C*.so", why="vllm imports its _C extensions"),
     Loader(package="vllm", pattern="vllm/_moe_C*.so", why="vllm imports its MoE extensions"),
 )
