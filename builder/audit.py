@@ -37,10 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from builder import fatbin, proc
 from builder.archs import Arch, code_runs_on
 from builder.cudaversion import CudaVersion
 from builder.errors import UsageError
+from builder.paths import cache_dir
 
 Verdict = Literal["sass", "ptx", "none", "unreadable"]
 
@@ -126,8 +130,7 @@ def _owners(site: Path) -> dict[str, str]:
     """Relative path in site-packages -> the distribution whose RECORD lists it."""
     owners: dict[str, str] = {}
     for record in site.glob("*.dist-info/RECORD"):
-        dist = record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0]
-        name = dist.replace("_", "-").lower()
+        name = canonicalize_name(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
         try:
             text = record.read_text(errors="replace")
         except OSError:
@@ -188,6 +191,11 @@ class ScanCache:
                     self.entries = loaded
             except (OSError, ValueError):
                 pass
+
+    @classmethod
+    def default(cls) -> ScanCache:
+        """The machine-wide one, in cudaenv's cache directory."""
+        return cls(cache_dir() / "audit" / "scans.json")
 
     @staticmethod
     def key(path: Path) -> str:
@@ -378,11 +386,6 @@ class OtherMajor:
 
 
 _CU_SUFFIX = re.compile(r"-cu(\d{2})$")
-_REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _metadata(site: Path) -> dict[str, tuple[str, set[str]]]:
@@ -398,13 +401,17 @@ def _metadata(site: Path) -> dict[str, tuple[str, set[str]]]:
                         break  # the headers end at the first blank line
                     key, _, value = line.partition(":")
                     if key == "Name":
-                        name = _canonical(value.strip())
+                        name = canonicalize_name(value.strip())
                     elif key == "Version":
                         version = value.strip()
                     elif key == "Requires-Dist":
-                        m = _REQ_NAME.match(value)
-                        if m and "extra ==" not in value:
-                            requires.add(_canonical(m.group(1)))
+                        try:
+                            req = Requirement(value.strip())
+                        except InvalidRequirement:
+                            continue
+                        # A requirement of an extra holds only when the extra is asked for.
+                        if req.marker is None or "extra" not in str(req.marker):
+                            requires.add(canonicalize_name(req.name))
         except OSError:
             continue
         if name:

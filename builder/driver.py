@@ -80,6 +80,15 @@ class Driver:
         # runs every minor of that major, and of older majors.
         return self.cuda is not None and self.cuda.major >= cuda.major
 
+    def newest_cuda(self) -> CudaVersion | None:
+        """The newest CUDA this driver runs, as far as it is known: libcuda's answer, else the
+        first minor of the newest major its version runs (which minors exactly is not known
+        from the version alone, so newer PTX is not counted as runnable: never when unsure)."""
+        if self.cuda is not None:
+            return self.cuda
+        major = newest_cuda_major(self.version) if self.version is not None else None
+        return CudaVersion(major=major, minor=0) if major is not None else None
+
     def to_json(self) -> dict[str, str | None]:
         return {
             "version": self.version,

@@ -498,9 +498,20 @@ class VerifyRequest:
     fresh: bool = False
 
 
+def built_env(spec_arg: str, env_dir: Path | None) -> tuple[spec.EnvSpec, Path]:
+    """A spec and its built env (``env_dir``, default .envs/NAME); refused when not built."""
+    from builder import build, manifest
+
+    s = load_spec(spec_arg)
+    env = (env_dir or build.default_env_dir(s)).absolute()
+    if not manifest.exists(env):
+        raise BuildError(f"{env} is not built; run `cudaenv build {spec_arg}` first")
+    return s, env
+
+
 def verify_target(request: VerifyRequest) -> tuple[verify.Target, Manifest | None]:
     """The target of a :class:`VerifyRequest`, and the env's manifest where it has one."""
-    from builder import build, interpreters, manifest
+    from builder import interpreters, manifest
     from builder.paths import cache_dir
 
     if request.spec is None and request.python is None:
@@ -508,10 +519,7 @@ def verify_target(request: VerifyRequest) -> tuple[verify.Target, Manifest | Non
     if request.spec is not None:
         if request.python is not None:
             raise UsageError("verify takes a SPEC or --python PATH, not both")
-        s = load_spec(request.spec)
-        env_dir = (request.env_dir or build.default_env_dir(s)).absolute()
-        if not manifest.exists(env_dir):
-            raise BuildError(f"{env_dir} is not built; run `cudaenv build {request.spec}` first")
+        s, env_dir = built_env(request.spec, request.env_dir)
         found = manifest.read(env_dir)
         host = platforms.host_name()
         if found.platform is not None and found.platform != host:
@@ -707,17 +715,13 @@ def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
     """Audit an env for its target archs: ``request.archs``, else (a spec's env) the env's own
     list, else each visible GPU's; the driver's CUDA bounds which PTX counts."""
     from builder import audit as auditing
-    from builder import build, driver, interpreters, manifest
+    from builder import driver, interpreters, manifest
     from builder.cudaversion import CudaVersion
-    from builder.paths import cache_dir
 
     if (request.spec is None) == (request.python is None):
         raise UsageError("audit takes a SPEC or --python PATH (one of them)")
     if request.spec is not None:
-        s = load_spec(request.spec)
-        env = (request.env_dir or build.default_env_dir(s)).absolute()
-        if not manifest.exists(env):
-            raise BuildError(f"{env} is not built; run `cudaenv build {request.spec}` first")
+        _, env = built_env(request.spec, request.env_dir)
     else:
         assert request.python is not None
         env = interpreters.python_arg(request.python).absolute().parent.parent
@@ -731,20 +735,14 @@ def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
         if not targets:
             raise UsageError(f"audit needs --archs here: {why or 'no GPU is visible'}")
     seen = driver.detect()
-    driver_cuda = None
-    if seen is not None:
-        # A driver that names only its version runs the minors of its newest major; which
-        # minors exactly is not known here, so PTX newer than the major's first ISA is not
-        # counted (never counted as runnable when unsure).
-        major = driver.newest_cuda_major(seen.version) if seen.version else None
-        driver_cuda = seen.cuda or (CudaVersion(major=major, minor=0) if major else None)
+    driver_cuda = seen.newest_cuda() if seen is not None else None
     probe = None
     if request.probe and (env / "bin" / "python").exists():
         modules = auditing.import_names(env)
         probe = (env / "bin" / "python", modules, None)
         reporter(f"importing {', '.join(modules)} in {env} to read what one process maps")
     reporter(f"reading the device code of every binary in {env}")
-    cache = auditing.ScanCache(cache_dir() / "audit" / "scans.json")
+    cache = auditing.ScanCache.default()
     env_cuda = CudaVersion.read(found.cuda) if found is not None else None
     major = env_cuda.major if env_cuda is not None else None
     return auditing.run(

@@ -482,3 +482,13 @@ def test_adopt_refuses_a_torch_the_driver_cannot_run_before_changing_anything(
     monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "580.65.06")
     assert cli.main(argv) == 0
     assert applied == [planned, planned]
+
+
+def test_the_newest_cuda_a_driver_runs_is_never_guessed_upwards() -> None:
+    # libcuda names it; a version alone gives its newest major's first minor (PTX newer than
+    # that is then not counted as runnable by the audit).
+    assert str(driver.Driver(version=None, cuda=CudaVersion(major=13, minor=1), source="x")
+               .newest_cuda()) == "13.1"  # fmt: skip
+    assert str(driver.Driver(version="580.65.06", cuda=None, source="x").newest_cuda()) == "13.0"
+    assert str(driver.Driver(version="570.86.15", cuda=None, source="x").newest_cuda()) == "12.0"
+    assert driver.Driver(version="400.1", cuda=None, source="x").newest_cuda() is None

@@ -9,13 +9,12 @@ maps) is `cudaenv audit`'s; verify judges the files, which needs no import.
 from __future__ import annotations
 
 from builder import audit
-from builder.paths import cache_dir
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     env = target.env_dir or target.python.absolute().parent.parent
-    cache = audit.ScanCache(cache_dir() / "audit" / "scans.json")
+    cache = audit.ScanCache.default()
     # The driver's CUDA is not asked here: a PTX-only binary is judged by arch alone, and
     # `cudaenv audit` on the GPU machine adds the driver's bound.
     done = audit.run(env, target.archs, driver_cuda=None, cache=cache)
