@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -408,6 +409,92 @@ def cmd_report_merge(args: argparse.Namespace, say: Reporter) -> int:
     return 0
 
 
+def cmd_store_list(args: argparse.Namespace, say: Reporter) -> int:
+    from builder.probe import jit_store
+
+    store = pipeline.jit_store_here()
+    rows = store.listing()
+    cap = jit_store.store_max()
+    total = sum(r.size for r in rows)
+    if args.json:
+        doc = {
+            "root": str(store.root),
+            "cap": cap,
+            "bytes": total,
+            "entries": [dataclasses.asdict(r) for r in rows],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    for r in rows:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
+        print(
+            f"{r.key[:16]}/{r.variant}  {r.kind:<9}  {_size(r.size):>10}  used {used}  "
+            f"made for {r.made_for or '?'}"
+        )
+    print(f"{len(rows)} entries, {_size(total)} of {_size(cap)} in {store.root}")
+    return 0
+
+
+def _size(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def cmd_store_verify(args: argparse.Namespace, say: Reporter) -> int:
+    store = pipeline.jit_store_here()
+    entries = store.all()
+    bad = 0
+    for key, variant in entries:
+        problem = store.check(key, variant)
+        if problem is not None:
+            bad += 1
+            store.discard(variant, problem)
+            print(store.notes[-1])
+    say(f"{len(entries) - bad} of {len(entries)} entries as recorded in {store.root}")
+    if bad:
+        raise VerifyFailed(f"the JIT store held {bad} damaged entr{'y' if bad == 1 else 'ies'}")
+    return 0
+
+
+def cmd_store_gc(args: argparse.Namespace, say: Reporter) -> int:
+    from builder.probe import jit_store
+
+    try:
+        cap = jit_store.parse_size(args.max) if args.max else jit_store.store_max()
+    except (ValueError, jit_store.StoreError) as exc:
+        raise UsageError(f"--max: {exc}") from None
+    store = pipeline.jit_store_here()
+    removed, freed = store.gc(cap)
+    left = sum(store.size_of(v) for _, v in store.all())
+    say(
+        f"removed {len(removed)} item(s), {_size(freed)} freed; {_size(left)} left "
+        f"(cap {_size(cap)})"
+    )
+    return 0
+
+
+def cmd_store_push(args: argparse.Namespace, say: Reporter) -> int:
+    pushed, warnings, tag = pipeline.store_push(
+        args.spec, Path(args.env_dir) if args.env_dir else None
+    )
+    for w in warnings:
+        say(f"warning: {w}")
+    say(f"pushed {pushed} entr{'y' if pushed == 1 else 'ies'} and the list {tag}")
+    return 0 if pushed or not warnings else 1
+
+
+def cmd_store_pull(args: argparse.Namespace, say: Reporter) -> int:
+    added, warnings, tag = pipeline.store_pull(args.spec)
+    for w in warnings:
+        say(f"warning: {w}")
+    say(f"added {added} entr{'y' if added == 1 else 'ies'} listed under {tag} to the store")
+    return 1 if warnings and not added else 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "lock": cmd_lock,
     "init": cmd_init,
@@ -425,6 +512,11 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "audit": cmd_audit,
     "matrix": cmd_matrix,
     "report_merge": cmd_report_merge,
+    "store_list": cmd_store_list,
+    "store_verify": cmd_store_verify,
+    "store_gc": cmd_store_gc,
+    "store_push": cmd_store_push,
+    "store_pull": cmd_store_pull,
 }
 
 

@@ -413,6 +413,70 @@ def make_parser() -> argparse.ArgumentParser:
     )
     mx.set_defaults(handler="matrix")
 
+    st = _sub(
+        sub,
+        "store",
+        "the JIT store: list, check, trim, share",
+        "The machine-wide store of compiled JIT results (FlashInfer's modules, the top-k/top-p "
+        "kernel), keyed by what made them and checked by sha256 each time one is placed. "
+        "CUDAENV_JIT_STORE moves it, CUDAENV_JIT_STORE_MAX caps it (default 10G), "
+        "CUDAENV_JIT_REMOTE=oci://HOST/REPO shares it through a registry.",
+        "cudaenv store gc --max 5G",
+    )
+    ssub = st.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
+    sl = _sub(
+        ssub,
+        "list",
+        "every entry: key, kind, size, last use, where it was made",
+        "Every entry of the store, least recently used first, and the total against the cap.",
+        "cudaenv store list --json",
+    )
+    sl.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    sl.set_defaults(handler="store_list")
+    sv = _sub(
+        ssub,
+        "verify",
+        "check every entry's files against their recorded sha256",
+        "Read every entry and hash every file; an entry that differs from its record is "
+        "discarded (it is compiled again where it is next needed). Exit 5 when one was.",
+        "cudaenv store verify",
+    )
+    sv.set_defaults(handler="store_verify")
+    sg = _sub(
+        ssub,
+        "gc",
+        "trim the store to its cap, least recently used first",
+        "Remove entries of older store formats, what interrupted builds left, unused locks, "
+        "then the least recently used entries until the store is under --max.",
+        "cudaenv store gc --max 5G",
+    )
+    sg.add_argument(
+        "--max", metavar="SIZE", help="the size to trim to, like 5G or 500M (default: the cap)"
+    )
+    sg.set_defaults(handler="store_gc")
+    sp = _sub(
+        ssub,
+        "push",
+        "push the entries an env's verify used to the JIT remote",
+        "What a CI warmer runs after `cudaenv build SPEC --verify`: every store entry the env "
+        "used, and the list of their keys tagged by the spec's lock, go to CUDAENV_JIT_REMOTE.",
+        "CUDAENV_JIT_REMOTE=oci://registry.example:5000/cudaenv/jit cudaenv store push "
+        "envspecs/default.yaml",
+    )
+    sp.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    sp.add_argument("--env-dir", help="the env (default .envs/NAME)")
+    sp.set_defaults(handler="store_push")
+    sq = _sub(
+        ssub,
+        "pull",
+        "pull what a warmer pushed for a spec into this machine's store",
+        "Every entry listed under the spec's lock on CUDAENV_JIT_REMOTE, each checked by "
+        "digest and sha256, added to the local store before a build or verify needs it.",
+        "cudaenv store pull envspecs/default.yaml",
+    )
+    sq.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    sq.set_defaults(handler="store_pull")
+
     rp = _sub(
         sub,
         "report",

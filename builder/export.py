@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,8 +179,10 @@ JIT_DIR = "jit-store"
 
 
 def export_jit(env_dir: Path, wheelhouse: Path) -> int:
-    """Copy the store entries the env at ``env_dir`` uses into ``wheelhouse/jit-store``; how
-    many it uses. Refuses an env that has none recorded (never verified, or the store off)."""
+    """Copy the store entries the env at ``env_dir`` uses into ``wheelhouse/jit-store``, each
+    file checked against its record, and write every carried file's sha256 into the
+    wheelhouse's manifest; how many entries. Refuses an env that has none recorded (never
+    verified, or the store off)."""
     root = jit_store_dir()
     used = jit_store.used_entries(env_dir)
     if root is None or not used:
@@ -187,23 +190,101 @@ def export_jit(env_dir: Path, wheelhouse: Path) -> int:
             f"{env_dir} has no JIT results in the store to carry: verify it first "
             "(`cudaenv verify SPEC`) with the store on (CUDAENV_JIT_STORE is not `off`)"
         )
-    jit_store.copy_entries(root, wheelhouse / JIT_DIR, used)
-    missing = [u for u in used if not (wheelhouse / JIT_DIR / u / "entry.json").is_file()]
-    if missing:
-        raise BuildError(
-            f"the store no longer holds {len(missing)} JIT result(s) {env_dir} used "
-            f"({missing[0]}, ...): verify the env again, then export"
-        )
+    store = jit_store.Store(root)
+    carried: dict[str, str] = {}
+    for rel in used:
+        key, variant = jit_store.split_entry(rel) or ("", "")
+        try:
+            entry = store.load(key, store.entries(key) / variant)
+            content, files = store.export_entry(entry)
+        except (jit_store.EntryError, jit_store.StoreError, OSError) as exc:
+            raise BuildError(
+                f"the store's JIT result {rel}, which {env_dir} used, cannot be carried ({exc}): "
+                "verify the env again, then export"
+            ) from None
+        carried.update(_write_entry(wheelhouse / JIT_DIR / rel, rel, content, files))
+    manifest = wheelhouse / MANIFEST
+    doc = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    doc["jit"] = dict(sorted(carried.items()))
+    proc.atomic_write_text(manifest, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return len(used)
 
 
-def import_jit(wheelhouse: Path) -> int:
-    """Add the JIT results a wheelhouse carries to this machine's store; how many were new."""
+def _write_entry(
+    out: Path, rel: str, content: dict[str, object], files: dict[str, Path]
+) -> dict[str, str]:
+    """One entry laid out as the store lays it out; the sha256 of each file written."""
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "files").mkdir(parents=True)
+    hashes = {}
+    for name, src in files.items():
+        shutil.copyfile(src, out / "files" / name)
+        hashes[f"{rel}/files/{name}"] = sha256_of(out / "files" / name)
+    (out / "entry.json").write_text(json.dumps(content, indent=1, sort_keys=True))
+    hashes[f"{rel}/entry.json"] = sha256_of(out / "entry.json")
+    return hashes
+
+
+def import_jit(wheelhouse: Path) -> tuple[int, str | None]:
+    """Add the JIT results a wheelhouse carries to this machine's store; how many were new,
+    and why the store could not take them (then each is compiled where it is needed).
+    Each file must have the sha256 the wheelhouse's manifest records (a file changed since
+    the export is refused before anything is built); the store checks each again against the
+    entry's own record, and once more whenever it places one."""
     root = jit_store_dir()
     carried = wheelhouse / JIT_DIR
     if root is None or not carried.is_dir():
-        return 0
-    return len(jit_store.copy_entries(carried, root, jit_store.all_entries(carried)))
+        return 0, None
+    try:
+        recorded = json.loads((wheelhouse / MANIFEST).read_text()).get("jit")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise BuildError(
+            f"{carried} holds JIT results but {wheelhouse / MANIFEST} records no sha256 for "
+            "them: export the wheelhouse again with `cudaenv export SPEC --with-jit`"
+        )
+    found = sorted(
+        str(p.parent.relative_to(carried))
+        for p in carried.glob(f"{jit_store.VERSION}/*/*/*/entry.json")
+    )
+    store = jit_store.Store(root)
+    added = 0
+    for rel in found:
+        split = jit_store.split_entry(rel)
+        entry_dir = carried / rel
+        names = sorted(p.name for p in (entry_dir / "files").iterdir()) if split else []
+        paths = [f"{rel}/entry.json", *(f"{rel}/files/{n}" for n in names)]
+        for path in paths:
+            want = recorded.get(path)
+            try:
+                _, have = jit_store.sha256_file(carried / path, trusted=False)
+            except jit_store.EntryError as exc:
+                raise BuildError(f"{carried / path}: {exc}") from None
+            if split is None or want is None or have != want:
+                raise BuildError(
+                    f"{carried / path}: not as exported ({MANIFEST} records "
+                    f"{'another sha256' if want else 'no such file'}); the wheelhouse was changed "
+                    "since `cudaenv export --with-jit`"
+                )
+        assert split is not None
+        key, variant = split
+        try:
+            doc = jit_store.read_doc(entry_dir / "entry.json", trusted=False)
+            existed = (store.entries(key) / variant).exists()
+            store.import_entry(
+                key,
+                doc,
+                {n: entry_dir / "files" / n for n in names},
+                {"origin": f"wheelhouse {wheelhouse}"},
+            )
+        except jit_store.StoreError as exc:
+            return added, f"the JIT results of {carried} were not added to the store: {exc}"
+        except (jit_store.EntryError, OSError) as exc:
+            raise BuildError(f"{entry_dir}: not a JIT result the store accepts ({exc})") from None
+        added += not existed
+    return added, None
 
 
 def check_pylock_name(path: Path) -> None:

@@ -35,11 +35,12 @@ from builder.errors import (
     UsageError,
     VerifyFailed,
 )
+from builder.probe import jit_store
 from builder.reporter import Reporter, run_main, silent
 
 if TYPE_CHECKING:
     from builder import audit as audit_
-    from builder import report, verify
+    from builder import jit_remote, report, verify
     from builder.manifest import Manifest
 
 # resolve, build, verify, report and export are imported where used: a warm `cudaenv build`
@@ -368,7 +369,9 @@ class Run:
             from builder import export
 
             export.check_wheelhouse(lk, wheelhouse, cross)  # before anything is built
-            imported = export.import_jit(wheelhouse)
+            imported, trouble = export.import_jit(wheelhouse)
+            if trouble:
+                say(f"warning: {trouble}")
             if imported:
                 say(
                     f"{imported} JIT result(s) from {wheelhouse / export.JIT_DIR} added to the "
@@ -483,7 +486,21 @@ def spec_target(
         checks=checks or s.verify,
         extra_env=extra,
         fresh=fresh,
+        jit_remote=jit_remote_for(s.source),
     )
+
+
+def jit_remote_for(spec_source: Path | None) -> str | None:
+    """The JIT store's registry tier for a spec's project (``CUDAENV_JIT_REMOTE`` wins),
+    checked now: a malformed one is the user's error, not a warning mid-verify."""
+    from builder import jit_share, project
+
+    setting = project.settings_for(spec_source).jit_remote if spec_source else None
+    try:
+        remote = jit_share.configured(setting=setting)
+    except jit_share.ShareError as exc:
+        raise UsageError(str(exc)) from None
+    return remote.url if remote is not None else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -587,6 +604,7 @@ def python_target(
         checks=checks or verify.CHECKS,
         extra_env=extra,
         fresh=fresh,
+        jit_remote=jit_remote_for(None),
     )
     return target, found
 
@@ -695,6 +713,73 @@ def export(request: ExportRequest, reporter: Reporter) -> None:
         command = command_line(["export", request.spec, "--pylock", str(request.pylock)])
         exporting.export_pylock(s, lk, request.pylock, command=command)
         reporter(f"wrote {request.pylock}: {len(lk.packages)} packages, every sha256 as in {path}")
+
+
+# --------------------------------------------------------------------------- the JIT store
+
+
+def jit_store_here() -> jit_store.Store:
+    """This machine's JIT store, made and checked; UsageError when it is off or unusable."""
+    from builder.paths import jit_store_dir
+
+    root = jit_store_dir()
+    if root is None:
+        raise UsageError("the JIT store is off (CUDAENV_JIT_STORE=off)")
+    store = jit_store.Store(root)
+    try:
+        store.ready()
+    except jit_store.StoreError as exc:
+        raise UsageError(f"the JIT store cannot be used: {exc}") from None
+    return store
+
+
+def _remote_for(s: spec.EnvSpec) -> jit_remote.Remote:
+    from builder import jit_share, project
+
+    try:
+        remote = jit_share.configured(setting=project.settings_for(s.source).jit_remote)
+    except jit_share.ShareError as exc:
+        raise UsageError(str(exc)) from None
+    if remote is None:
+        raise UsageError(
+            "no JIT remote: set CUDAENV_JIT_REMOTE=oci://HOST[:PORT]/REPO, or jit-remote in "
+            "[tool.cudaenv] of the project's pyproject.toml"
+        )
+    return remote
+
+
+def _index_tag(s: spec.EnvSpec) -> str:
+    from builder import jit_share
+
+    lk = lock.read(lock_file(s), spec_name=s.name)
+    return jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
+
+
+def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str]:
+    """Push every store entry the built env of ``spec_arg`` used (a warmer's job), and the
+    list of their keys under the tag of the spec's lock; (pushed, warnings, tag)."""
+    from builder import jit_share
+
+    s, env = built_env(spec_arg, env_dir)
+    used = jit_store.used_entries(env)
+    if not used:
+        raise BuildError(
+            f"{env} has used no JIT results from the store: verify it first (`cudaenv verify "
+            f"{spec_arg}`) with the store on"
+        )
+    remote, tag = _remote_for(s), _index_tag(s)
+    pushed, warnings = jit_share.push_env(jit_store_here(), used, remote, tag)
+    return pushed, warnings, tag
+
+
+def store_pull(spec_arg: str) -> tuple[int, list[str], str]:
+    """Add to this machine's store every entry a warmer pushed for the spec's lock."""
+    from builder import jit_share
+
+    s = load_spec(spec_arg)
+    remote, tag = _remote_for(s), _index_tag(s)
+    added, warnings = jit_share.pull_env(jit_store_here(), remote, tag)
+    return added, warnings, tag
 
 
 # --------------------------------------------------------------------------- audit

@@ -1,6 +1,6 @@
 """The project's own settings: ``[tool.cudaenv]`` in the nearest ``pyproject.toml`` above a spec.
 
-One setting today: what a lock names its files by.
+What a lock names its files by, and where the JIT store's registry tier is:
 
 - ``locks = "urls"`` (the default): each file's ``url`` as uv resolved it, so any PEP 751
   reader (uv, pip >= 26) installs the lock as it is.
@@ -9,6 +9,9 @@ One setting today: what a lock names its files by.
   that), and ``cudaenv export SPEC`` fills that wheelhouse, hash-checked, from whatever index
   the machine uses. A repository whose locks are read on machines behind different mirrors
   (this one) needs that.
+
+- ``jit-remote = "oci://HOST[:PORT]/REPO"``: the registry the JIT store pulls from on a local
+  miss (``builder/jit_share.py``); ``CUDAENV_JIT_REMOTE`` overrides it.
 
 A package a spec pins to an index (``indexes:``) keeps its URL in both modes: that host is the
 spec's own choice. ``cudaenv build`` installs by name, version and hash through the machine's
@@ -32,7 +35,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 LOCK_MODES = ("urls", "index-neutral")
-KEYS = ("locks", "wheelhouse")
+KEYS = ("locks", "wheelhouse", "jit-remote")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +43,8 @@ class Settings:
     locks: str = "urls"
     # Relative to each lock file's directory, in POSIX form (it is written into the lock).
     wheelhouse: str = "wheels"
+    # The JIT store's registry tier (oci://HOST[:PORT]/REPO); CUDAENV_JIT_REMOTE wins over it.
+    jit_remote: str | None = None
     source: Path | None = None  # the pyproject.toml they came from; None: the defaults
 
     @property
@@ -107,7 +112,18 @@ def _validated(table: dict[str, Any], where: str, path: Path) -> Settings:
             f"{where}: tool.cudaenv.wheelhouse: {wheelhouse!r} must be a relative POSIX path "
             "(relative to the lock file's directory)"
         )
+    remote = table.get("jit-remote")
+    if remote is not None and not (isinstance(remote, str) and remote.startswith("oci://")):
+        shown = repr(remote) if isinstance(remote, str) else kind(remote)
+        problems.append(
+            f"{where}: tool.cudaenv.jit-remote: expected oci://HOST[:PORT]/REPO, got {shown}"
+        )
     if problems:
         raise SpecError(problems, "project settings")
     assert isinstance(locks, str) and isinstance(wheelhouse, str)
-    return Settings(locks=locks, wheelhouse=posixpath.normpath(wheelhouse), source=path)
+    return Settings(
+        locks=locks,
+        wheelhouse=posixpath.normpath(wheelhouse),
+        jit_remote=remote,
+        source=path,
+    )

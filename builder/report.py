@@ -380,6 +380,7 @@ def terminal(report: VerifyReport) -> str:
     for c in report.checks:
         if c.status == FAILED and c.fix:
             lines.append(f"  fix ({c.name}): {c.fix}")
+        lines += [f"  warning ({c.name}): {w}" for w in c.warnings]
     return "\n".join(lines)
 
 

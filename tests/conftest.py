@@ -56,3 +56,72 @@ def in_tmp(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path
     finally:
         os.chdir(old)
+
+
+class Registry:
+    """A CNCF distribution registry serving plain http on loopback (see ``registry``)."""
+
+    def __init__(self, port: int, root: Path, process: subprocess.Popen[bytes]) -> None:
+        self.port = port
+        self.url = f"oci://127.0.0.1:{port}/cudaenv/jit"
+        self.base = f"http://127.0.0.1:{port}"
+        # Its storage: a blob is ROOT/docker/registry/v2/blobs/sha256/XX/HEX/data.
+        self.root = root
+        self.process = process
+
+    def answers(self) -> bool:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+        try:
+            conn.request("GET", "/v2/")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    """A real OCI registry (Debian's docker-registry) on a free loopback port, its storage
+    under tmp_path; it answers GET /v2/ before the test starts and is stopped at teardown."""
+    import socket
+    import time
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed (apt install docker-registry)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = tmp_path / "registry"
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: error\n  accesslog:\n    disabled: true\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root}\n  delete:\n    enabled: false\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    log = tmp_path / "registry.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=out)
+    served = Registry(port, root, process)
+    try:
+        deadline = time.monotonic() + 10
+        while not served.answers():
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"docker-registry did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield served
+    finally:
+        served.stop()

@@ -16,11 +16,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder import lock, resolve, spec
 from builder.archs import Arch
+from tests.conftest import Registry
 from tests.helpers import ENVSPECS, REPO, cudaenv, env_facts, lock_of, workspace, write
 
 FAKE_NVCC_128 = """#!/bin/sh
@@ -707,6 +709,55 @@ def test_a_second_env_of_the_toolchain_reuses_the_stores_compiles(
         [ninja, "-C", str(build_dir), "-n"], capture_output=True, text=True, check=True
     )
     assert "no work to do" in done.stdout
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_second_node_reuses_the_compiles_a_first_node_pushed_to_a_registry(
+    default_env: Path, tmp_path: Path, registry: Registry
+) -> None:
+    """Node A (this machine's store) verifies the default env and pushes what it used to a
+    real registry; node B (an empty store, the same registry) builds the spec and verifies
+    it, reusing FlashInfer's module and our kernel from the registry. A kernel blob changed
+    in the registry's storage is refused and rebuilt; a registry that is down costs a local
+    compile and one warning, never the verify."""
+    ws = default_env.parent.parent
+    checks = "kernel-compile,flashinfer-jit,cubin"
+    remote = {"CUDAENV_JIT_REMOTE": registry.url}
+
+    def verify(env_dir: Path, store: str, which: str, extra: dict[str, str]) -> dict[str, Any]:
+        report = tmp_path / f"{env_dir.name}-{store}.json"
+        if not (env_dir / "cudaenv.json").exists():
+            cudaenv("build", "envspecs/default.yaml", "--env-dir", str(env_dir), cwd=ws)
+        env = {"CUDAENV_JIT_STORE": str(tmp_path / store), **remote, **extra}
+        if store == "node-a":
+            env.pop("CUDAENV_JIT_STORE")  # the machine's own store, warm from the main job
+        cudaenv("verify", "envspecs/default.yaml", "--env-dir", str(env_dir), "--checks",
+                which, "--report", str(report), cwd=ws, env=env)  # fmt: skip
+        got = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+        assert {n: c["status"] for n, c in got.items()} == dict.fromkeys(which.split(","), "passed")
+        return got
+
+    a = verify(default_env, "node-a", checks, {"CUDAENV_JIT_PUSH": "1"})
+    assert not a["flashinfer-jit"]["warnings"] and not a["kernel-compile"]["warnings"], a
+    b = verify(tmp_path / "env-b", "node-b", checks, {})
+    assert "reused from the store (first built " in b["flashinfer-jit"]["summary"]
+    assert f"for {registry.url})" in b["flashinfer-jit"]["summary"], b["flashinfer-jit"]
+    assert f"for {registry.url})" in b["kernel-compile"]["summary"], b["kernel-compile"]
+    assert not b["flashinfer-jit"]["warnings"] and not b["kernel-compile"]["warnings"]
+    # A blob of the registry's storage changed: our kernel's (a cubin, starting with ELF).
+    kernel = next((tmp_path / "env-b" / "var" / "cudaenv" / "kernels").rglob("topk_topp.*"))
+    blobs = (registry.root / "docker" / "registry" / "v2" / "blobs").rglob("data")
+    (changed,) = [b for b in blobs if b.read_bytes() == kernel.read_bytes()]
+    changed.write_bytes(b"\x7fELF" + b"\0" * (changed.stat().st_size - 4))
+    c = verify(tmp_path / "env-c", "node-c", "kernel-compile,flashinfer-jit", {})
+    assert f"for {registry.url})" in c["flashinfer-jit"]["summary"]  # still sound: reused
+    assert "reused" not in c["kernel-compile"]["summary"], c["kernel-compile"]
+    (warning,) = c["kernel-compile"]["warnings"]
+    assert registry.url in warning and "compiled locally" in warning
+    registry.stop()
+    d = verify(tmp_path / "env-d", "node-d", "kernel-compile", {"CUDAENV_JIT_PUSH": "1"})
+    assert [registry.url in w for w in d["kernel-compile"]["warnings"]] in ([True], [True, True])
 
 
 @pytest.mark.network

@@ -40,6 +40,9 @@ open(sys.argv[0] + ".runs", "a").write(out + "\\n")
 """
 
 
+KEY, OTHER = "ab" * 32, "cd" * 32
+
+
 def ninja() -> str:
     found = shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent))
     if found is None:
@@ -163,8 +166,8 @@ def test_a_second_env_of_the_same_toolchain_reuses_the_result_and_ninja_has_no_w
     other = tmp_path / "elsewhere" / "envB"
     build = make_env(other, tools)
     assert key_for(store, build, other, host_path) == key  # the env's path is not in the key
-    meta = jit_store.place_ninja(store, key, build, str(other), ninja())
-    assert meta is not None and meta["env"] == str(tmp_path / "envA")
+    entry = jit_store.place_ninja(store, key, build, str(other), ninja())
+    assert entry is not None and entry.provenance["env"] == str(tmp_path / "envA")
     assert "no work to do" in run_ninja(build)
     assert len(runs(tools)) == 2  # nothing compiled for env B
     assert (build / "sampling.so").read_text() == (
@@ -281,20 +284,26 @@ def test_an_envs_results_travel_in_a_wheelhouse_and_join_another_store(
     store = jit_store.Store(here)
     built = write(tmp_path / "kernel.bin", "cubin")
     header = write(tmp_path / "cub.cuh", "CUB 13.0")
-    used = store.publish("k" * 64, {"kernel": built}, [str(header)], {"env": str(env)}, str(env))
-    other = store.publish("o" * 64, {"kernel": built}, [str(header)], {"env": "x"}, "x")
+    kernel = {"kind": "topk_topp", "env": str(env)}
+    used = store.publish(KEY, {"kernel": built}, [str(header)], kernel, str(env))
+    other = store.publish(OTHER, {"kernel": built}, [str(header)], {**kernel, "env": "x"}, "x")
     assert used is not None and other is not None
     jit_store.note_use(store, used, str(env))
     jit_store.note_use(store, used, str(tmp_path / "not-a-cudaenv-env"))  # never written
     assert jit_store.used_entries(env) == [str(used.relative_to(here))]
+    (wheelhouse / export.MANIFEST).parent.mkdir(parents=True)
+    (wheelhouse / export.MANIFEST).write_text("{}")
     assert export.export_jit(env, wheelhouse) == 1
-    assert jit_store.all_entries(wheelhouse / export.JIT_DIR) == [str(used.relative_to(here))]
+    carried = sorted(p.parent for p in (wheelhouse / export.JIT_DIR).glob("v3/*/*/*/entry.json"))
+    assert [str(p.relative_to(wheelhouse / export.JIT_DIR)) for p in carried] == [
+        str(used.relative_to(here))
+    ]
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-there"))
-    assert export.import_jit(wheelhouse) == 1
-    assert export.import_jit(wheelhouse) == 0  # already there
+    assert export.import_jit(wheelhouse) == (1, None)
+    assert export.import_jit(wheelhouse) == (0, None)  # already there
     there = jit_store.Store(tmp_path / "store-there")
-    assert there.find("k" * 64, str(env)) is not None
+    assert there.find(KEY, str(env)) is not None
     header.write_text("CUB 13.3")  # another toolkit's header there: never placed
-    assert jit_store.Store(tmp_path / "store-there").find("k" * 64, str(env)) is None
+    assert jit_store.Store(tmp_path / "store-there").find(KEY, str(env)) is None
     monkeypatch.setenv("CUDAENV_JIT_STORE", "off")
-    assert export.import_jit(wheelhouse) == 0
+    assert export.import_jit(wheelhouse) == (0, None)

@@ -10,7 +10,7 @@ BUILDER = Path(__file__).resolve().parent.parent / "builder"
 # Bottom first, as docs/architecture.md lists them.
 LAYERS = [
     "errors", "cudaversion", "platforms", "variables", "reporter", "paths", "proc",
-    "archs", "fatbin", "driver", "yamldoc", "jsondoc",
+    "archs", "fatbin", "driver", "yamldoc", "jsondoc", "jit_remote", "jit_share",
     "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
     "caches", "manifest", "toolchain", "build", "export", "adopt", "audit",
     "verify", "doctor", "fingerprint", "report", "envs",

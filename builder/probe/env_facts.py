@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,8 +106,9 @@ def jit_sampling() -> dict[str, object]:
 def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, object]:
     """FlashInfer's build of ``spec`` through cudaenv's store (jit_store.py): a result some
     env of the same toolchain built is placed with ninja logs for this env, so ninja has
-    nothing to do; a miss is built here and kept for the next env. An env that has the
-    result already (``compiled``) only offers it to the store."""
+    nothing to do; a miss is pulled from the store's remote tier where one is set, else built
+    here and kept for the next env. An env that has the result already (``compiled``) only
+    offers it to the store. Whatever fails in the store costs a compile, never the build."""
     ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
     if ninja is None or not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
         spec.build(verbose=False)
@@ -114,28 +116,79 @@ def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, o
     spec.write_ninja()
     build_dir = Path(spec.ninja_path).parent
     store = jit_store.Store(root)
-    key = jit_store.key_of(
-        jit_store.ninja_material(store, build_dir, sys.prefix, ninja, os.environ)
-    )
+    try:
+        key = jit_store.key_of(
+            jit_store.ninja_material(store, build_dir, sys.prefix, ninja, os.environ)
+        )
+        lock = store.acquire(key)
+    except (jit_store.StoreError, OSError) as exc:
+        spec.build(verbose=False)
+        return {"used": False, "warnings": [f"the JIT store was not used: {exc}"]}
     library = Path(spec.get_library_path())
-    with store.locked(key):  # a concurrent builder of this key finishes first
-        meta = None if compiled else jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
-        placed = library.stat().st_mtime_ns if meta is not None and library.exists() else None
+    notes: list[str] = []
+    entry = None
+    usable = True
+    try:
+        if not compiled:
+            try:
+                entry = jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
+                if entry is None and share("pull", key, sys.prefix, notes):
+                    entry = jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
+            except (jit_store.StoreError, OSError) as exc:
+                notes.append(f"the JIT store was not used: {exc}")
+                usable = False
+        placed = library.stat().st_mtime_ns if entry is not None and library.exists() else None
         spec.build(verbose=False)
         hit = placed is not None and library.stat().st_mtime_ns == placed
         kept = None
-        if not hit:
-            kept = jit_store.publish_ninja(
-                store, key, build_dir, sys.prefix, ninja, {"env": sys.prefix}
-            )
-    store.hasher.save()
-    out: dict[str, object] = {"used": True, "key": key[:16], "hit": hit}
-    if hit and meta is not None:
-        out["first_built"] = meta.get("first_built")
-        out["env"] = meta.get("env")
+        if not hit and usable:
+            try:
+                kept = jit_store.publish_ninja(
+                    store, key, build_dir, sys.prefix, ninja, {"env": sys.prefix}
+                )
+            except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+                notes.append(f"the module was not kept in the JIT store: {exc}")
+        used = entry.path if hit and entry is not None else kept
+        if used is not None:
+            share("push", key, used.name, notes)
+    finally:
+        lock.release()
+        store.hasher.save()
+    out: dict[str, object] = {
+        "used": True,
+        "key": key[:16],
+        "hit": hit,
+        "warnings": [*store.notes, *notes],
+    }
+    if hit and entry is not None:
+        out["first_built"] = entry.provenance.get("first_built")
+        out["env"] = entry.provenance.get("env") or entry.provenance.get("origin")
     else:
         out["kept"] = kept is not None
     return out
+
+
+def share(action: str, key: str, arg: str, notes: list[str]) -> bool:
+    """Ask cudaenv (``CUDAENV_JIT_SHARE``: its interpreter and ``-m builder.jit_share``) to
+    pull ``key`` from the store's remote tier, or push it there; True when it pulled. This
+    script runs in the env's interpreter, which has no registry client."""
+    try:
+        argv = json.loads(os.environ.get("CUDAENV_JIT_SHARE") or "null")
+    except ValueError:
+        argv = None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return False
+    try:
+        done = subprocess.run(
+            [*argv, action, key, arg], capture_output=True, text=True, timeout=900, check=False
+        )
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        notes.append(f"the JIT remote was not used: `{' '.join(argv)} {action}` gave no answer")
+        return False
+    if isinstance(answer, dict) and answer.get("warning"):
+        notes.append(str(answer["warning"]))
+    return isinstance(answer, dict) and answer.get("pulled") is True
 
 
 def main() -> int:

@@ -27,20 +27,23 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VERSION = "v2"  # the entry format; v2: entries say which ninja log format they were built with
+VERSION = "v3"  # the entry format; v3: each file's size and sha256 recorded, inputs required
 ENV = "@ENV@"
 # What nvcc reads from the environment on top of its command line. Written out: this module
 # runs inside the env's interpreter and imports nothing of cudaenv; a test keeps it equal to
@@ -219,15 +222,22 @@ class Hasher:
         self.memo: dict[str, str] = {}
         self.dirty = False
         if memo is not None:
-            with contextlib.suppress(OSError, ValueError):
-                loaded = json.loads(memo.read_text())
+            # A memo another user could write would make a changed header look unchanged:
+            # read only from a directory and a file no one else can write.
+            with contextlib.suppress(OSError, ValueError, StoreError):
+                check_dir(memo.parent)
+                loaded = read_doc(memo, trusted=True)
                 if isinstance(loaded, dict):
                     self.memo = {str(k): str(v) for k, v in loaded.items()}
 
-    def sha256(self, path: str | Path) -> str | None:
+    def sha256(self, path: str | Path, limit: int | None = None) -> str | None:
+        """The content of the regular file at ``path`` (links followed: a toolkit's headers
+        are links into the wheel prefix); None for anything else, or one over ``limit``."""
         try:
             st = os.stat(path)
         except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
             return None
         ident = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
         # A file changed in the last seconds may change again within one timestamp tick
@@ -238,7 +248,11 @@ class Hasher:
             return found
         h = hashlib.sha256()
         try:
-            with open(path, "rb") as fh:
+            # O_NONBLOCK: a path swapped for a FIFO since the stat never blocks the build.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
         except OSError:
@@ -252,11 +266,13 @@ class Hasher:
     def save(self) -> None:
         if self.memo_path is None or not self.dirty:
             return
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, StoreError):
             self.memo_path.parent.mkdir(parents=True, exist_ok=True)
+            check_dir(self.memo_path.parent)
             kept = dict(list(self.memo.items())[-20000:])
             tmp = self.memo_path.with_name(f".{self.memo_path.name}.{os.getpid()}")
             tmp.write_text(json.dumps(kept))
+            tmp.chmod(0o644)  # whatever the umask: a memo others can write is never read
             tmp.replace(self.memo_path)
 
 
@@ -302,46 +318,470 @@ def key_of(material: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the store
+#
+# The store can hand a root process a binary to run, so it is read like a package index:
+# an entry is named by what made it (the key) and checked by what it is (the size and sha256
+# of every file, recorded when it was published and checked each time it is placed). It reads
+# nothing another user could have written (as ssh's StrictModes does with ~/.ssh), never
+# follows a symbolic link inside its tree, keeps every file name inside its entry, and bounds
+# every wait. Whatever goes wrong with the store, the caller compiles without it.
+
+# A file a compile read is a header or a source: one larger than this is not, and a compile
+# that read it is not kept (a recorded input of /dev/zero or a huge file cannot stall a build).
+MAX_INPUT = 64 << 20
+MAX_DOC = 16 << 20  # an entry.json
+# The store's size cap (CUDAENV_JIT_STORE_MAX): past it the least recently used entries go.
+DEFAULT_MAX = 10 << 30
+# How long a builder waits for another builder of the same key (CUDAENV_JIT_LOCK_TIMEOUT):
+# FlashInfer's sampling module takes ~2 minutes on two cores.
+DEFAULT_LOCK_TIMEOUT = 900.0
+# What an entry says about where and when it was made: kept locally, not part of its
+# content (two machines that compile one key publish the same content).
+PROVENANCE = ("env", "first_built", "origin")
+KINDS = ("ninja", "topk_topp")
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_key(text: str) -> bool:
+    return len(text) == 64 and set(text) <= _HEX
+
+
+def is_variant(text: str) -> bool:
+    return len(text) == 16 and set(text) <= _HEX
+
+
+def is_file_name(name: object) -> bool:
+    """One path component an entry's file may be named by: nothing that leaves the entry."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= 200
+        and "/" not in name
+        and "\0" not in name
+        and not name.startswith(".")
+    )
+
+
+class StoreError(Exception):
+    """The store cannot be used now (a directory others can write, a lock held too long, a
+    read-only or full disk): the caller compiles without it and says why once."""
+
+
+class EntryError(ValueError):
+    """One entry is malformed, or a file differs from its record: it is discarded and the
+    result compiled (and published) again."""
+
+
+def _mode(st: os.stat_result) -> str:
+    return format(stat.S_IMODE(st.st_mode), "04o")
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
+
+
+def _untrusted_why(path: Path | str, st: os.stat_result) -> str:
+    if st.st_uid not in (os.geteuid(), 0):
+        return (
+            f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or root: "
+            f"the JIT store reads nothing another user could have written (chown -R "
+            f"{os.geteuid()} {path}, or point CUDAENV_JIT_STORE at a directory of your own)"
+        )
+    return (
+        f"{path} can be written by other users (mode {_mode(st)}): the JIT store reads nothing "
+        f"another user could have written (chmod go-w {path})"
+    )
+
+
+def check_dir(path: Path) -> None:
+    """``path`` is a directory of the store: a real directory (not a link) that only the
+    invoking user or root owns and can write."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise StoreError(f"{path}: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(f"{path} is a symbolic link: the JIT store never follows one")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"{path} is not a directory")
+    if not _trusted(st):
+        raise StoreError(_untrusted_why(path, st))
+
+
+def check_ancestors(root: Path) -> None:
+    """Every directory above the store's root: owned by the user or root, and writable by
+    others only with the sticky bit (``/tmp``), so no one else can swap the store."""
+    for parent in root.parents:
+        st = os.stat(parent)
+        if st.st_uid not in (os.geteuid(), 0) or (
+            st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        ):
+            raise StoreError(_untrusted_why(parent, st))
+
+
+def open_regular(path: Path | str, *, trusted: bool) -> tuple[int, os.stat_result]:
+    """``path`` opened for reading without following a link, which must be a regular file
+    (a FIFO or a device never blocks us: O_NONBLOCK); when ``trusted``, one that only the user
+    or root can write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EntryError(f"{path} is a symbolic link") from exc
+        raise EntryError(f"{path}: {exc.strerror}") from exc
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = f"{path} is not a regular file"
+    elif trusted and not _trusted(st):
+        why = _untrusted_why(path, st)
+    if why is not None:
+        os.close(fd)
+        raise EntryError(why)
+    return fd, st
+
+
+def sha256_file(path: Path | str, *, trusted: bool) -> tuple[int, str]:
+    """Size and sha256 of the regular file at ``path`` (a link or a FIFO is an EntryError)."""
+    fd, _ = open_regular(path, trusted=trusted)
+    h, total = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+            total += len(block)
+    return total, h.hexdigest()
+
+
+def read_doc(path: Path, *, trusted: bool) -> Any:
+    fd, st = open_regular(path, trusted=trusted)
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > MAX_DOC:
+            raise EntryError(f"{path} is larger than {MAX_DOC >> 20} MiB")
+        data = fh.read(MAX_DOC + 1)
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise EntryError(f"{path} is not JSON ({exc})") from exc
+
+
+def copy_checked(
+    src: Path | str, dst: Path, size: int | None, sha256: str | None, *, trusted: bool
+) -> tuple[int, str]:
+    """Copy ``src`` to ``dst`` (written beside it: a ``.NAME.PID.tmp`` file the caller renames)
+    hashing as it goes; raise EntryError when the size or sha256 differs from the record. The
+    file read once: placing a checked entry costs what copying it costs."""
+    fd, st = open_regular(src, trusted=trusted)
+    if size is not None and st.st_size != size:
+        os.close(fd)
+        raise EntryError(f"{src} holds {st.st_size} bytes, its record says {size}")
+    h, total = hashlib.sha256(), 0
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(dst)
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "rb") as fh, os.fdopen(out, "wb") as sink:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+                sink.write(block)
+                total += len(block)
+                if size is not None and total > size:
+                    break
+    except BaseException:
+        os.unlink(dst)
+        raise
+    digest = h.hexdigest()
+    if (size is not None and total != size) or (sha256 is not None and digest != sha256):
+        os.unlink(dst)
+        raise EntryError(f"{src}: content differs from its record (sha256 {digest[:16]}...)")
+    return total, digest
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One variant of a key as read back and checked: its content (what two machines that
+    compiled it publish alike), its files' records, and where and when it was made."""
+
+    key: str
+    path: Path
+    content: dict[str, Any]
+    files: dict[str, FileRecord]
+    inputs: dict[str, str]
+    provenance: dict[str, str]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {**self.content, **self.provenance}
+
+    @property
+    def variant(self) -> str:
+        return self.path.name
+
+
+def variant_of(inputs: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(inputs), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_entry(doc: Any) -> tuple[dict[str, Any], dict[str, FileRecord], dict[str, str]]:
+    """An entry document checked: its content, files and inputs; EntryError naming the key."""
+    if not isinstance(doc, dict):
+        raise EntryError("an entry is a JSON object")
+    content = {k: v for k, v in doc.items() if k not in PROVENANCE}
+    files_doc, inputs = content.get("files"), content.get("inputs")
+    if not isinstance(files_doc, dict) or not files_doc:
+        raise EntryError("'files': an entry records at least one file")
+    files: dict[str, FileRecord] = {}
+    for name, record in files_doc.items():
+        if not is_file_name(name):
+            raise EntryError(f"'files': {name!r} is not a file name inside the entry")
+        if not (
+            isinstance(record, dict)
+            and isinstance(record.get("size"), int)
+            and record["size"] >= 0
+            and isinstance(record.get("sha256"), str)
+            and is_key(record["sha256"])
+        ):
+            raise EntryError(f"'files': {name!r} needs a size and a sha256")
+        files[name] = FileRecord(record["size"], record["sha256"])
+    if not isinstance(inputs, dict) or not inputs:
+        raise EntryError("'inputs': an entry records at least one input it was compiled from")
+    for path, digest in inputs.items():
+        if not (isinstance(path, str) and path and isinstance(digest, str) and is_key(digest)):
+            raise EntryError(f"'inputs': {path!r} needs a sha256")
+    kind = content.get("kind")
+    if kind not in KINDS:
+        raise EntryError(f"'kind': {kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "topk_topp" and "kernel" not in files:
+        raise EntryError("'files': a kernel entry holds 'kernel'")
+    if kind == "ninja":
+        outputs, file_of, deps = content.get("outputs"), content.get("file_of"), content.get("deps")
+        if content.get("ninja_log") not in LOG_HASHES:
+            raise EntryError(f"'ninja_log': {content.get('ninja_log')!r} is not a known format")
+        if not (
+            isinstance(outputs, list)
+            and isinstance(file_of, dict)
+            and all(isinstance(o, str) for o in outputs)
+            and set(file_of) == set(outputs)
+            and all(f in files for f in file_of.values())
+        ):
+            raise EntryError("'outputs', 'file_of': each output is one of the entry's files")
+        if not (
+            isinstance(deps, dict)
+            and all(
+                isinstance(v, list) and all(isinstance(d, str) for d in v) for v in deps.values()
+            )
+        ):
+            raise EntryError("'deps': lists of file names")
+    return content, files, {str(k): str(v) for k, v in inputs.items()}
+
+
+def parse_size(text: str) -> int:
+    """``10G``, ``500M``, ``2048K`` or bytes (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in units else ""
+    number = raw[: len(raw) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (like 10G, 500M or 1048576)") from None
+    if value < 0:
+        raise ValueError(f"{text!r} is not a size (like 10G, 500M or 1048576)")
+    return int(value * units[unit])
+
+
+def store_max(environ: Mapping[str, str] | None = None) -> int:
+    text = (environ if environ is not None else os.environ).get("CUDAENV_JIT_STORE_MAX", "")
+    try:
+        return parse_size(text) if text else DEFAULT_MAX
+    except ValueError as exc:
+        raise StoreError(f"CUDAENV_JIT_STORE_MAX: {exc}") from None
+
+
+def lock_timeout(environ: Mapping[str, str] | None = None) -> float:
+    text = (environ if environ is not None else os.environ).get("CUDAENV_JIT_LOCK_TIMEOUT", "")
+    try:
+        return float(text) if text else DEFAULT_LOCK_TIMEOUT
+    except ValueError:
+        raise StoreError(f"CUDAENV_JIT_LOCK_TIMEOUT: {text!r} is not a number of seconds") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listed:
+    """One line of ``cudaenv store list``."""
+
+    key: str
+    variant: str
+    kind: str
+    size: int
+    last_used: float
+    first_built: str | None
+    made_for: str | None
+
+
+class Lock:
+    """A key's lock, held: released with :meth:`release`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
 
 
 class Store:
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.hasher = Hasher(root / "identities.json")
+        # The root the user named may be a link (their choice); nothing inside is followed.
+        self.root = Path(os.path.realpath(root))
+        self.hasher = Hasher(self.root / "identities.json")
+        # What this process did to the store that the user should hear of (an entry
+        # discarded), and why it could not be used.
+        self.notes: list[str] = []
+        self._ready = False
 
     def entries(self, key: str) -> Path:
         return self.root / VERSION / key[:2] / key
 
-    @contextlib.contextmanager
-    def locked(self, key: str) -> Iterator[None]:
-        """Held while one builder looks up, compiles and publishes ``key``: another builder
-        of the same key waits here, then finds the result."""
-        lock_dir = self.root / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{key}.lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def ready(self) -> None:
+        """Made if missing, then checked: the root, the directories above it, its tree."""
+        if self._ready:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: {exc.strerror}") from exc
+        check_ancestors(self.root)
+        check_dir(self.root)
+        self._ready = True
 
-    def find(self, key: str, root: str) -> tuple[Path, dict[str, Any]] | None:
-        """The variant of ``key`` whose every recorded input has the same content in the env
-        at ``root``."""
-        base = self.entries(key)
-        if not base.is_dir():
-            return None
-        for variant in sorted(base.iterdir()):
+    def _dir(self, path: Path, *, make: bool) -> bool:
+        """Each directory from the root down to ``path`` checked (and made when ``make``);
+        False when one is missing."""
+        self.ready()
+        current = self.root
+        for part in path.relative_to(self.root).parts:
+            current = current / part
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    current.mkdir(mode=0o755)
+            elif not os.path.lexists(current):
+                return False
+            check_dir(current)
+        return True
+
+    def acquire(self, key: str, timeout: float | None = None) -> Lock:
+        """The key's lock: one builder looks up, compiles and publishes ``key`` while another
+        builder of the same key waits here. StoreError after ``timeout`` seconds, naming the
+        process that holds it."""
+        if not is_key(key):
+            raise StoreError(f"{key!r} is not a store key")
+        lock_dir = self.root / "locks"
+        self._dir(lock_dir, make=True)
+        path = lock_dir / f"{key}.lock"
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            why = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+            raise StoreError(f"{path} {why}: the store was not used") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _trusted(st):
+            os.close(fd)
+            raise StoreError(
+                _untrusted_why(path, st) if stat.S_ISREG(st.st_mode) else f"{path} is not a file"
+            )
+        wait = lock_timeout() if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        delay = 0.01
+        while True:
             try:
-                meta = json.loads((variant / "entry.json").read_text())
-            except (OSError, ValueError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    os.close(fd)
+                    raise StoreError(
+                        f"waited {wait:.0f} s for the JIT store's lock {path} (held by pid "
+                        f"{holder}); compiled without the store"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return Lock(fd)
+
+    @contextlib.contextmanager
+    def locked(self, key: str, timeout: float | None = None) -> Iterator[None]:
+        lock = self.acquire(key, timeout)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def variants(self, key: str) -> list[Path]:
+        base = self.entries(key)
+        if not is_key(key) or not self._dir(base, make=False):
+            return []
+        return sorted(p for p in base.iterdir() if is_variant(p.name))
+
+    def load(self, key: str, variant: Path) -> Entry:
+        """The entry at ``variant`` read and checked (not its files' content: placing checks
+        that); EntryError for a malformed one, StoreError for one that may not be read."""
+        check_dir(variant)
+        check_dir(variant / "files")
+        doc = read_doc(variant / "entry.json", trusted=True)
+        content, files, inputs = parse_entry(doc)
+        if variant_of(inputs) != variant.name:
+            raise EntryError(f"{variant.name} is not the variant its inputs make")
+        provenance = {k: str(doc[k]) for k in PROVENANCE if k in doc}
+        return Entry(key, variant, content, files, inputs, provenance)
+
+    def discard(self, entry: Path, why: str) -> None:
+        """Remove a bad entry (it is compiled and published again) and say so."""
+        shutil.rmtree(entry, ignore_errors=True)
+        rel = entry.relative_to(self.root) if entry.is_relative_to(self.root) else entry
+        self.notes.append(f"discarded the store entry {rel}: {why}; compiled again")
+
+    def input_matches(self, path: str, digest: str) -> bool:
+        return self.hasher.sha256(path, limit=MAX_INPUT) == digest
+
+    def find(self, key: str, root: str) -> Entry | None:
+        """The variant of ``key`` whose every recorded input has the same content in the env
+        at ``root``. A malformed entry is discarded on the way."""
+        for variant in self.variants(key):
+            try:
+                entry = self.load(key, variant)
+            except EntryError as exc:
+                self.discard(variant, str(exc))
                 continue
-            inputs = meta.get("inputs")
-            if not isinstance(inputs, dict):
-                continue
-            if all(self.hasher.sha256(localise(p, root)) == h for p, h in inputs.items()):
-                return variant, meta
+            if all(self.input_matches(localise(p, root), h) for p, h in entry.inputs.items()):
+                with contextlib.suppress(OSError):
+                    os.utime(variant)  # used now: the last to be evicted
+                return entry
         return None
+
+    def stage(self, entry: Entry, name: str, dst: Path) -> Path:
+        """The entry's file ``name`` copied beside ``dst`` and checked against its record;
+        the staged file (rename it onto ``dst``). EntryError when it differs."""
+        record = entry.files[name]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        copy_checked(entry.path / "files" / name, tmp, record.size, record.sha256, trusted=True)
+        return tmp
+
+    def place(self, entry: Entry, name: str, dst: Path) -> None:
+        os.replace(self.stage(entry, name, dst), dst)
 
     def publish(
         self,
@@ -352,31 +792,77 @@ class Store:
         root: str,
     ) -> Path | None:
         """Keep ``files`` (name -> built file) under ``key`` with the content of each input
-        (paths normalised with ``@ENV@``); None when an input cannot be read (not kept)."""
+        (paths normalised with ``@ENV@``); None when there is no input or one cannot be read
+        as a regular file under the size cap (not kept)."""
         hashes: dict[str, str] = {}
         for name in sorted(set(inputs)):
-            digest = self.hasher.sha256(localise(name, root))
+            digest = self.hasher.sha256(localise(name, root), limit=MAX_INPUT)
             if digest is None:
                 return None
             hashes[name] = digest
-        variant = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:16]
-        final = self.entries(key) / variant
+        if not hashes:
+            return None
+        content = {k: v for k, v in meta.items() if k not in PROVENANCE}
+        provenance = {k: str(v) for k, v in meta.items() if k in PROVENANCE}
+        provenance.setdefault(
+            "first_built", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        )
+        return self._write(key, {**content, "inputs": hashes}, files, provenance)
+
+    def import_entry(
+        self,
+        key: str,
+        doc: Mapping[str, Any],
+        files: Mapping[str, Path],
+        provenance: Mapping[str, str],
+    ) -> Path:
+        """An entry that came from elsewhere (a registry, a wheelhouse) added to the store:
+        checked as any entry is, every file against its recorded size and sha256."""
+        if not is_key(key):
+            raise EntryError(f"{key!r} is not a store key")
+        content, records, _ = parse_entry(dict(doc))
+        if set(files) != set(records):
+            raise EntryError("the files carried are not the files the entry records")
+        # When it came here: where it was first built is not part of what is shared.
+        arrived = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        path = self._write(key, content, files, {"first_built": arrived, **provenance})
+        assert path is not None
+        return path
+
+    def _write(
+        self,
+        key: str,
+        content: Mapping[str, Any],
+        files: Mapping[str, Path],
+        provenance: Mapping[str, str],
+    ) -> Path | None:
+        records = content.get("files")
+        final = self.entries(key) / variant_of(content["inputs"])
         if final.exists():
             return final
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._dir(final.parent, make=True)
         tmp = Path(tempfile.mkdtemp(prefix=".publish-", dir=final.parent))
         try:
-            for name, src in files.items():
-                dst = tmp / "files" / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dst)
-            doc = {
-                **meta,
-                "inputs": hashes,
-                "files": sorted(files),
-                "first_built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            }
+            (tmp / "files").mkdir(mode=0o755)
+            written: dict[str, dict[str, Any]] = {}
+            for name, src in sorted(files.items()):
+                if not is_file_name(name):
+                    raise EntryError(f"{name!r} is not a file name inside the entry")
+                want = records.get(name) if isinstance(records, dict) else None
+                size, digest = copy_checked(
+                    src,
+                    tmp / "files" / name,
+                    want["size"] if want else None,
+                    want["sha256"] if want else None,
+                    # A build's own output or a download: taken by content, not owner.
+                    trusted=False,
+                )
+                written[name] = {"size": size, "sha256": digest}
+            doc = {**content, "files": written, **provenance}
+            parse_entry(doc)
             (tmp / "entry.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+            (tmp / "entry.json").chmod(0o644)  # whatever the umask (see check_dir)
+            tmp.chmod(0o755)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -384,7 +870,137 @@ class Store:
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        self.evict(keep=final)
         return final
+
+    def export_entry(self, entry: Entry) -> tuple[dict[str, Any], dict[str, Path]]:
+        """What another store needs of ``entry``: its content and its files, every file
+        checked against its record first (a damaged entry is never passed on)."""
+        for name, record in entry.files.items():
+            if sha256_file(entry.path / "files" / name, trusted=True) != (
+                record.size,
+                record.sha256,
+            ):
+                raise EntryError(f"{entry.path / 'files' / name}: content differs from its record")
+        return dict(entry.content), {n: entry.path / "files" / n for n in entry.files}
+
+    def all(self) -> list[tuple[str, Path]]:
+        """Every (key, variant dir) in the store, for listing, checking and eviction."""
+        top = self.root / VERSION
+        if not os.path.isdir(top):
+            return []
+        found = []
+        for shard in sorted(os.scandir(top), key=lambda e: e.name):
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            for key in sorted(os.scandir(shard.path), key=lambda e: e.name):
+                if not (is_key(key.name) and key.is_dir(follow_symlinks=False)):
+                    continue
+                for variant in sorted(os.scandir(key.path), key=lambda e: e.name):
+                    if is_variant(variant.name) and variant.is_dir(follow_symlinks=False):
+                        found.append((key.name, Path(variant.path)))
+        return found
+
+    def size_of(self, variant: Path) -> int:
+        total = 0
+        for path in (variant / "entry.json", *sorted((variant / "files").glob("*"))):
+            with contextlib.suppress(OSError):
+                total += os.lstat(path).st_size
+        return total
+
+    def evict(self, keep: Path | None = None, cap: int | None = None) -> list[Path]:
+        """The least recently used entries removed until the store is under its cap
+        (``CUDAENV_JIT_STORE_MAX``); never ``keep``, the entry just written."""
+        limit = store_max() if cap is None else cap
+        sized = []
+        for _, variant in self.all():
+            with contextlib.suppress(OSError):
+                sized.append((os.lstat(variant).st_mtime_ns, variant, self.size_of(variant)))
+        total = sum(size for _, _, size in sized)
+        removed = []
+        for _, variant, size in sorted(sized, key=lambda t: (t[0], str(t[1]))):
+            if total <= limit:
+                break
+            if variant == keep:
+                continue
+            shutil.rmtree(variant, ignore_errors=True)
+            total -= size
+            removed.append(variant)
+        return removed
+
+    def listing(self) -> list[Listed]:
+        """Every entry, least recently used first."""
+        rows = []
+        for key, variant in self.all():
+            try:
+                entry = self.load(key, variant)
+                kind, made = str(entry.content.get("kind")), entry.provenance
+            except (EntryError, StoreError) as exc:
+                kind, made = f"unreadable ({exc})", {}
+            with contextlib.suppress(OSError):
+                rows.append(
+                    Listed(
+                        key=key,
+                        variant=variant.name,
+                        kind=kind,
+                        size=self.size_of(variant),
+                        last_used=os.lstat(variant).st_mtime,
+                        first_built=made.get("first_built"),
+                        made_for=made.get("env") or made.get("origin"),
+                    )
+                )
+        return sorted(rows, key=lambda r: (r.last_used, r.key))
+
+    def check(self, key: str, variant: Path) -> str | None:
+        """What is wrong with one entry (its record, or a file against its record), or None."""
+        try:
+            self.export_entry(self.load(key, variant))
+        except (EntryError, StoreError) as exc:
+            return str(exc)
+        return None
+
+    def gc(self, cap: int) -> tuple[list[Path], int]:
+        """What ``cudaenv store gc`` removes: entries of another format, what interrupted
+        publishers left (an hour old), locks of keys no longer held by anyone, then the least
+        recently used entries until the store is under ``cap``; (removed, bytes freed)."""
+        self.ready()
+        removed: list[Path] = []
+        freed = 0
+        hour_ago = time.time() - 3600
+        for child in sorted(self.root.iterdir()):
+            if child.name.startswith("v") and child.name[1:].isdigit() and child.name != VERSION:
+                freed += _tree_size(child)
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+        for stale in [*self.root.glob(".pull-*"), *self.root.glob(f"{VERSION}/*/*/.publish-*")]:
+            if os.lstat(stale).st_mtime < hour_ago:
+                freed += _tree_size(stale)
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+        locks = self.root / "locks"
+        if locks.is_dir():
+            check_dir(locks)
+            for lock in sorted(locks.glob("*.lock")):
+                if self.variants(lock.name.removesuffix(".lock")):
+                    continue
+                with contextlib.suppress(OSError, StoreError):
+                    held = self.acquire(lock.name.removesuffix(".lock"), timeout=0)
+                    lock.unlink()
+                    held.release()
+        before = {v: self.size_of(v) for _, v in self.all()}
+        for variant in self.evict(cap=cap):
+            freed += before.get(variant, 0)
+            removed.append(variant)
+        return removed, freed
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 # Where a cudaenv env lists the store entries it uses (`cudaenv export --with-jit` carries them).
@@ -410,49 +1026,25 @@ def note_use(store: Store, variant: Path, prefix: str) -> None:
 
 
 def used_entries(prefix: Path) -> list[str]:
+    """The entries (``v3/ab/KEY/VARIANT``) the env at ``prefix`` used, of this format."""
     try:
         used = json.loads((prefix / USED).read_text())
     except (OSError, ValueError):
         return []
-    return [str(u) for u in used] if isinstance(used, list) else []
+    if not isinstance(used, list):
+        return []
+    return [str(u) for u in used if split_entry(str(u)) is not None]
 
 
-def copy_entries(src_root: Path, dst_root: Path, entries: Iterable[str]) -> list[str]:
-    """Copy each entry (``v2/ab/KEY/VARIANT``) of the store at ``src_root`` that ``dst_root``
-    lacks, whole (written beside, then renamed); the entries copied. An entry is only ever
-    used where its key and every input match, so carrying one to another machine cannot
-    place a result built for another toolkit."""
-    copied = []
-    for rel in entries:
-        src, dst = src_root / rel, dst_root / rel
-        if not (src / "entry.json").is_file() or dst.exists():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=dst.parent))
-        try:
-            shutil.copytree(src, tmp / "entry")
-            try:
-                os.rename(tmp / "entry", dst)
-            except OSError:
-                if not dst.exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        copied.append(rel)
-    return copied
-
-
-def all_entries(root: Path) -> list[str]:
-    return sorted(str(p.parent.relative_to(root)) for p in root.glob(f"{VERSION}/*/*/*/entry.json"))
-
-
-def copy_out(src: Path, dst: Path) -> None:
-    """A copy, never a hard link: a compiler that rewrites its output in place would change
-    the stored file."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+def split_entry(rel: str) -> tuple[str, str] | None:
+    """``v3/ab/KEY/VARIANT`` -> (KEY, VARIANT); None for anything else."""
+    parts = rel.split("/")
+    if len(parts) != 4 or parts[0] != VERSION:
+        return None
+    _, shard, key, variant = parts
+    if not (is_key(key) and shard == key[:2] and is_variant(variant)):
+        return None
+    return key, variant
 
 
 # --------------------------------------------------------------------------- a ninja build
@@ -478,24 +1070,20 @@ def ninja_material(
     }
 
 
-def place_ninja(
-    store: Store, key: str, build_dir: Path, prefix: str, ninja: str
-) -> dict[str, Any] | None:
+def place_ninja(store: Store, key: str, build_dir: Path, prefix: str, ninja: str) -> Entry | None:
     """Put the stored result of ``key`` into ``build_dir`` with ninja logs for this env's own
-    commands; the entry's metadata, or None on a miss (nothing placed then)."""
-    found = store.find(key, prefix)
-    if found is None:
+    commands; the entry placed, or None on a miss (nothing placed then). Every file is
+    checked against its record before any is placed: an entry that differs is discarded."""
+    entry = store.find(key, prefix)
+    if entry is None:
         return None
-    variant, meta = found
-    header = meta.get("ninja_log")
-    if header not in LOG_HASHES:
-        return None
+    header = str(entry.content["ninja_log"])
     edges = compdb(ninja, build_dir)
     roots = env_roots(prefix)
     by_name = {normalise(e["output"], roots): e for e in edges}
-    if set(by_name) != set(meta.get("outputs", [])):
+    if set(by_name) != set(entry.content["outputs"]):
         return None
-    deps = meta.get("deps", {})
+    deps = entry.content["deps"]
     latest = 0
     for inputs in deps.values():
         for dep in inputs:
@@ -503,20 +1091,33 @@ def place_ninja(
                 latest = max(latest, os.stat(localise(dep, prefix)).st_mtime_ns)
     # Newer than every input, so ninja finds each output up to date.
     stamp = max(latest + 1, time.time_ns())
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name in by_name:
+            out = Path(localise(name, prefix))
+            if not out.is_absolute():
+                out = build_dir / out
+            staged.append((store.stage(entry, entry.content["file_of"][name], out), out))
+    except EntryError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        store.discard(entry.path, str(exc))
+        return None
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
     log, records = [], []
-    for name, edge in by_name.items():
-        out = Path(localise(name, prefix))
-        if not out.is_absolute():
-            out = build_dir / out
-        copy_out(variant / "files" / meta["file_of"][name], out)
+    for (tmp, out), (name, edge) in zip(staged, by_name.items(), strict=True):
+        os.replace(tmp, out)
         os.utime(out, ns=(stamp, stamp))
         log.append((edge["output"], stamp, edge["command"]))
         if name in deps:
             records.append((edge["output"], stamp, [localise(d, prefix) for d in deps[name]]))
     write_log(build_dir / ".ninja_log", header, log)
     write_deps(build_dir / ".ninja_deps", records)
-    note_use(store, variant, prefix)
-    return meta
+    note_use(store, entry.path, prefix)
+    return entry
 
 
 def publish_ninja(
@@ -551,6 +1152,7 @@ def publish_ninja(
             inputs += deps[name]
     doc = {
         **meta,
+        "kind": "ninja",
         "outputs": sorted(file_of),
         "file_of": file_of,
         "deps": deps,

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,9 @@ class CheckResult:
     # A tool the check needs is missing (no host compiler): verify then exits with
     # ToolMissing's code, not VerifyFailed's: the env is not wrong, the machine lacks a tool.
     missing_tool: str | None = None
+    # What the user should hear of that is not the verdict (the JIT store could not be used,
+    # an entry was discarded): printed as warnings.
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +71,7 @@ class CheckResult:
             "seconds": round(self.seconds, 3),
             "fix": self.fix,
             "missing_tool": self.missing_tool,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -80,6 +85,7 @@ class CheckResult:
             seconds=r.num("seconds", 0.0),
             fix=r.opt_text("fix") or "",
             missing_tool=r.opt_text("missing_tool"),
+            warnings=r.texts("warnings", required=False),
         )
 
 
@@ -98,6 +104,8 @@ class Target:
     checks: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     fresh: bool = False  # rebuild what a check would reuse (`verify --fresh`)
+    # The JIT store's registry tier named by the project ([tool.cudaenv] jit-remote).
+    jit_remote: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +188,13 @@ def target_env(target: Target) -> dict[str, str]:
     env.update(dict(target.extra_env))
     store = jit_store_dir()
     env["CUDAENV_JIT_STORE"] = "off" if target.fresh or store is None else str(store)
+    remote = os.environ.get("CUDAENV_JIT_REMOTE") or target.jit_remote
+    env.pop("CUDAENV_JIT_SHARE", None)
+    if remote and remote != "off" and store is not None and not target.fresh:
+        # The probe runs in the env's interpreter, which has no registry client: it asks
+        # this interpreter (builder/jit_share.py) to pull or push.
+        env["CUDAENV_JIT_REMOTE"] = remote
+        env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit_share"])
     return env
 
 

@@ -83,6 +83,9 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         )
     how = "reused from the env's JIT cache" if jit.get("reused") else f"built in {seconds:.1f} s"
     stored = jit.get("store")
+    warnings: tuple[str, ...] = ()
+    if isinstance(stored, dict) and isinstance(stored.get("warnings"), list):
+        warnings = tuple(str(w) for w in stored["warnings"])
     if isinstance(stored, dict) and stored.get("used"):
         evidence.append(("JIT store key", str(stored.get("key"))))
         if stored.get("hit"):
@@ -96,4 +99,5 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         summary=f"sampling module for {archs}: {how}",
         evidence=tuple(evidence),
         seconds=seconds,
+        warnings=warnings,
     )

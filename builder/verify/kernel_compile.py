@@ -10,6 +10,7 @@ compiler nvcc drives (its path and ``--version``). An unchanged env reuses it an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -20,12 +21,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from builder import channels, proc, variables
+from builder import channels, jit_share, proc, variables
 from builder.archs import Arch
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
 from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target, env_of
+
+if TYPE_CHECKING:
+    from builder.jit_remote import Remote
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
 NO_HOST_COMPILER_FIX = (
@@ -44,6 +49,9 @@ class KernelBuild:
     missing_tool: str | None = None
     # Set when the binary came from the machine-wide store: when and for which env it was built.
     stored: tuple[str, str] | None = None
+    # What the store did that the user should hear of (an entry discarded, the store or its
+    # remote unusable): warnings of the check, never its verdict.
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,30 +166,99 @@ def build_kernel(
         "tools": jit_store.tool_identities(store.hasher, cuda_home, [host.path], env),
     }
     key = jit_store.key_of(material)
+    try:
+        remote = jit_share.configured(env)
+        lock = store.acquire(key)
+    except (jit_store.StoreError, jit_share.ShareError, OSError) as exc:
+        # The store is a cache: whatever is wrong with it costs a compile, never the check.
+        built = _compile(nvcc, arch, out, env)
+        return dataclasses.replace(built, notes=(f"the JIT store was not used: {exc}",))
+    try:
+        return _through_store(store, key, remote, nvcc, arch, out, env, fresh=fresh, owner=owner)
+    finally:
+        lock.release()
+        store.hasher.save()
+
+
+def _through_store(
+    store: jit_store.Store,
+    key: str,
+    remote: Remote | None,
+    nvcc: Path,
+    arch: Arch,
+    out: Path,
+    env: Mapping[str, str],
+    *,
+    fresh: bool,
+    owner: str,
+) -> KernelBuild:
+    """Place the kernel from the store (or its remote tier) or compile it and publish it;
+    a store that fails on the way is noted and the compile goes on without it."""
     # Paths in the depfile are kept relative to the toolkit's parent (the env's root for a
     # cudaenv env), so another env's toolkit at another path can match.
-    prefix = str(Path(cuda_home).parent)
-    with store.locked(key):
-        found = None if fresh else store.find(key, prefix)
-        if found is not None:
-            variant, meta = found
-            jit_store.copy_out(variant / "files" / "kernel", out)
-            jit_store.note_use(store, variant, owner or prefix)
-            out.chmod(0o755)
-            store.hasher.save()
-            stored = (str(meta.get("first_built", "?"))[:10], str(meta.get("env", "?")))
-            return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True, stored=stored)
-        built = _compile(nvcc, arch, out, env, depfile=out.with_suffix(".d"))
-        if built.error is None:
-            # The source is in the key already; its copy in this work dir is not an input.
-            deps = [d for d in _depfile(out.with_suffix(".d")) if not d.startswith(str(out_dir))]
-            if deps:
-                inputs = [jit_store.normalise(d, jit_store.env_roots(prefix)) for d in deps]
-                kept = store.publish(key, {"kernel": out}, inputs, {"env": owner or prefix}, prefix)
-                if kept is not None:
-                    jit_store.note_use(store, kept, owner or prefix)
-        store.hasher.save()
-    return built
+    prefix = str(Path(nvcc).parent.parent.parent)
+    notes: list[str] = []
+    usable = True
+    entry = None
+    if not fresh:
+        try:
+            entry = store.find(key, prefix)
+            if entry is None and remote is not None:
+                entry, warning = jit_share.pull(store, key, prefix, remote)
+                notes += [warning] if warning else []
+            if entry is not None:
+                store.place(entry, "kernel", out)
+        except jit_store.EntryError as exc:
+            assert entry is not None
+            store.discard(entry.path, str(exc))
+            entry = None
+        except (jit_store.StoreError, OSError) as exc:
+            notes.append(f"the JIT store was not used: {exc}")
+            usable, entry = False, None
+    if entry is not None:
+        out.chmod(0o755)
+        jit_store.note_use(store, entry.path, owner or prefix)
+        notes += _pushed(store, entry, remote, env)
+        stored = (entry.provenance.get("first_built", "?")[:10], _made_for(entry))
+        return KernelBuild(
+            arch=arch,
+            path=out,
+            seconds=0.0,
+            reused=True,
+            stored=stored,
+            notes=(*store.notes, *notes),
+        )
+    built = _compile(nvcc, arch, out, env, depfile=out.with_suffix(".d"))
+    if built.error is None and usable:
+        # The source is in the key already; its copy in this work dir is not an input.
+        deps = [d for d in _depfile(out.with_suffix(".d")) if not d.startswith(str(out.parent))]
+        inputs = [jit_store.normalise(d, jit_store.env_roots(prefix)) for d in deps]
+        meta = {"kind": "topk_topp", "env": owner or prefix}
+        try:
+            kept = store.publish(key, {"kernel": out}, inputs, meta, prefix)
+            if kept is not None:
+                jit_store.note_use(store, kept, owner or prefix)
+                notes += _pushed(store, store.load(key, kept), remote, env)
+        except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+            notes.append(f"the kernel was not kept in the JIT store: {exc}")
+    return dataclasses.replace(built, notes=(*store.notes, *notes))
+
+
+def _made_for(entry: jit_store.Entry) -> str:
+    return entry.provenance.get("env") or entry.provenance.get("origin") or "?"
+
+
+def _pushed(
+    store: jit_store.Store,
+    entry: jit_store.Entry,
+    remote: Remote | None,
+    env: Mapping[str, str],
+) -> list[str]:
+    """Pushed to the remote tier where this machine is a warmer (CUDAENV_JIT_PUSH=1)."""
+    if remote is None or not jit_share.pushing(env):
+        return []
+    warning = jit_share.push(store, entry, remote)
+    return [warning] if warning else []
 
 
 def _depfile(path: Path) -> list[str]:
@@ -249,11 +326,13 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     headers: list[tuple[str, str | None]] = []
     reused: list[str] = []
     stored: list[str] = []
+    warnings: list[str] = []
     total = 0.0
     for arch in target.archs:
         owner = str(target.env_dir or target.python)
         built = build_kernel(nvcc, arch, target.work, env=env, fresh=target.fresh, owner=owner)
         total += built.seconds
+        warnings += [n for n in built.notes if n not in warnings]
         if built.error:
             failures.append(f"{arch}: {built.error}")
             missing_tool = missing_tool or built.missing_tool
@@ -297,6 +376,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             seconds=total,
             fix=fix,
             missing_tool=missing_tool,
+            warnings=tuple(warnings),
         )
     how = f" (reused for {' '.join(reused)})" if reused else ""
     if stored:
@@ -308,4 +388,5 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         f"with nvcc {facts.nvcc_release}{how}",
         evidence=tuple(evidence),
         seconds=total,
+        warnings=tuple(warnings),
     )

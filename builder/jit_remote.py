@@ -1,0 +1,796 @@
+"""An OCI registry as the remote tier of the JIT store: one entry is one artifact.
+
+Clusters already run a container registry (distribution, Harbor, Artifactory, a cloud's own),
+with its auth, quotas, replication and garbage collection; machines that build the same envs
+can share compiled JIT results through it instead of through a new service. An entry of the
+local store (a JSON content doc plus named files) travels as an OCI artifact: the doc is the
+config blob, each file a layer titled with its name, the whole tagged with the entry's key.
+The registry is trusted for availability only, never for content: every blob fetched is
+hashed while it streams to disk and checked against its descriptor's digest and size, names
+are checked to be plain file names, and the total is bounded, so a corrupt or hostile
+registry yields a RemoteError, never a wrong file. The local store checks each file again
+against the doc when it places it.
+
+Manifests are built here byte for byte (canonical JSON, layers sorted by name, no time or
+host in them), so two machines that publish the same entry produce the same manifest digest:
+a tag that already holds it is left alone ("present"), and one that holds anything else is
+never overwritten (RemoteConflict).
+
+The protocol and the credentials come from the ``oras`` library (``oras.provider.Registry``,
+its token auth and its reading of the docker config), with three changes: every request
+carries a timeout, nothing is retried (oras's ``do_request`` retries five times with growing
+sleeps, over two minutes against a dead registry), and a Basic challenge is answered from
+the docker config as ``docker`` does. Failures are RemoteError with a one-line message naming
+the remote and the cause; no credential is ever put in one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from http.client import responses as http_reasons
+from http.cookiejar import DefaultCookiePolicy
+from pathlib import Path
+from typing import IO, Any, ClassVar, Protocol
+
+import oras.auth.token
+import oras.auth.utils
+import oras.container
+import oras.defaults
+import oras.provider
+import oras.utils
+import requests
+
+from builder.errors import CudaenvError
+
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+ENTRY_MEDIA_TYPE = "application/vnd.cudaenv.jit-entry.v1+json"
+INDEX_MEDIA_TYPE = "application/vnd.cudaenv.jit-index.v1+json"
+FILE_MEDIA_TYPE = "application/octet-stream"
+TITLE = "org.opencontainers.image.title"
+
+# A manifest or a config is a small JSON document; one larger than this is not ours.
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_CONFIG_BYTES = 64 << 20
+CHUNK = 1 << 20
+
+# The distribution spec's grammar: a repository name is lower-case path components joined
+# by separators; a tag is at most 128 characters of a restricted set.
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_HOSTNAME = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
+_KEY = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RemoteError(CudaenvError):
+    """The JIT remote could not be used. ``cause`` says why, as one of: ``invalid`` (the URL),
+    ``unreachable``, ``refused`` (401/403), ``timeout``, ``bad-content`` (a blob or manifest
+    that is not what it should be), ``conflict``, ``protocol`` (any other unexpected answer).
+    The caller warns with the message and goes on without the remote."""
+
+    cause: ClassVar[str] = "protocol"
+
+
+class RemoteUnreachable(RemoteError):
+    cause = "unreachable"
+
+
+class RemoteRefused(RemoteError):
+    cause = "refused"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class RemoteTimeout(RemoteError):
+    cause = "timeout"
+
+
+class RemoteBadContent(RemoteError):
+    cause = "bad-content"
+
+
+class RemoteConflict(RemoteError):
+    """The tag already holds other content; an existing tag is never overwritten."""
+
+    cause = "conflict"
+
+
+class _InvalidRemote(RemoteError):
+    cause = "invalid"
+
+
+# --------------------------------------------------------------------------- the remote
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where entries go: ``oci://HOST[:PORT]/REPOSITORY``."""
+
+    url: str
+    host: str
+    repository: str
+    insecure: bool
+
+    @classmethod
+    def parse(cls, url: str, *, allow_http: bool = False) -> Remote:
+        """The remote of ``url`` (the value of CUDAENV_JIT_REMOTE). Plain http is used only
+        for a loopback host (a registry on this machine cannot be spied on in between) or when
+        ``allow_http`` (CUDAENV_JIT_REMOTE_INSECURE=1); anything else speaks https."""
+
+        shown = url
+
+        def bad(why: str) -> RemoteError:
+            return _InvalidRemote(f"CUDAENV_JIT_REMOTE={shown}: {why}")
+
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme != "oci":
+            raise bad("not an oci://HOST[:PORT]/REPOSITORY URL")
+        host, slash, repository = rest.partition("/")
+        if "@" in host:
+            # Never echo a password: credentials come from the docker config.
+            shown = f"oci://***@{host.rpartition('@')[2]}/{repository}"
+            raise bad("credentials do not belong in the URL (log in with `docker login HOST`)")
+        if not slash or not repository:
+            raise bad("no repository after the host (oci://HOST[:PORT]/REPOSITORY)")
+        name, port = _split_port(host)
+        if name is None or port is None:
+            raise bad(f"{host!r} is not a HOST[:PORT]")
+        if not _REPOSITORY.fullmatch(repository):
+            raise bad(
+                f"{repository!r} is not a repository name (lower-case letters, digits and "
+                "._- separated path components, no tag)"
+            )
+        if len(host) + 1 + len(repository) > 255:
+            raise bad("the name is longer than 255 characters")
+        return cls(url, host, repository, _is_loopback(name) or allow_http)
+
+
+def _split_port(host: str) -> tuple[str | None, str | None]:
+    """(name, port) of ``HOST[:PORT]`` (port "" when absent); (None, None) when malformed."""
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return None, None
+        name, rest = host[1:end], host[end + 1 :]
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None, None
+    else:
+        name, _, port = host.partition(":")
+        rest = host[len(name) :]
+        if not _HOSTNAME.fullmatch(name):
+            return None, None
+    if not rest:
+        return name, ""
+    port = rest[1:]
+    if rest[0] != ":" or not port.isdigit() or not 0 < int(port) < 65536:
+        return None, None
+    return name, port
+
+
+def _is_loopback(name: str) -> bool:
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def tag_for(key: str) -> str:
+    """The tag of the entry ``key`` (a sha256 in 64 lower-case hex digits): the key itself,
+    which the tag grammar admits, so a registry's tag list reads as the store's keys."""
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"{key!r} is not an entry key (64 lower-case hex digits)")
+    return key
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class _Sink(Protocol):
+    def write(self, chunk: bytes, /) -> int: ...
+
+
+class _TimeoutSession(requests.Session):
+    """A session whose every request is bounded: requests waits forever by default, and
+    oras issues its requests (auth tokens included) without a timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__()
+        self.default_timeout = timeout
+        # As oras does: registries that set cookies take it for a browser (CSRF dances).
+        self.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+
+    def request(
+        self, method: str, url: str | bytes, *args: Any, **kwargs: Any
+    ) -> requests.Response:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.default_timeout
+        return super().request(method, url, *args, **kwargs)
+
+
+class _TokenAuth(oras.auth.token.TokenAuth):  # type: ignore[misc]
+    """oras's token auth, with a docker credential helper that is bounded and quiet."""
+
+    timeout: float = 30.0
+
+    def _get_auth_from_creds_store(self, suffix: str, hostname: str) -> str | None:
+        try:
+            done = subprocess.run(
+                [f"docker-credential-{suffix}", "get"],
+                input=hostname.encode(),
+                capture_output=True,
+                check=True,
+                timeout=self.timeout,
+            )
+            payload = json.loads(done.stdout)
+            return str(oras.auth.utils.get_basic_auth(payload["Username"], payload["Secret"]))
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+            # No credential is no error: the registry may allow anonymous use, and says
+            # 401 when it does not.
+            return None
+
+
+class _Client(oras.provider.Registry):  # type: ignore[misc]
+    """oras's Registry bound to one remote's repository, bounded and without retries."""
+
+    def __init__(self, remote: Remote, timeout: float) -> None:
+        super().__init__(hostname=remote.host, insecure=remote.insecure)
+        self.remote = remote
+        self.session = _TimeoutSession(timeout)
+        auth = _TokenAuth()
+        auth.timeout = timeout
+        auth.session, auth.prefix, auth._tls_verify = self.session, self.prefix, True
+        self.auth = auth
+        # The name is set, not parsed: oras's parser would take a first repository component
+        # with a dot in it ("team.a/jit") for a registry host.
+        container = oras.container.Container("cudaenv", registry=remote.host)
+        container.namespace, container.repository = None, remote.repository
+        self.container = container
+        # oras reads ~/.docker/config.json; docker's own $DOCKER_CONFIG is added here.
+        configs = []
+        if os.environ.get("DOCKER_CONFIG"):
+            config = Path(os.environ["DOCKER_CONFIG"]) / "config.json"
+            if config.is_file():
+                configs.append(str(config))
+        try:
+            auth.load_configs(container, configs=configs)
+        except (OSError, ValueError, AttributeError) as exc:
+            # Not the text: a config holds secrets.
+            raise RemoteError(
+                f"{remote.url}: the docker config cannot be read ({type(exc).__name__})"
+            ) from None
+        self._authorization: dict[str, str] = {}
+
+    def do_request(
+        self,
+        url: str,
+        method: str = "GET",
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        json: Any = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        """One request, answering one auth challenge; 401/403 after that is RemoteRefused."""
+        headers = {**(headers or {}), **self._authorization}
+        response = self._send(method, url, data, headers, json, stream)
+        if response.status_code == 401:
+            answer = self._answer(response)
+            if answer is not None:
+                response.close()
+                if hasattr(data, "seek"):
+                    data.seek(0)
+                self._authorization = answer
+                response = self._send(method, url, data, {**headers, **answer}, json, stream)
+        if response.status_code in (401, 403):
+            response.close()
+            raise _refused(self.remote, response.status_code)
+        return response
+
+    def _send(
+        self, method: str, url: str, data: Any, headers: dict[str, str], json: Any, stream: bool
+    ) -> requests.Response:
+        return self.session.request(
+            method, url, data=data, json=json, headers=headers, stream=stream, verify=True
+        )
+
+    def _answer(self, response: requests.Response) -> dict[str, str] | None:
+        """The Authorization header that answers ``response``'s challenge, if any can."""
+        challenge = response.headers.get("WWW-Authenticate", "")
+        scheme = challenge.split(" ", 1)[0].lower()
+        basic = getattr(self.auth, "_basic_auth", None)
+        if scheme == "basic":
+            return {"Authorization": f"Basic {basic}"} if basic else None
+        if scheme != "bearer":
+            return None
+        parsed = oras.auth.utils.parse_auth_header(challenge)
+        if not parsed.realm:
+            return None
+        # With docker-config credentials this asks for a token with them; without, for an
+        # anonymous one (a public repository).
+        token = self.auth.request_token(parsed)
+        return {"Authorization": f"Bearer {token}"} if token else None
+
+    # ---- the repository
+
+    def manifest(self, reference: str) -> bytes | None:
+        """The manifest's bytes, None when the registry knows no such tag."""
+        url = f"{self.prefix}://{self.container.manifest_url(reference)}"
+        # Every kind is accepted, so that a tag holding an image index or a docker manifest is
+        # seen (and refused), where a registry would answer 404 to "OCI manifest only".
+        accept = ", ".join(oras.defaults.default_manifest_accepted_media_types)
+        with self.do_request(url, "GET", headers={"Accept": accept}, stream=True) as r:
+            if r.status_code == 404:
+                return None
+            _expect(self.remote, r, (200,), f"manifest {reference}")
+            raw = _read_bounded(self.remote, r, MAX_MANIFEST_BYTES, f"the manifest of {reference}")
+            served = r.headers.get("Docker-Content-Digest")
+        if served and _DIGEST.fullmatch(served) and served != _sha256(raw):
+            raise RemoteBadContent(
+                f"{self.remote.url}: the manifest of {reference} does not match its digest {served}"
+            )
+        return raw
+
+    def has_blob(self, digest: str) -> bool:
+        url = f"{self.prefix}://{self.container.get_blob_url(digest)}"
+        with self.do_request(url, "HEAD") as r:
+            if r.status_code == 404:
+                return False
+            _expect(self.remote, r, (200,), f"blob {digest}")
+            return True
+
+    def upload(self, digest: str, size: int, data: bytes | IO[bytes]) -> None:
+        """Upload one blob monolithically (POST a session, PUT the bytes), streamed from a
+        file; the registry checks the digest itself."""
+        if self.has_blob(digest):
+            return
+        url = f"{self.prefix}://{self.container.upload_blob_url()}"
+        with self.do_request(url, "POST", headers={"Content-Length": "0"}) as r:
+            _expect(self.remote, r, (202,), "a blob upload")
+            location = self._get_location(r, self.container)
+        if not location:
+            raise RemoteError(f"{self.remote.url}: the registry gave no upload location")
+        url = oras.utils.append_url_params(location, {"digest": digest})
+        headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+        with self.do_request(url, "PUT", data=data, headers=headers) as r:
+            _expect(self.remote, r, (201,), f"blob {digest}")
+
+    def put_manifest(self, tag: str, raw: bytes) -> None:
+        url = f"{self.prefix}://{self.container.manifest_url(tag)}"
+        headers = {"Content-Type": MANIFEST_MEDIA_TYPE}
+        with self.do_request(url, "PUT", data=raw, headers=headers) as r:
+            _expect(self.remote, r, (201,), f"manifest {tag}")
+            stored = r.headers.get("Docker-Content-Digest")
+        if stored and stored != _sha256(raw):
+            raise RemoteBadContent(
+                f"{self.remote.url}: the registry stored manifest {tag} as {stored}, "
+                f"not {_sha256(raw)}"
+            )
+
+    def download(self, descriptor: _Descriptor, sink: _Sink, budget: list[int]) -> None:
+        """Stream one blob into ``sink``, hashing it; RemoteBadContent unless it is exactly
+        the descriptor's bytes. ``budget`` (one int, bytes left) bounds all blobs together."""
+        url = f"{self.prefix}://{self.container.get_blob_url(descriptor.digest)}"
+        digest = hashlib.sha256()
+        got = 0
+        with self.do_request(url, "GET", stream=True) as r:
+            if r.status_code == 404:
+                raise RemoteBadContent(
+                    f"{self.remote.url}: blob {descriptor.digest} is missing from the registry"
+                )
+            _expect(self.remote, r, (200,), f"blob {descriptor.digest}")
+            for chunk in r.iter_content(CHUNK):
+                got += len(chunk)
+                if got > descriptor.size:
+                    break
+                budget[0] -= len(chunk)
+                if budget[0] < 0:
+                    raise RemoteBadContent(f"{self.remote.url}: the entry is over its size limit")
+                digest.update(chunk)
+                sink.write(chunk)
+        if got != descriptor.size:
+            served = f"more than {descriptor.size}" if got > descriptor.size else str(got)
+            raise RemoteBadContent(
+                f"{self.remote.url}: blob {descriptor.digest} served other content "
+                f"({served} bytes where its descriptor says {descriptor.size})"
+            )
+        if f"sha256:{digest.hexdigest()}" != descriptor.digest:
+            raise RemoteBadContent(
+                f"{self.remote.url}: blob {descriptor.digest} served other content "
+                f"(sha256:{digest.hexdigest()})"
+            )
+
+
+def _refused(remote: Remote, status: int) -> RemoteRefused:
+    reason = http_reasons.get(status, "")
+    if status == 401:
+        hint = (
+            f"log in with `docker login {remote.host}` (credentials are read from "
+            "~/.docker/config.json or $DOCKER_CONFIG/config.json)"
+        )
+    else:
+        hint = f"these credentials may not use {remote.repository}"
+    return RemoteRefused(f"{remote.url}: refused: {status} {reason}; {hint}", status=status)
+
+
+def _expect(remote: Remote, r: requests.Response, ok: tuple[int, ...], what: str) -> None:
+    if r.status_code in ok:
+        return
+    # The registry's error code (MANIFEST_INVALID, DIGEST_INVALID) says more than the status.
+    detail = ""
+    with suppress(
+        ValueError, TypeError, KeyError, IndexError, RemoteError, requests.RequestException
+    ):
+        errors = json.loads(_read_bounded(remote, r, 64 << 10, "an error"))
+        detail = f": {errors['errors'][0]['code']}"
+    raise RemoteError(
+        f"{remote.url}: {what}: the registry answered {r.status_code} "
+        f"{http_reasons.get(r.status_code, r.reason or '')}{detail}"
+    )
+
+
+def _read_bounded(remote: Remote, r: requests.Response, limit: int, what: str) -> bytes:
+    out = bytearray()
+    for chunk in r.iter_content(CHUNK):
+        out += chunk
+        if len(out) > limit:
+            raise RemoteBadContent(f"{remote.url}: {what} is larger than {limit} bytes")
+    return bytes(out)
+
+
+def _sha256(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's words for a connection failure ("Connection refused"), not requests' page."""
+    found = _ERRNO.search(str(exc))
+    return found.group(1).strip() if found else type(exc).__name__
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    # A read that times out while a body streams surfaces as a ConnectionError wrapping
+    # urllib3's ReadTimeoutError.
+    if isinstance(exc, requests.Timeout):
+        return True
+    return any("Timeout" in type(arg).__name__ for arg in exc.args)
+
+
+@contextmanager
+def _remote_errors(remote: Remote, timeout: float) -> Iterator[None]:
+    """Transport failures as RemoteError, and oras kept quiet: cudaenv's logging prints
+    warnings, and the caller warns once with the error."""
+    oras_log = logging.getLogger("oras.logger")
+    was = oras_log.disabled
+    oras_log.disabled = True
+    try:
+        yield
+    except RemoteError:
+        raise
+    except requests.exceptions.SSLError as exc:
+        raise RemoteUnreachable(f"{remote.url}: TLS failed ({_reason(exc)})") from None
+    except requests.RequestException as exc:
+        if _is_timeout(exc):
+            raise RemoteTimeout(f"{remote.url}: timed out after {timeout:g}s") from None
+        if isinstance(exc, requests.ConnectionError):
+            raise RemoteUnreachable(f"{remote.url}: unreachable ({_reason(exc)})") from None
+        raise RemoteError(f"{remote.url}: {type(exc).__name__}") from None
+    finally:
+        oras_log.disabled = was
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+@dataclass(frozen=True)
+class _Descriptor:
+    media_type: str
+    digest: str
+    size: int
+    title: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
+        if self.title is not None:
+            out["annotations"] = {TITLE: self.title}
+        return out
+
+
+def _canonical(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _manifest(config: _Descriptor, layers: list[_Descriptor]) -> bytes:
+    """The manifest, byte for byte the same for the same config and layers on any machine."""
+    return _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": config.media_type,
+            "config": config.to_json(),
+            "layers": [layer.to_json() for layer in sorted(layers, key=lambda d: d.title or "")],
+        }
+    )
+
+
+def safe_name(name: object) -> bool:
+    """Whether ``name`` can be a file of an entry: one plain path component."""
+    return (
+        isinstance(name, str)
+        and name != ""
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and len(name.encode("utf-8", "surrogatepass")) <= 255
+    )
+
+
+def _parse_manifest(
+    remote: Remote, raw: bytes, tag: str, config_type: str
+) -> tuple[_Descriptor, list[_Descriptor]]:
+    def bad(why: str) -> RemoteBadContent:
+        return RemoteBadContent(f"{remote.url}: manifest {tag}: {why}")
+
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise bad("not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
+        raise bad("not an OCI image manifest (schemaVersion 2)")
+    if doc.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE:
+        raise bad(f"media type {doc.get('mediaType')!r}, not an OCI image manifest")
+    config = _descriptor(doc.get("config"), bad)
+    if config.media_type != config_type:
+        raise bad(f"holds a {config.media_type!r} artifact, not {config_type!r}")
+    layers_doc = doc.get("layers")
+    if not isinstance(layers_doc, list):
+        raise bad("no layer list")
+    layers = []
+    names: set[str] = set()
+    for item in layers_doc:
+        layer = _descriptor(item, bad)
+        if layer.media_type != FILE_MEDIA_TYPE:
+            raise bad(f"layer {layer.digest} has media type {layer.media_type!r}")
+        if not safe_name(layer.title):
+            raise bad(f"layer {layer.digest} is titled {layer.title!r}, not a plain file name")
+        assert layer.title is not None
+        if layer.title in names:
+            raise bad(f"two layers are titled {layer.title!r}")
+        names.add(layer.title)
+        layers.append(layer)
+    return config, layers
+
+
+def _descriptor(item: object, bad: Callable[[str], RemoteBadContent]) -> _Descriptor:
+    if not isinstance(item, dict):
+        raise bad("a descriptor is not a JSON object")
+    media_type, digest, size = item.get("mediaType"), item.get("digest"), item.get("size")
+    if not isinstance(media_type, str):
+        raise bad("a descriptor has no media type")
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise bad(f"digest {digest!r} is not a sha256 digest")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise bad(f"blob {digest} has size {size!r}")
+    annotations = item.get("annotations") or {}
+    title = annotations.get(TITLE) if isinstance(annotations, dict) else None
+    return _Descriptor(media_type, digest, size, title if isinstance(title, str) else None)
+
+
+def _check_tag(tag: str) -> None:
+    if not _TAG.fullmatch(tag):
+        raise ValueError(f"{tag!r} is not an OCI tag")
+
+
+def _fetch_config(
+    client: _Client, remote: Remote, tag: str, config_type: str, budget: list[int]
+) -> tuple[Any, list[_Descriptor]] | None:
+    """The tag's config (parsed JSON) and its layers; None when there is no such tag."""
+    raw = client.manifest(tag)
+    if raw is None:
+        return None
+    config, layers = _parse_manifest(remote, raw, tag, config_type)
+    if config.size > MAX_CONFIG_BYTES:
+        raise RemoteBadContent(f"{remote.url}: manifest {tag}: the config is {config.size} bytes")
+    if config.size + sum(layer.size for layer in layers) > budget[0]:
+        raise RemoteBadContent(
+            f"{remote.url}: entry {tag} is larger than the limit of {budget[0]} bytes"
+        )
+    sink = _Buffer()
+    client.download(config, sink, budget)
+    try:
+        return json.loads(bytes(sink.data)), layers
+    except ValueError:
+        raise RemoteBadContent(f"{remote.url}: the config of {tag} is not JSON") from None
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, chunk: bytes) -> int:
+        self.data += chunk
+        return len(chunk)
+
+
+# --------------------------------------------------------------------------- entries
+
+
+def fetch(
+    remote: Remote,
+    tag: str,
+    dest: Path,
+    *,
+    timeout: float = 30.0,
+    max_bytes: int = 4 << 30,
+) -> tuple[dict[str, Any], dict[str, Path]] | None:
+    """The entry tagged ``tag``: its content doc, and its files downloaded into ``dest`` (a
+    fresh private directory the caller made), by name. None when the registry has no such
+    tag. Every blob is streamed to disk while hashed, and checked against its descriptor's
+    digest and size; the config and layers together are bounded by ``max_bytes``; each file
+    name (a layer's title) must be one plain path component, and unique. Anything else is a
+    RemoteError, after the files written so far are removed (an OSError writing into
+    ``dest`` is raised as it is). ``timeout`` bounds each wait on the registry (connecting,
+    and each read), not a whole transfer."""
+    _check_tag(tag)
+    written: list[Path] = []
+    try:
+        with _remote_errors(remote, timeout):
+            client = _Client(remote, timeout)
+            budget = [max_bytes]
+            found = _fetch_config(client, remote, tag, ENTRY_MEDIA_TYPE, budget)
+            if found is None:
+                return None
+            doc, layers = found
+            if not isinstance(doc, dict):
+                raise RemoteBadContent(f"{remote.url}: the config of {tag} is not a JSON object")
+            files: dict[str, Path] = {}
+            for layer in layers:
+                assert layer.title is not None  # _parse_manifest checked it
+                path = dest / layer.title
+                # "x": a name already there (or a link planted there) is never written through.
+                with path.open("xb") as sink:
+                    written.append(path)
+                    client.download(layer, sink, budget)
+                files[layer.title] = path
+            return doc, files
+    except BaseException:
+        for path in written:
+            with suppress(OSError):
+                path.unlink()
+        raise
+
+
+def publish(
+    remote: Remote,
+    tag: str,
+    doc: Mapping[str, Any],
+    files: Mapping[str, Path],
+    *,
+    timeout: float = 30.0,
+) -> str:
+    """Push the entry under ``tag``: "pushed", or "present" when the tag already holds
+    exactly this manifest. RemoteConflict when it holds another: an existing tag is never
+    overwritten. The manifest is deterministic (the config is the canonical JSON of ``doc``,
+    layers sorted by name with only their title, no time in it), so two machines publishing
+    the same doc and file bytes make the same manifest digest. Blobs the registry already has
+    are not uploaded again. The check and the push are two requests, not one atomic step: two
+    machines pushing different content for one key at the same moment can both succeed, the
+    later one's tag standing (the key names the inputs, so only a compile that is not
+    reproducible can do that, and every fetch checks content against the manifest anyway)."""
+    _check_tag(tag)
+    for name in files:
+        if not safe_name(name):
+            raise ValueError(f"{name!r} is not a plain file name")
+    config_raw = _canonical(dict(doc))
+    config = _Descriptor(ENTRY_MEDIA_TYPE, _sha256(config_raw), len(config_raw))
+    layers = [
+        _Descriptor(FILE_MEDIA_TYPE, *_hash_file(files[name]), title=name) for name in sorted(files)
+    ]
+    raw = _manifest(config, layers)
+    with _remote_errors(remote, timeout):
+        client = _Client(remote, timeout)
+        existing = client.manifest(tag)
+        if existing is not None:
+            if _sha256(existing) == _sha256(raw):
+                return "present"
+            raise RemoteConflict(
+                f"{remote.url}: tag {tag} already holds other content ({_sha256(existing)}, "
+                f"not {_sha256(raw)}); it is left as it is"
+            )
+        client.upload(config.digest, config.size, config_raw)
+        for layer in layers:
+            assert layer.title is not None
+            with files[layer.title].open("rb") as fh:
+                client.upload(layer.digest, layer.size, fh)
+        client.put_manifest(tag, raw)
+        return "pushed"
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return f"sha256:{digest.hexdigest()}", size
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+def fetch_index(remote: Remote, tag: str, *, timeout: float = 30.0) -> list[str] | None:
+    """The entry keys of the index tagged ``tag`` (sorted), None when there is no such tag."""
+    _check_tag(tag)
+    with _remote_errors(remote, timeout):
+        return _read_index(_Client(remote, timeout), remote, tag)
+
+
+def _read_index(client: _Client, remote: Remote, tag: str) -> list[str] | None:
+    found = _fetch_config(client, remote, tag, INDEX_MEDIA_TYPE, [MAX_CONFIG_BYTES])
+    if found is None:
+        return None
+    doc, layers = found
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if (
+        layers
+        or not isinstance(keys, list)
+        or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)
+    ):
+        raise RemoteBadContent(f"{remote.url}: index {tag} is not a list of entry keys")
+    return sorted(set(keys))
+
+
+def publish_index(remote: Remote, tag: str, keys: Iterable[str], *, timeout: float = 30.0) -> str:
+    """Record ``keys`` in the index tagged ``tag``: "pushed", or "present" when it already
+    lists them all. An index only grows: when the tag holds one, the sorted union of both is
+    pushed, so envs that share a tag (one spec built on several machines) add to each other's
+    lists and never drop an entry. A tag holding something that is not an index is left
+    alone (RemoteBadContent). The read and the write are not one atomic step, so after
+    writing the index is read again, and merged again (up to three times) when another
+    machine's write replaced this one's in between. Deterministic as entries are: the config
+    is ``{"keys": [...]}`` in canonical JSON, and there are no layers."""
+    _check_tag(tag)
+    wanted = set(keys)
+    for key in wanted:
+        tag_for(key)
+    result = "present"
+    with _remote_errors(remote, timeout):
+        client = _Client(remote, timeout)
+        for _ in range(3):
+            existing = _read_index(client, remote, tag)
+            have = set(existing or [])
+            if existing is not None and wanted <= have:
+                return result
+            union = sorted(wanted | have)
+            config_raw = _canonical({"keys": union})
+            config = _Descriptor(INDEX_MEDIA_TYPE, _sha256(config_raw), len(config_raw))
+            client.upload(config.digest, config.size, config_raw)
+            client.put_manifest(tag, _manifest(config, []))
+            result = "pushed"
+        return result

@@ -1,0 +1,217 @@
+"""The JIT store's remote tier: entries shared across a cluster through an OCI registry.
+
+The local store (``builder/probe/jit_store.py``) is tier 1; a registry the cluster already runs
+(Harbor, GHCR, ECR, a plain distribution registry) is tier 2, named by
+``CUDAENV_JIT_REMOTE=oci://HOST[:PORT]/REPO`` or ``jit-remote`` in ``[tool.cudaenv]``. On a
+local miss the key's entry is pulled (``builder/jit_remote.py`` checks every blob's digest),
+added to the local store (which checks every file against the entry's record) and placed from
+there. Only a machine that says ``CUDAENV_JIT_PUSH=1`` pushes what it compiled or used: a CI
+warmer pushes, serving nodes pull.
+
+A remote that is down, refuses, times out or serves other content never fails a build: the
+result is compiled locally and the caller prints the one warning this module returns.
+
+``python -m builder.jit_share pull KEY PREFIX`` and ``... push KEY VARIANT`` are what the probe
+inside a target env runs (it imports nothing of cudaenv, so it cannot speak to a registry):
+each prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builder.paths import jit_store_dir
+from builder.probe import jit_store
+
+if TYPE_CHECKING:
+    from builder.jit_remote import Remote
+
+REMOTE_VAR = "CUDAENV_JIT_REMOTE"
+PUSH_VAR = "CUDAENV_JIT_PUSH"
+INSECURE_VAR = "CUDAENV_JIT_REMOTE_INSECURE"
+# How long one registry request may take before the remote counts as down.
+TIMEOUT_VAR = "CUDAENV_JIT_REMOTE_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0
+
+
+class ShareError(Exception):
+    """The remote named cannot be used as configured (a malformed URL): a user's error."""
+
+
+def parse(url: str, environ: Mapping[str, str] | None = None) -> Remote:
+    from builder import jit_remote
+
+    env = os.environ if environ is None else environ
+    try:
+        return jit_remote.Remote.parse(url, allow_http=env.get(INSECURE_VAR) == "1")
+    except jit_remote.RemoteError as exc:
+        raise ShareError(str(exc)) from None
+
+
+def configured(
+    environ: Mapping[str, str] | None = None, setting: str | None = None
+) -> Remote | None:
+    """The remote named by ``CUDAENV_JIT_REMOTE`` (``off``: none), else by the project's
+    ``jit-remote`` setting; None when neither names one."""
+    env = os.environ if environ is None else environ
+    url = env.get(REMOTE_VAR) or setting or ""
+    if not url or url == "off":
+        return None
+    return parse(url, env)
+
+
+def pushing(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(PUSH_VAR) == "1"
+
+
+def timeout(environ: Mapping[str, str] | None = None) -> float:
+    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, "")
+    try:
+        return float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+def pull(
+    store: jit_store.Store, key: str, prefix: str, remote: Remote
+) -> tuple[jit_store.Entry | None, str | None]:
+    """The remote's entry for ``key`` added to ``store`` and found for the env at ``prefix``
+    (None when the remote has none, or one built from other inputs), and a warning when the
+    remote could not be used."""
+    from builder import jit_remote
+
+    store.ready()
+    try:
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=store.root) as tmp:
+            got = jit_remote.fetch(remote, jit_remote.tag_for(key), Path(tmp), timeout=timeout())
+            if got is None:
+                return None, None
+            doc, files = got
+            store.import_entry(key, doc, files, {"origin": remote.url})
+    except jit_remote.RemoteError as exc:
+        return None, f"the JIT remote {remote.url} was not used: {exc}; compiled locally"
+    except jit_store.EntryError as exc:
+        return None, (
+            f"the JIT remote {remote.url} served an entry for {key[:16]} the store refuses "
+            f"({exc}); compiled locally"
+        )
+    return store.find(key, prefix), None
+
+
+def push(store: jit_store.Store, entry: jit_store.Entry, remote: Remote) -> str | None:
+    """``entry`` pushed to the remote under its key; a warning when it was not."""
+    from builder import jit_remote
+
+    try:
+        content, files = store.export_entry(entry)
+        jit_remote.publish(remote, jit_remote.tag_for(entry.key), content, files, timeout=timeout())
+    except jit_remote.RemoteConflict:
+        return (
+            f"{remote.url} holds another build of {entry.key[:16]} (compiled from other "
+            "inputs); an existing tag is never overwritten"
+        )
+    except (jit_remote.RemoteError, jit_store.EntryError, OSError) as exc:
+        return f"pushing {entry.key[:16]} to the JIT remote {remote.url} failed: {exc}"
+    return None
+
+
+def index_tag(lock_hash: str, platform: str) -> str:
+    """The tag of the list of keys an env of one lock on one platform used."""
+    return f"env-{platform.replace('_', '-')}-{lock_hash[:32]}"
+
+
+def push_env(
+    store: jit_store.Store, used: Iterable[str], remote: Remote, tag: str
+) -> tuple[int, list[str]]:
+    """Push every entry an env used, then the index of their keys; (pushed, warnings)."""
+    from builder import jit_remote
+
+    pushed, warnings, keys = 0, [], []
+    for rel in used:
+        split = jit_store.split_entry(rel)
+        if split is None:
+            continue
+        key, variant = split
+        try:
+            entry = store.load(key, store.entries(key) / variant)
+        except (jit_store.EntryError, jit_store.StoreError, OSError) as exc:
+            warnings.append(f"{rel}: {exc}")
+            continue
+        warning = push(store, entry, remote)
+        if warning:
+            warnings.append(warning)
+        else:
+            pushed += 1
+            keys.append(key)
+    if keys:
+        try:
+            jit_remote.publish_index(remote, tag, keys, timeout=timeout())
+        except jit_remote.RemoteError as exc:
+            warnings.append(f"the list of keys ({tag}) was not pushed: {exc}")
+    return pushed, warnings
+
+
+def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, list[str]]:
+    """Every entry the index ``tag`` lists added to ``store``; (added, warnings)."""
+    from builder import jit_remote
+
+    try:
+        keys = jit_remote.fetch_index(remote, tag, timeout=timeout())
+    except jit_remote.RemoteError as exc:
+        return 0, [str(exc)]
+    if keys is None:
+        return 0, [f"{remote.url} has no list of keys {tag}: push it from a warmer first"]
+    added, warnings = 0, []
+    store.ready()
+    for key in keys:
+        if not jit_store.is_key(key) or store.variants(key):
+            continue
+        try:
+            with tempfile.TemporaryDirectory(prefix=".pull-", dir=store.root) as tmp:
+                got = jit_remote.fetch(
+                    remote, jit_remote.tag_for(key), Path(tmp), timeout=timeout()
+                )
+                if got is None:
+                    warnings.append(f"{key[:16]}: listed but not in {remote.url}")
+                    continue
+                store.import_entry(key, got[0], got[1], {"origin": remote.url})
+                added += 1
+        except (jit_remote.RemoteError, jit_store.EntryError) as exc:
+            warnings.append(f"{key[:16]}: {exc}")
+    return added, warnings
+
+
+def main(argv: list[str]) -> int:
+    """``pull KEY PREFIX`` / ``push KEY VARIANT`` for the probe: one JSON line out."""
+    out: dict[str, object] = {}
+    try:
+        root = jit_store_dir()
+        remote = configured()
+        if root is None or remote is None:
+            out["warning"] = None
+        elif argv[:1] == ["pull"] and len(argv) == 3:
+            store = jit_store.Store(root)
+            entry, warning = pull(store, argv[1], argv[2], remote)
+            out = {"pulled": entry is not None, "warning": warning}
+        elif argv[:1] == ["push"] and len(argv) == 3 and pushing():
+            store = jit_store.Store(root)
+            key, variant = argv[1], argv[2]
+            if not (jit_store.is_key(key) and jit_store.is_variant(variant)):
+                raise ShareError(f"not an entry: {key} {variant}")
+            out = {"warning": push(store, store.load(key, store.entries(key) / variant), remote)}
+        else:
+            out["warning"] = None
+    except (ShareError, jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+        out["warning"] = f"the JIT remote was not used: {exc}"
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,238 @@
+"""The store's registry tier with a real registry (Debian's docker-registry on loopback): node
+A compiles and pushes, node B (an empty store) pulls and places, checked; a blob changed in
+the registry's own storage, a registry that is down or a wrong setting never fails a build.
+The compiler is the stand-in nvcc of test_kernel_compile: what is shared is the store's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import archs, jit_share
+from builder.paths import jit_store_dir
+from builder.probe import jit_store
+from builder.verify import kernel_compile
+from tests.conftest import Registry
+from tests.helpers import write
+from tests.test_jit_store import FAKECC, LINK, make_env, run_ninja, runs
+from tests.test_kernel_compile import env_with, make_toolkit
+
+ARCH = archs.Arch.parse("12.0f")
+
+
+def node(
+    tmp_path: Path,
+    name: str,
+    registry: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    push: bool,
+    remote: str | None = None,
+) -> kernel_compile.KernelBuild:
+    """One machine: its own store and env, the cluster's registry."""
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / f"store-{name}"))
+    env = env_with(tmp_path, "gcc 12.2.0", CUDAENV_JIT_REMOTE=remote or registry.url)
+    if push:
+        env["CUDAENV_JIT_PUSH"] = "1"
+    home = make_toolkit(tmp_path / name / "cuda-home")
+    return kernel_compile.build_kernel(
+        home / "bin" / "nvcc", ARCH, tmp_path / name / "work", env=env, owner=name
+    )
+
+
+def compiled(tmp_path: Path, name: str) -> bool:
+    return (tmp_path / name / "cuda-home" / "bin" / "calls").exists()
+
+
+def test_node_b_reuses_what_node_a_pushed(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = node(tmp_path, "A", registry, monkeypatch, push=True)
+    assert a.error is None and not a.reused and not a.notes, a.notes
+    b = node(tmp_path, "B", registry, monkeypatch, push=False)
+    assert b.reused and not compiled(tmp_path, "B"), b.notes
+    assert b.stored is not None and b.stored[1] == registry.url
+    assert b.path.read_bytes() == a.path.read_bytes()
+    # Kept in B's own store: a third env on B needs no registry.
+    registry.stop()
+    c = node(tmp_path, "C", registry, monkeypatch, push=False)
+    assert c.notes and registry.url in c.notes[0]  # C has its own store: a miss, a warning
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-B"))
+    d = kernel_compile.build_kernel(
+        make_toolkit(tmp_path / "D" / "cuda-home") / "bin" / "nvcc",
+        ARCH,
+        tmp_path / "D" / "work",
+        env=env_with(tmp_path, "gcc 12.2.0", CUDAENV_JIT_REMOTE=registry.url),
+        owner="D",
+    )
+    assert d.reused and not d.notes
+
+
+def test_a_node_that_only_pulls_never_pushes(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = node(tmp_path, "A", registry, monkeypatch, push=False)
+    assert a.error is None and not a.notes
+    b = node(tmp_path, "B", registry, monkeypatch, push=False)
+    assert not b.reused and compiled(tmp_path, "B")
+
+
+def test_two_nodes_push_the_same_content(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both compile one key (neither finds it first): the second push finds the same
+    manifest there, and says nothing."""
+    a = node(tmp_path, "A", registry, monkeypatch, push=True)
+    b = node(tmp_path, "B", registry, monkeypatch, push=False, remote="off")
+    assert not b.reused and compiled(tmp_path, "B")
+    store_b = jit_store.Store(tmp_path / "store-B")
+    ((key, variant),) = store_b.all()
+    remote = jit_share.parse(registry.url)
+    assert jit_share.push(store_b, store_b.load(key, variant), remote) is None
+    assert a.error is None
+
+
+def test_a_blob_changed_in_the_registry_is_refused_and_rebuilt(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = node(tmp_path, "A", registry, monkeypatch, push=True)
+    kernel = a.path.read_bytes()
+    blobs = list((registry.root / "docker" / "registry" / "v2" / "blobs").rglob("data"))
+    (changed,) = [b for b in blobs if b.read_bytes() == kernel]
+    changed.write_bytes(b"X" * len(kernel))
+    b = node(tmp_path, "B", registry, monkeypatch, push=False)
+    assert b.error is None and not b.reused and compiled(tmp_path, "B")
+    assert len(b.notes) == 1 and registry.url in b.notes[0]
+    assert "compiled locally" in b.notes[0]
+    root = jit_store_dir()
+    assert root is not None
+    # Compiled and kept locally: the registry's bad copy never entered the store.
+    ((_, variant),) = jit_store.Store(root).all()
+    assert (variant / "files" / "kernel").read_bytes() == b.path.read_bytes()
+
+
+def test_a_registry_that_is_down_costs_a_compile_and_one_warning(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry.stop()
+    b = node(tmp_path, "B", registry, monkeypatch, push=True)
+    assert b.error is None and compiled(tmp_path, "B")
+    assert len(b.notes) == 2  # the pull and the push, each once
+    assert all(registry.url in n for n in b.notes)
+
+
+def test_store_push_and_pull_move_an_envs_entries(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = node(tmp_path, "A", registry, monkeypatch, push=False)
+    assert a.error is None
+    store_a = jit_store.Store(tmp_path / "store-A")
+    used = [str(v.relative_to(store_a.root)) for _, v in store_a.all()]
+    remote = jit_share.parse(registry.url)
+    pushed, warnings = jit_share.push_env(store_a, used, remote, "env-test")
+    assert (pushed, warnings) == (1, [])
+    store_b = jit_store.Store(tmp_path / "store-B")
+    assert jit_share.pull_env(store_b, remote, "env-test") == (1, [])
+    assert [k for k, _ in store_b.all()] == [k for k, _ in store_a.all()]
+    assert jit_share.pull_env(store_b, remote, "env-other")[1][0].endswith(
+        "push it from a warmer first"
+    )
+
+
+def test_a_malformed_remote_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder import pipeline
+    from builder.errors import UsageError
+
+    with pytest.raises(jit_share.ShareError, match="oci://"):
+        jit_share.configured({"CUDAENV_JIT_REMOTE": "http://registry/x"})
+    monkeypatch.setenv("CUDAENV_JIT_REMOTE", "ftp://x/y")
+    with pytest.raises(UsageError, match="CUDAENV_JIT_REMOTE"):
+        pipeline.jit_remote_for(None)
+    assert jit_share.configured({"CUDAENV_JIT_REMOTE": "off"}) is None
+    assert jit_share.configured({}, setting="oci://127.0.0.1:5000/a/b") is not None
+    # A remote off loopback speaks https unless plain http is asked for.
+    remote = jit_share.configured({"CUDAENV_JIT_REMOTE": "oci://registry.example:5000/a"})
+    assert remote is not None and not remote.insecure
+    insecure = {"CUDAENV_JIT_REMOTE": "oci://registry.example:5000/a"}
+    insecure["CUDAENV_JIT_REMOTE_INSECURE"] = "1"
+    remote = jit_share.configured(insecure)
+    assert remote is not None and remote.insecure
+
+
+# --------------------------------------------------------------------------- FlashInfer's path
+
+
+class ToyModule:
+    """What build_through_store asks of a FlashInfer JitSpec, over the toy ninja build of
+    test_jit_store (absolute paths of the env in every command, as FlashInfer writes)."""
+
+    def __init__(self, build_dir: Path) -> None:
+        self.ninja_path = str(build_dir / "build.ninja")
+        self.build_dir = build_dir
+
+    def write_ninja(self) -> None:
+        pass  # make_env wrote it
+
+    def get_library_path(self) -> str:
+        return str(self.build_dir / "sampling.so")
+
+    def build(self, verbose: bool) -> None:
+        run_ninja(self.build_dir)
+
+
+def probe_module() -> Any:
+    """The probe's env_facts.py, imported as the env's interpreter imports it (its directory
+    on sys.path)."""
+    import importlib
+    import sys
+
+    probe_dir = str(Path(jit_store.__file__).parent)
+    if probe_dir not in sys.path:
+        sys.path.insert(0, probe_dir)
+    return importlib.import_module("env_facts")
+
+
+def test_flashinfer_builds_share_through_the_registry(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node A's probe compiles and pushes through ``python -m builder.jit_share``; node B (an
+    env at the same path on another machine: an empty store) places A's module, ninja has no
+    work, and the verify evidence says where it came from."""
+    import sys
+
+    env_facts = probe_module()
+    tools = tmp_path / "tools"
+    write(tools / "fakecc.py", FAKECC)
+    write(tools / "link.py", LINK)
+    root = tmp_path / "env"
+    monkeypatch.setattr(sys, "prefix", str(root))
+    monkeypatch.setenv("CUDAENV_JIT_REMOTE", registry.url)
+    monkeypatch.setenv("CUDAENV_JIT_SHARE", json.dumps([sys.executable, "-m", "builder.jit_share"]))
+    monkeypatch.setenv("CUDAENV_JIT_PUSH", "1")
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-A"))
+    a = env_facts.build_through_store(
+        ToyModule(make_env(root, tools)), tmp_path / "store-A", compiled=False
+    )
+    assert a["used"] and not a["hit"] and a["kept"] and a["warnings"] == [], a
+    assert len(runs(tools)) == 2
+    shutil.rmtree(root)
+    monkeypatch.delenv("CUDAENV_JIT_PUSH")
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-B"))
+    b = env_facts.build_through_store(
+        ToyModule(make_env(root, tools)), tmp_path / "store-B", compiled=False
+    )
+    assert b["hit"] and b["env"] == registry.url and b["warnings"] == [], b
+    assert len(runs(tools)) == 2  # nothing compiled on B
+    # The registry down: C compiles, with one warning naming it.
+    registry.stop()
+    shutil.rmtree(root)
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-C"))
+    c = env_facts.build_through_store(
+        ToyModule(make_env(root, tools)), tmp_path / "store-C", compiled=False
+    )
+    assert not c["hit"] and len(runs(tools)) == 4
+    assert len(c["warnings"]) == 1 and registry.url in c["warnings"][0]
