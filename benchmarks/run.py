@@ -17,6 +17,7 @@ Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,125 @@ class Bench:
             goal="≤ 15 s here (was ~95 s: the sampling JIT)",
             met=ta.median <= 15.0,
         )
+
+    def store(self) -> list[Case]:
+        """The store's trust and its registry tier, each against the same work without it:
+        a second node (empty local store, the registry warm) against a warm local store; a
+        first node pushing to a registry against no registry; placing an entry with every
+        hash checked against copying its files unchecked."""
+        from builder.jit_share import parse
+        from builder.probe import jit_store
+
+        with registry_server(self.work / "registry") as url:
+            warm = self.work / "store-warm"
+            seed = self.work / "seed-env"
+            # Node A: compiles once (or finds the machine's store), pushes what it used.
+            cudaenv("build", DEFAULT, "--env-dir", seed, "--verify",
+                    env={"CUDAENV_JIT_REMOTE": url, "CUDAENV_JIT_PUSH": "1"})  # fmt: skip
+            cudaenv("store", "push", DEFAULT, "--env-dir", seed, env={"CUDAENV_JIT_REMOTE": url})
+            cudaenv("store", "pull", DEFAULT, env={"CUDAENV_JIT_STORE": str(warm),
+                    "CUDAENV_JIT_REMOTE": url})  # fmt: skip
+            a_dir, b_dir = self.work / "node-b", self.work / "node-local"
+            empty = self.work / "store-empty"
+            said: dict[str, str] = {}
+
+            def fresh() -> None:
+                rm_all(a_dir, b_dir, empty)
+                os.sync()
+
+            def second_node() -> None:
+                cudaenv("build", DEFAULT, "--env-dir", a_dir, "--verify",
+                        env={"CUDAENV_JIT_STORE": str(empty), "CUDAENV_JIT_REMOTE": url})  # fmt: skip
+                report = json.loads((a_dir / "var" / "cudaenv" / "verify.json").read_text())
+                said.update({c["name"]: c["summary"] for c in report["checks"]})
+
+            def local_store() -> None:
+                cudaenv("build", DEFAULT, "--env-dir", b_dir, "--verify",
+                        env={"CUDAENV_JIT_STORE": str(warm), "CUDAENV_JIT_REMOTE": "off"})  # fmt: skip
+
+            ta, tb = alternate(second_node, local_store, self.pairs, before=fresh)
+            node_pairs = pair_ratios(ta, tb)
+
+            # Node A pushing: a new repository each run, so every blob is uploaded.
+            runs = iter(range(1000))
+
+            def pushing() -> None:
+                remote = f"{url}-push{next(runs)}"
+                cudaenv("build", DEFAULT, "--env-dir", a_dir, "--verify",
+                        env={"CUDAENV_JIT_STORE": str(warm), "CUDAENV_JIT_REMOTE": remote,
+                             "CUDAENV_JIT_PUSH": "1"})  # fmt: skip
+
+            tc, td = alternate(pushing, local_store, self.pairs, before=fresh)
+            push_pairs = pair_ratios(tc, td)
+            parse(url)  # the URL the runs used is one cudaenv accepts
+            rm_all(a_dir, b_dir, empty, seed)
+
+        # Placing: FlashInfer's module entry (the largest), checked vs plain copies.
+        store = jit_store.Store(warm)
+        biggest = max(store.all(), key=lambda kv: store.size_of(kv[1]))
+        entry = store.load(*biggest)
+        out = self.work / "placed"
+        out.mkdir(exist_ok=True)
+
+        def checked() -> None:
+            for name in entry.files:
+                store.place(entry, name, out / name)
+
+        def unchecked() -> None:
+            for name in entry.files:
+                shutil.copyfile(entry.path / "files" / name, out / name)
+
+        te, tf = alternate(checked, unchecked, max(self.pairs, 20))
+        place_pairs = pair_ratios(te, tf)
+        size = sum(r.size for r in entry.files.values())
+        rm_all(out, warm)
+        return [
+            Case(
+                name="second node, from the registry",
+                what="cudaenv build --verify of the default spec into a new env with an empty "
+                "local store and the registry holding this toolchain's compiles, vs the same "
+                "with the local store warm (no registry); ratio: median of alternated pairs",
+                figures={
+                    "empty store, registry warm": ta.to_json(),
+                    "local store warm": tb.to_json(),
+                    "pair ratios": node_pairs,
+                    "flashinfer-jit said": said.get("flashinfer-jit", "").replace(url, "REGISTRY"),
+                },
+                ratio=node_pairs["median"],
+                anchor="local store warm",
+                goal="≤ 1.3",
+                met=node_pairs["median"] <= 1.3,
+            ),
+            Case(
+                name="first node pushing",
+                what="cudaenv build --verify of the default spec (local store warm) pushing every "
+                "entry it used to a new registry repository, vs the same with no registry",
+                figures={
+                    "pushing": tc.to_json(),
+                    "no registry": td.to_json(),
+                    "pair ratios": push_pairs,
+                },
+                ratio=push_pairs["median"],
+                anchor="no registry",
+                goal="≤ 1.05",
+                met=push_pairs["median"] <= 1.05,
+            ),
+            Case(
+                name="placing with every hash checked",
+                what=f"placing the largest store entry ({len(entry.files)} files, "
+                f"{size / 2**20:.1f} MiB), every file's size and sha256 checked as it is copied, "
+                "vs copying the same files unchecked",
+                figures={
+                    "checked": te.to_json(),
+                    "unchecked copy": tf.to_json(),
+                    "pair ratios": place_pairs,
+                },
+                ratio=place_pairs["median"],
+                anchor="unchecked copy",
+                goal="≤ 1.10",
+                met=place_pairs["median"] <= 1.10,
+            ),
+        ]
 
     def startup(self, code: str) -> Timing:
         """Python start and cudaenv's imports alone: the floor of cudaenv's overhead."""
@@ -758,6 +878,43 @@ class Bench:
         )
 
 
+@contextlib.contextmanager
+def registry_server(root: Path) -> Iterator[str]:
+    """Debian's docker-registry on a free loopback port, storing under ``root``: its URL."""
+    import socket
+    import urllib.request
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise RuntimeError("the store case needs docker-registry (apt install docker-registry)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    server = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("docker-registry did not start") from None
+                time.sleep(0.05)
+        yield f"oci://127.0.0.1:{port}/cudaenv/jit"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 def render_md(doc: dict[str, Any]) -> str:
     lines = [
         "# cudaenv benchmarks",
@@ -847,7 +1004,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = args.cases.split(",")
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
-        "growth", "matrix", "audit",
+        "growth", "matrix", "audit", "store",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -869,6 +1026,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("growth", bench.growth),
             ("matrix", bench.matrix),
             ("audit", bench.audit),
+            ("store", bench.store),
         ):
             if key not in wanted:
                 continue

@@ -72,6 +72,22 @@ def test_node_b_reuses_what_node_a_pushed(
     assert d.reused and not d.notes
 
 
+def test_a_warmer_pushes_what_its_env_had_built_already(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Env A compiled before the remote was set; its next verify as a warmer pushes."""
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-A"))
+    home = make_toolkit(tmp_path / "A" / "cuda-home")
+    nvcc, work = home / "bin" / "nvcc", tmp_path / "A" / "work"
+    first = kernel_compile.build_kernel(nvcc, ARCH, work, env=env_with(tmp_path, "gcc 12.2.0"))
+    assert first.error is None
+    env = env_with(tmp_path, "gcc 12.2.0", CUDAENV_JIT_REMOTE=registry.url, CUDAENV_JIT_PUSH="1")
+    again = kernel_compile.build_kernel(nvcc, ARCH, work, env=env)
+    assert again.reused and not again.notes
+    b = node(tmp_path, "B", registry, monkeypatch, push=False)
+    assert b.reused and not compiled(tmp_path, "B")
+
+
 def test_a_node_that_only_pulls_never_pushes(
     tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -150,7 +150,10 @@ def build_kernel(
     )
     out_dir = work / "kernels" / key
     out = out_dir / out_name
-    if out.exists() and not fresh:
+    # A warmer (CUDAENV_JIT_PUSH=1 with a remote) goes through the store even when this env
+    # has the kernel already: what it pushes is the store's checked entry.
+    warming = jit_share.pushing(env) and bool(env.get(jit_share.REMOTE_VAR, "off") != "off")
+    if out.exists() and not fresh and not warming:
         return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "topk_topp.cu").write_text(src)
