@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import nox
@@ -36,6 +38,26 @@ def verify_env(session: nox.Session) -> None:
     _install(session)
     for spec in session.posargs or [DEFAULT_SPEC]:
         session.run("cudaenv", "verify", spec)
+
+
+@nox.session(python=False)
+def install(session: nox.Session) -> None:
+    """Put the `cudaenv` command on PATH: `uv tool install` of this checkout with the uv that
+    tools/nox.sh installed beside nox (so it works on a box with no uv or pipx on PATH)."""
+    bin_dir = session.run(
+        sys.executable, "-m", "uv", "tool", "dir", "--bin", silent=True, external=True
+    )
+    session.run(
+        sys.executable, "-m", "uv", "tool", "install", "--force", "--reinstall", ".",
+        external=True,
+    )  # fmt: skip
+    where = str(bin_dir).strip() if isinstance(bin_dir, str) else ""
+    on_path = where in os.environ.get("PATH", "").split(os.pathsep)
+    session.log(
+        f"cudaenv is {where}/cudaenv"
+        + ("" if on_path else f"; {where} is not on PATH: add it (`{sys.executable} -m uv tool "
+           "update-shell` does that for your shell)")
+    )  # fmt: skip
 
 
 @nox.session

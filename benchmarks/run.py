@@ -38,11 +38,11 @@ OUT = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
 from builder import channels, interpreters, lock, platforms, proc, spec  # noqa: E402
-from builder.paths import MATRIX_DIR  # noqa: E402
+from builder.paths import matrix_dir  # noqa: E402
 
 DEFAULT = REPO / "envspecs" / "default.yaml"
 # Where `cudaenv matrix` (run from this directory) keeps its cells' envs.
-MATRIX_ENVS = MATRIX_DIR
+MATRIX_ENVS = matrix_dir(REPO)
 TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
 # Alternated pairs of the overhead cases (build-warm, relock): the tracker's goals are medians
 # of at least 6 pairs; a full run takes more for a steadier median.

@@ -12,18 +12,26 @@ Every change goes into a journal first (``var/cudaenv/adopt.json``). A failure o
 inside adopt undoes what was done before it returns; a run killed outright leaves the journal,
 and the next ``adopt`` (or ``adopt --undo``) puts the env back as it was first. The start-up
 hook's ``.pth`` is written last, so until the very end the interpreter behaves as before.
+Undo is resumable the same way: the journal stays (marked ``undoing``) until the env has been
+checked to be as it was.
+
+Adopt and undo hold the env's lock (:func:`locked`) from reading its state to the last change.
+Adopt never touches an env whose cudaenv files it cannot account for: one ``cudaenv build``
+made (its build manages it) or one holding cudaenv's files without a journal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -44,14 +52,26 @@ from builder import (
     toolchain,
 )
 from builder.archs import Arch
-from builder.build import fault_point
+from builder.build import env_lock, fault_point
 from builder.cudaversion import CudaVersion
-from builder.errors import BuildError, CudaenvError
+from builder.errors import BuildError, CommandFailed, CudaenvError
 from builder.jsondoc import Reader
 from builder.manifest import Manifest
 from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
 
 JOURNAL = Path("var") / "cudaenv" / "adopt.json"
+# The lock adopt and --undo hold: build's env lock (a flock the kernel drops when its holder
+# dies, the holder's name inside for a waiter to print), but its file inside the env, as uv
+# keeps .venv/.lock: adopt changes the env in place (a build swaps the directory whole, so its
+# lock lies beside it), and a file beside a user's .venv would land in their project. Not uv's
+# own .lock, which the uv adopt runs takes. Removed when the env is left with no journal: an
+# undone env holds nothing of cudaenv.
+LOCK_FILE = ".cudaenv-adopt.lock"
+# How long a second adopt (or undo) of one env waits for the first before refusing (exit 3):
+# uv's default for its own locks (UV_LOCK_TIMEOUT, 300 s). It waits rather than refusing at
+# once, as a second uv does: run twice, the second finds the env adopted and says so (exit 0);
+# only a holder stuck for minutes is an error, named with its pid.
+LOCK_WAIT = 300.0
 Progress = Callable[[str], None]
 
 
@@ -75,6 +95,8 @@ class Env:
     torch_cuda: str | None
     torch_requires: tuple[str, ...]
     cuda_home: str
+    # *.dist-info directories with no METADATA (an uninstall killed midway), full paths.
+    broken: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +142,7 @@ def inspect(python: Path) -> Env:
             torch_cuda=torch.get("cuda"),
             torch_requires=tuple(torch.get("requires") or ()),
             cuda_home=str(doc.get("cuda_home") or ""),
+            broken=tuple(str(b) for b in doc.get("broken") or ()),
         )
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise BuildError(
@@ -170,8 +193,111 @@ def _refuse(env: Env, why: str) -> Refused:
     return Refused(f"{env.python}: {why}; nothing was changed")
 
 
+def _cudaenv_files(prefix: Path, site: Path) -> list[str]:
+    """The files of cudaenv's wiring present in the env, relative to it."""
+    found = [
+        str(path.relative_to(prefix)) + ("/" if path.name == "cuda-home" else "")
+        for path in (
+            prefix / "cuda-home",
+            prefix / manifest.FILE,
+            site / toolchain.PTH_NAME,
+            site / f"{toolchain.HOOK_MODULE}.py",
+        )
+        if path.is_symlink() or path.exists()
+    ]
+    for name, path in _activation_scripts(prefix).items():
+        with contextlib.suppress(OSError):
+            if toolchain.BLOCK_MARK in path.read_text(errors="replace"):
+                found.append(f"the cudaenv block in bin/{name}")
+    return found
+
+
+def _built_by(prefix: Path) -> str | None:
+    """The spec of an env ``cudaenv build`` made (its manifest names one), else None."""
+    found = manifest.try_read(prefix)
+    return found.spec if found is not None and found.spec != manifest.ADOPTED_SPEC else None
+
+
+def preflight(env: Env) -> None:
+    """Refused where adopt must not start: an env ``cudaenv build`` made (its spec and build
+    manage its toolchain; adopt's rollback would remove the build's wiring), cudaenv's files
+    with no adopt journal to account for them (undoing a failure would remove what adopt did
+    not write), or a place adopt writes that this user cannot."""
+    spec = _built_by(env.prefix)
+    if spec is not None:
+        raise _refuse(
+            env,
+            f"{env.prefix} was built by cudaenv from {spec} (its {manifest.FILE}); "
+            f"`cudaenv build {spec} --force` rebuilds it, adopt would unwire it",
+        )
+    if read_journal(env.prefix) is None:
+        present = _cudaenv_files(env.prefix, env.purelib)
+        if present:
+            raise _refuse(
+                env,
+                f"{env.prefix} holds cudaenv's {', '.join(present)} but no adopt journal "
+                f"({JOURNAL}) says what they replaced; remove them, then adopt",
+            )
+    places = [
+        env.prefix,
+        env.prefix / "bin",
+        env.purelib,
+        env.prefix / "var",
+        env.prefix / "var" / "cudaenv",
+    ]
+    for place in places:
+        if place.exists() and not os.access(place, os.W_OK):
+            raise _refuse(env, f"{place} is not writable by this user (a read-only env?)")
+
+
+def nothing_to_undo(env: Env) -> str:
+    """What ``--undo`` says of an env with no adopt journal; Refused where cudaenv's files are
+    there all the same (no journal says what they replaced, so undo cannot put it back)."""
+    spec = _built_by(env.prefix)
+    if spec is not None:
+        return (
+            f"nothing to undo: {env.prefix} was built by cudaenv from {spec}, not adopted "
+            f"(`cudaenv build {spec}` manages it)"
+        )
+    present = _cudaenv_files(env.prefix, env.purelib)
+    if present:
+        raise _refuse(
+            env,
+            f"it holds cudaenv's {', '.join(present)} but no adopt journal ({JOURNAL}) says "
+            "what they replaced, so undo cannot put it back; remove them by hand",
+        )
+    return f"nothing to undo: {env.prefix} has no adopt journal ({JOURNAL}); it is not adopted"
+
+
+@contextlib.contextmanager
+def locked(
+    prefix: Path, progress: Progress, *, holder: str = "cudaenv adopt", wait: float = LOCK_WAIT
+) -> Iterator[None]:
+    """Hold the env's lock (see LOCK_FILE): EnvBusy (exit 3) naming the holder after ``wait``
+    seconds, Refused where the lock cannot be made (a read-only env)."""
+    lock_file = prefix / LOCK_FILE
+    with contextlib.ExitStack() as stack:
+        try:
+            lock = env_lock(prefix, progress, lock_file=lock_file, holder=holder,
+                            doing="changing", wait=wait)  # fmt: skip
+            stack.enter_context(lock)
+        except OSError as exc:
+            raise Refused(
+                f"{lock_file}: cannot take the env's lock ({exc.strerror}); nothing was changed"
+            ) from exc
+        try:
+            yield
+        finally:
+            # Unlinked while held: a waiter that then locks the removed file sees it is not
+            # the one at the path and opens that (build.env_lock).
+            with contextlib.suppress(OSError, CudaenvError):
+                if read_journal(prefix) is None:
+                    lock_file.unlink(missing_ok=True)
+
+
 def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = False) -> Plan:
     """What adopt will do, or Refused naming why it will not (nothing is changed either way)."""
+    preflight(env)
     if not env.is_env and not force:
         raise _refuse(
             env,
@@ -284,8 +410,9 @@ def _dry_run(
 # --------------------------------------------------------------------------- apply / undo
 
 
-# "started" from before the first change until the manifest is written, "done" after it.
-JournalState = Literal["started", "done"]
+# "started" from before the first change until the manifest is written, "done" after it;
+# "undoing" from the first change an undo makes until the env is checked to be as it was.
+JournalState = Literal["started", "done", "undoing"]
 JOURNAL_STATES: tuple[JournalState, ...] = get_args(JournalState)
 
 
@@ -303,6 +430,11 @@ class Journal:
     var_before: tuple[str, ...]  # what var/ held, relative to the env
     var_existed: bool
     started_at: str | None
+    # *.dist-info directories already without METADATA before adopt: not adopt's to remove.
+    broken_before: tuple[str, ...] = ()
+    # The directories below site-packages/nvidia/ (two levels) before adopt, where the toolkit
+    # wheels unpack; None in a journal from before it was kept (undo then checks no tree).
+    site_before: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -314,6 +446,8 @@ class Journal:
             "var_before": list(self.var_before),
             "var_existed": self.var_existed,
             "started_at": self.started_at,
+            "broken_before": list(self.broken_before),
+            "site_before": None if self.site_before is None else list(self.site_before),
         }
 
     @classmethod
@@ -339,6 +473,8 @@ class Journal:
             var_before=r.texts("var_before", required=False),
             var_existed=r.opt_flag("var_existed"),
             started_at=r.opt_text("started_at"),
+            broken_before=r.texts("broken_before", required=False),
+            site_before=None if r.doc.get("site_before") is None else r.texts("site_before"),
         )
 
 
@@ -376,9 +512,14 @@ def _write_journal(prefix: Path, journal: Journal) -> None:
 
 
 def apply(p: Plan, progress: Progress) -> Manifest:
-    """Adopt as planned. Anything that stops it midway (an error, Ctrl-C, SIGTERM) undoes what
-    was done before it is raised again."""
+    """Adopt as planned, with :func:`locked` held. Anything that stops it midway (an error,
+    Ctrl-C, SIGTERM) undoes what was done before it is raised again; an error then says
+    whether the env is as it was."""
     env = p.env
+    # Again, under the lock: the env may have changed since the plan was made.
+    preflight(env)
+    if read_journal(env.prefix) is not None:
+        raise _refuse(env, f"it has an adopt journal ({JOURNAL}): undo that adopt first")
     var_before = sorted(str(c.relative_to(env.prefix)) for c in (env.prefix / "var").glob("*")) if (
         env.prefix / "var").is_dir() else []  # fmt: skip
     journal = Journal(
@@ -393,9 +534,11 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         var_before=tuple(var_before),
         var_existed=(env.prefix / "var").exists(),
         started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        broken_before=env.broken,
+        site_before=_site_tree(env.purelib),
     )
-    _write_journal(env.prefix, journal)
     try:
+        _write_journal(env.prefix, journal)
         if p.requirements:
             progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
             argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python), *p.requirements]
@@ -442,10 +585,44 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         manifest.write(built, env.prefix)
         _write_journal(env.prefix, dataclasses.replace(journal, state="done"))
         return built
-    except BaseException:
-        with contextlib.suppress(Exception):
-            undo(env.prefix, env.python, progress)
+    except BaseException as exc:
+        rollback = _roll_back(env, journal, progress)
+        if rollback is not None:
+            raise BuildError(
+                f"adopting {env.prefix} failed ({_why(exc)}) and undoing it failed too "
+                f"({rollback}): `cudaenv adopt --undo --python {env.python}` finishes the undo"
+            ) from exc
+        if isinstance(exc, OSError):
+            raise BuildError(f"{_why(exc)}; {env.prefix} is as it was before adopt") from exc
         raise
+
+
+def _why(exc: BaseException) -> str:
+    """An exception in one line: an OSError as ``PATH: reason``, a CudaenvError's first line."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _roll_back(env: Env, journal: Journal, progress: Progress) -> str | None:
+    """Undo a failed adopt; None when the env is as it was, else why not (the journal stays
+    for ``--undo``)."""
+    try:
+        if read_journal(env.prefix) is not None:
+            undo(env.prefix, env.python, progress)
+        else:
+            # The journal itself could not be written: at most its directories were made.
+            made = (
+                [env.prefix / "var" / "cudaenv"] if "var/cudaenv" not in journal.var_before else []
+            )
+            made += [env.prefix / "var"] if not journal.var_existed else []
+            for path in made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty: nothing else of the env goes
+    except Exception as exc:  # reported with the failure it was undoing
+        return _why(exc)
+    return None
 
 
 def _activation_scripts(prefix: Path) -> dict[str, Path]:
@@ -453,20 +630,95 @@ def _activation_scripts(prefix: Path) -> dict[str, Path]:
     return {n: prefix / "bin" / n for n in names if (prefix / "bin" / n).is_file()}
 
 
+# The toolkit wheels unpack below site-packages/nvidia/ (nvidia/cu13/bin, ...), beside torch's
+# own CUDA wheels; a directory there that adopt's packages made is adopt's to remove.
+_TREE_ROOT = "nvidia"
+
+
+def _site_tree(site: Path) -> tuple[str, ...]:
+    """The directories ``nvidia``, ``nvidia/X`` and ``nvidia/X/Y`` below ``site``."""
+    root = site / _TREE_ROOT
+    if not root.is_dir() or root.is_symlink():
+        return ()
+    found = [_TREE_ROOT]
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and not child.is_symlink() and child.name != "__pycache__":
+            found.append(f"{_TREE_ROOT}/{child.name}")
+            found += [
+                f"{_TREE_ROOT}/{child.name}/{g.name}"
+                for g in sorted(child.iterdir())
+                if g.is_dir() and not g.is_symlink() and g.name != "__pycache__"
+            ]
+    return tuple(found)
+
+
+def _holds_files(tree: Path) -> bool:
+    return any(files for _, _, files in os.walk(tree))
+
+
+def _dist_name(dist_info: str) -> str:
+    """``nvidia-cuda-cccl`` from ``.../nvidia_cuda_cccl-13.0.85.dist-info``."""
+    return re.sub(r"[-_.]+", "-", Path(dist_info).name.split("-")[0]).lower()
+
+
+def _remove_half_dist(dist_info: Path, prefix: Path) -> None:
+    """Finish what a killed uninstall began: the files its RECORD still names (inside the
+    env only), the dist-info directory, then the directories that left empty."""
+    site = dist_info.parent
+    parents: set[Path] = set()
+    record = dist_info / "RECORD"
+    if record.is_file():
+        for row in csv.reader(record.read_text(errors="replace").splitlines()):
+            if not row or not row[0]:
+                continue
+            path = Path(os.path.normpath(site / row[0]))
+            if not path.is_relative_to(prefix) or path.is_relative_to(dist_info):
+                continue
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+                parents.add(path.parent)
+    shutil.rmtree(dist_info)
+    for parent in sorted(parents, key=lambda d: len(d.parts), reverse=True):
+        while parent != site and parent.is_relative_to(site):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+
 def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
-    """Put the env back as the journal says it was: the same distributions and versions, no
-    cudaenv file. What was restored, one line each."""
+    """Put the env back as the journal says it was (with :func:`locked` held): the same
+    distributions and versions, no cudaenv file; what was restored, one line each.
+
+    Resumable: the journal says ``undoing`` from the first change on and goes only once the
+    env is checked to be as it was, so an undo killed midway is finished by the next one (a
+    half-removed distribution included). Where something could not be put back, BuildError
+    names it and the journal stays for another try."""
     journal = read_journal(prefix)
     if journal is None:
         raise BuildError(
             f"{prefix} has no adopt journal ({JOURNAL}): it was not adopted by cudaenv"
         )
+    try:
+        return _undo(prefix, python, journal, progress)
+    except OSError as exc:
+        raise BuildError(
+            f"{_why(exc)}; the undo of {prefix} did not finish (its journal is kept): "
+            f"`cudaenv adopt --undo --python {python}` finishes it"
+        ) from exc
+
+
+def _undo(prefix: Path, python: Path, journal: Journal, progress: Progress) -> list[str]:
+    if journal.state != "undoing":
+        _write_journal(prefix, dataclasses.replace(journal, state="undoing"))
     done: list[str] = []
     # Files first: the hook goes before anything else, so the interpreter is plain again.
     site = toolchain.site_packages(prefix)
     for rel in (
         site / toolchain.PTH_NAME,
         site / f"{toolchain.HOOK_MODULE}.py",
+        *sorted(site.glob(f"__pycache__/{toolchain.HOOK_MODULE}.*.pyc")),
         prefix / manifest.FILE,
     ):
         if rel.exists():
@@ -486,20 +738,13 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
             proc.atomic_write_text(path, original)
             done.append(f"restored bin/{name}")
     if journal.before is not None:
-        before = dict(journal.before)
-        now = inspect(python).dists
-        added = sorted(n for n in now if n not in before)
-        changed = sorted(f"{n}=={v}" for n, v in before.items() if now.get(n) != v)
-        uv = proc.uv_bin()
-        if added:
-            progress(f"removing {len(added)} package(s) adopt added")
-            proc.run([uv, "pip", "uninstall", "--python", str(python), *added], env=proc.uv_env())
-            done += [f"uninstalled {n}" for n in added]
-        if changed:
-            progress(f"reinstalling {len(changed)} package(s) at their versions before adopt")
-            proc.run([uv, "pip", "install", "--no-deps", "--python", str(python), *changed],
-                     env=proc.uv_env(), timeout=3600)  # fmt: skip
-            done += [f"reinstalled {c}" for c in changed]
+        done += _undo_packages(prefix, python, journal, progress)
+    left = _left_over(prefix, python, journal)
+    if left:
+        raise BuildError(
+            f"{prefix}: undo could not put back {'; '.join(left)} (the journal is kept: "
+            f"`cudaenv adopt --undo --python {python}` tries again)"
+        )
     var = prefix / "var"
     kept = set(journal.var_before)
     if var.is_dir():
@@ -513,3 +758,79 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
     if not journal.var_existed and var.is_dir() and not any(var.iterdir()):
         var.rmdir()
     return done
+
+
+def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progress) -> list[str]:
+    assert journal.before is not None
+    fault_point("undo-packages", progress)
+    done: list[str] = []
+    before = dict(journal.before)
+    now = inspect(python)
+    touched = set()
+    for path in now.broken:
+        if path not in journal.broken_before:
+            _remove_half_dist(Path(path), prefix)
+            touched.add(_dist_name(path))
+            done.append(f"removed the half-removed {Path(path).name}")
+    added = sorted(n for n in now.dists if n not in before)
+    # A half-removed distribution of a package the env had may have shared its files with the
+    # version there now: reinstalled whole.
+    changed = sorted(n for n in before if now.dists.get(n) != before[n] or n in touched)
+    uv = proc.uv_bin()
+    # A failed uv leaves its packages where they are; the check after says which.
+    if added:
+        progress(f"removing {len(added)} package(s) adopt added")
+        with contextlib.suppress(CommandFailed):
+            proc.run([uv, "pip", "uninstall", "--python", str(python), *added], env=proc.uv_env())
+            done += [f"uninstalled {n}" for n in added]
+    if changed:
+        progress(f"reinstalling {len(changed)} package(s) at their versions before adopt")
+        argv = [uv, "pip", "install", "--no-deps", "--python", str(python)]
+        argv += [a for n in changed for a in ("--reinstall-package", n)]
+        with contextlib.suppress(CommandFailed):
+            proc.run([*argv, *(f"{n}=={before[n]}" for n in changed)], env=proc.uv_env(),
+                     timeout=3600)  # fmt: skip
+            done += [f"reinstalled {n}=={before[n]}" for n in changed]
+    if journal.site_before is not None:
+        for rel in sorted(set(_site_tree(now.purelib)) - set(journal.site_before), reverse=True):
+            tree = now.purelib / rel
+            if tree.is_dir() and not _holds_files(tree):
+                shutil.rmtree(tree)
+                done.append(f"removed the empty {rel}/")
+    return done
+
+
+def _left_over(prefix: Path, python: Path, journal: Journal) -> list[str]:
+    """What is not as the journal says it was, one phrase each; empty when all is back."""
+    left: list[str] = []
+    now = inspect(python) if journal.before is not None or journal.site_before else None
+    site = now.purelib if now is not None else toolchain.site_packages(prefix)
+    wiring = [f for f in _cudaenv_files(prefix, site) if not f.startswith("the cudaenv block")]
+    if wiring:
+        left.append(", ".join(wiring))
+    originals = dict(journal.activation)
+    for name, path in _activation_scripts(prefix).items():
+        if name in originals and path.read_text() != originals[name]:
+            left.append(f"bin/{name}")
+    if now is not None and journal.before is not None:
+        before = dict(journal.before)
+        added = sorted(n for n in now.dists if n not in before)
+        if added:
+            left.append(f"still installed: {', '.join(added)}")
+        wrong = [
+            f"{n} {now.dists.get(n, 'missing')} (was {v})"
+            for n, v in sorted(before.items())
+            if now.dists.get(n) != v
+        ]
+        if wrong:
+            left.append(f"not at its version before adopt: {', '.join(wrong)}")
+        half = [Path(b).name for b in now.broken if b not in journal.broken_before]
+        if half:
+            left.append(f"half-removed: {', '.join(half)}")
+    if now is not None and journal.site_before is not None:
+        new = sorted(set(_site_tree(now.purelib)) - set(journal.site_before))
+        # The outermost of them: nvidia/cu13/ says what nvidia/cu13/include/ would again.
+        trees = [t for t in new if not any(t.startswith(f"{o}/") for o in new)]
+        if trees:
+            left.append(f"files no package names in {', '.join(t + '/' for t in trees)}")
+    return left

@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from builder import __version__, archs, interpreters, manifest, platforms, proc, toolchain
 from builder.archs import Arch
-from builder.errors import BuildError
+from builder.errors import BuildError, EnvBusy
 from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
-from builder.paths import ENVS_DIR
+from builder.paths import envs_dir
 from builder.reporter import Reporter, silent
 from builder.spec import EnvSpec
 
@@ -93,7 +94,7 @@ def fault_point(name: str, progress: Progress) -> None:
 
 
 def default_env_dir(spec: EnvSpec) -> Path:
-    return ENVS_DIR / spec.name
+    return envs_dir() / spec.name
 
 
 def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path, platform: str | None = None) -> None:
@@ -161,21 +162,69 @@ def clean_leftovers(target: Path) -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def env_lock(target: Path, progress: Progress) -> Iterator[None]:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock_file = target.parent / f".{target.name}.lock"
-    with lock_file.open("a+") as fh:
+def _flock_within(fh: IO[str], wait: float, held: str) -> None:
+    deadline = time.monotonic() + wait
+    delay = 0.01
+    while True:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            progress(f"waiting for {holder} to finish building {target} (lock {lock_file})")
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            if time.monotonic() >= deadline:
+                raise EnvBusy(
+                    f"{held} after a wait of {wait:g} s; nothing was changed: run again when "
+                    "it has finished"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+
+@contextlib.contextmanager
+def env_lock(
+    target: Path,
+    progress: Progress,
+    *,
+    lock_file: Path | None = None,
+    holder: str = "cudaenv build",
+    doing: str = "building",
+    wait: float | None = None,
+) -> Iterator[None]:
+    """One process at a time changes ``target``. ``lock_file`` (default ``.NAME.lock`` beside
+    the env: a build replaces the env's directory whole) holds the holder's name for a waiter
+    to print. ``wait``: seconds to wait before EnvBusy names the holder; None waits as long as
+    it takes (a build queued behind another build of the same spec)."""
+    if lock_file is None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock_file = target.parent / f".{target.name}.lock"
+    while True:
+        fh = lock_file.open("a+")
+        try:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                who = fh.read().strip() or "another process"
+                progress(f"waiting for {who} to finish {doing} {target} (lock {lock_file})")
+                if wait is None:
+                    fcntl.flock(fh, fcntl.LOCK_EX)
+                else:
+                    _flock_within(fh, wait, f"{target}: {who} holds its lock {lock_file}")
+            # `cudaenv remove` deletes the lock file while holding it (envs.py): a waiter that
+            # got the deleted file's lock takes the one now at the path, or two builds would run.
+            try:
+                current = lock_file.stat().st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            fh.close()
+            raise
+        if current:
+            break
+        fh.close()
+    with fh:
         fh.seek(0)
         fh.truncate()
-        fh.write(f"cudaenv build pid {os.getpid()}")
+        fh.write(f"{holder} pid {os.getpid()}")
         fh.flush()
         try:
             yield

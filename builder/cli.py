@@ -195,45 +195,67 @@ def cmd_doctor(args: argparse.Namespace, say: Reporter) -> int:
 
 
 def cmd_adopt(args: argparse.Namespace, say: Reporter) -> int:
+    import contextlib
+
     from builder import adopt, interpreters
 
     python = interpreters.python_arg(args.python)
     found = adopt.inspect(python)
-    journal = adopt.read_journal(found.prefix)
     if args.undo:
-        for line in adopt.undo(found.prefix, python, say):
-            say(line)
+        # No journal: nothing to put back, the end state asked for holds. 0, as uv and pixi
+        # answer a removal of what is not there; a script may run --undo twice.
+        if adopt.read_journal(found.prefix) is None:
+            say(adopt.nothing_to_undo(found))
+            return 0
+        with adopt.locked(found.prefix, say, holder="cudaenv adopt --undo"):
+            journal = adopt.read_journal(found.prefix)
+            if journal is None:  # the holder waited for undid it
+                say(adopt.nothing_to_undo(found))
+                return 0
+            if journal.state == "undoing":
+                say(f"an undo of {found.prefix} did not finish: finishing it")
+            for line in adopt.undo(found.prefix, python, say):
+                say(line)
         say(f"{found.prefix} is as it was before adopt")
         return 0
-    if journal is not None and journal.state == "done":
-        say(
-            f"{found.prefix} is adopted already; `cudaenv adopt --undo --python {args.python}` "
-            "first to adopt it again"
-        )
-        return 0
-    if journal is not None:
-        # A run killed outright: put the env back as it was, then adopt from there.
-        say(f"a previous adopt of {found.prefix} did not finish: undoing it first")
-        adopt.undo(found.prefix, python, say)
-        found = adopt.inspect(python)
-    env_archs = pipeline.parse_archs(args.archs) if args.archs else None
-    planned = adopt.plan(found, env_archs=env_archs, force=args.force)
-    if not args.no_driver_check:
-        # Before anything changes, as build does: torch's CUDA is what the env must run.
-        say(
-            driver.require(
-                planned.spec.cuda_version,
-                driver.detect(),
-                needs=f"torch {found.torch} in {found.prefix}",
-                older="a torch built",
+    if not args.dry_run:
+        adopt.preflight(found)  # a read-only env named as such, not by the lock it cannot make
+    # A dry run changes nothing, so it takes no lock (which would add the lock file).
+    with contextlib.nullcontext() if args.dry_run else adopt.locked(found.prefix, say):
+        if not args.dry_run:
+            found = adopt.inspect(python)  # as it is now that no other adopt changes it
+        journal = adopt.read_journal(found.prefix)
+        if journal is not None and journal.state == "done":
+            say(
+                f"{found.prefix} is adopted already; `cudaenv adopt --undo --python "
+                f"{args.python}` first to adopt it again"
             )
-        )
-    for line in planned.lines():
-        print(line)
-    if args.dry_run:
-        print("(dry run: nothing changed)")
-        return 0
-    built = adopt.apply(planned, say)
+            return 0
+        if journal is not None and args.dry_run:
+            say(f"a previous adopt of {found.prefix} did not finish: adopt undoes it first")
+        elif journal is not None:
+            # A run killed outright: put the env back as it was, then adopt from there.
+            say(f"a previous adopt of {found.prefix} did not finish: undoing it first")
+            adopt.undo(found.prefix, python, say)
+            found = adopt.inspect(python)
+        env_archs = pipeline.parse_archs(args.archs) if args.archs else None
+        planned = adopt.plan(found, env_archs=env_archs, force=args.force)
+        if not args.no_driver_check:
+            # Before anything changes, as build does: torch's CUDA is what the env must run.
+            say(
+                driver.require(
+                    planned.spec.cuda_version,
+                    driver.detect(),
+                    needs=f"torch {found.torch} in {found.prefix}",
+                    older="a torch built",
+                )
+            )
+        for line in planned.lines():
+            print(line)
+        if args.dry_run:
+            print("(dry run: nothing changed)")
+            return 0
+        built = adopt.apply(planned, say)
     say(
         f"adopted {found.prefix}: nvcc {built.nvcc} in cuda-home/, archs "
         f"{archs.flashinfer_spelling(built.archs)}; `cudaenv adopt --undo` reverts"
@@ -250,24 +272,27 @@ def cmd_list(args: argparse.Namespace, say: Reporter) -> int:
     if args.json:
         print(json.dumps([e.to_json() for e in found], indent=2))
         return 0
+    print(envs.where())
     if not found:
-        print("no envs built here (.envs/)")
+        print("no envs built")
         return 0
     for e in found:
+        # Names and specs come from the file system and the manifests: escaped, so none can
+        # forge a line or send the terminal a control sequence.
         size = f"{envs.human(e.bytes_total)} ({envs.human(e.bytes_own)} not shared)"
-        print(f"{e.name}  spec {e.spec}  lock {e.lock_state}  {size}  "
+        print(f"{envs.shown(e.name)}  spec {envs.shown(e.spec)}  lock {e.lock_state}  {size}  "
               f"last verify {e.verified or 'never'}"
-              + (f"  [{e.platform}]" if e.platform else ""))  # fmt: skip
+              + (f"  [{envs.shown(e.platform)}]" if e.platform else ""))  # fmt: skip
     return 0
 
 
 def cmd_remove(args: argparse.Namespace, say: Reporter) -> int:
     from builder import envs
 
-    for name in args.names:
-        path = envs.resolve(name)
-        envs.remove(path)
-        say(f"removed {path}")
+    # Every name is checked before anything is deleted: one typo removes nothing.
+    paths = [envs.resolve(name) for name in args.names]
+    for path in dict.fromkeys(paths):
+        say(envs.remove(path))
     return 0
 
 
@@ -280,22 +305,43 @@ def cmd_run(args: argparse.Namespace, say: Reporter) -> int:
         command = command[1:]
     if not command:
         raise UsageError("run needs a command: `cudaenv run NAME -- CMD ARGS...`")
+    # What starts in the env's interpreter (after its start-up hook has run): it becomes the
+    # command, or says why it cannot, as a shell does (127 not found, 126 found but not
+    # runnable: not executable, a directory, ...), instead of a FileNotFoundError traceback.
+    trampoline = """\
+import os, sys
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    cmd = sys.argv[1] if sys.argv[1].isprintable() else repr(sys.argv[1])
+    missing = isinstance(exc, FileNotFoundError)
+    why = "command not found" if missing and "/" not in cmd else exc.strerror
+    sys.stderr.write("error: %s: %s\\n" % (cmd, why))
+    sys.exit(127 if missing else 126)
+"""
     python = path / "bin" / "python"
     if not python.exists():
-        raise UsageError(f"{path} has no bin/python (assembled for another platform?)")
+        raise UsageError(
+            f"{envs.shown(str(path))} has no bin/python (assembled for another platform?)"
+        )
     env = dict(os.environ)
     env["VIRTUAL_ENV"] = str(path)
     env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONHOME", None)
     # The env's interpreter starts (its start-up hook sets CUDA_HOME, the arch lists, the
     # caches, ...) and replaces itself with the command, which inherits exactly that.
-    trampoline = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
     proc.replace_process([str(python), "-c", trampoline, *command], env)
 
 
 def cmd_completion(args: argparse.Namespace, say: Reporter) -> int:
-    from builder import completion
+    from builder import completion, envs
 
+    if args.env_names:
+        for name in envs.names():
+            print(name)
+        return 0
+    if args.shell is None:
+        raise UsageError("completion needs a shell: `cudaenv completion bash` (or zsh, fish)")
     print(completion.script(args.shell, make_parser()), end="")
     return 0
 
@@ -495,6 +541,13 @@ def cmd_store_pull(args: argparse.Namespace, say: Reporter) -> int:
     return 1 if warnings and not added else 0
 
 
+def cmd_add(args: argparse.Namespace, say: Reporter) -> int:
+    from builder import add
+
+    add.add(args.spec, args.packages, say, verify=not args.no_verify)
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "lock": cmd_lock,
     "init": cmd_init,
@@ -512,6 +565,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "audit": cmd_audit,
     "matrix": cmd_matrix,
     "report_merge": cmd_report_merge,
+    "add": cmd_add,
     "store_list": cmd_store_list,
     "store_verify": cmd_store_verify,
     "store_gc": cmd_store_gc,
@@ -521,7 +575,15 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    from builder import paths
+    from builder.reporter import flushed
+
+    try:
+        args = cliargs.parse(make_parser(), argv)
+    except SystemExit as exc:
+        # --help, --version and usage errors end in argparse; flushed here, so a reader that
+        # left early (`cudaenv --help | head -1`) is 141, not a BrokenPipeError at exit.
+        return flushed(exc.code if isinstance(exc.code, int) else 2)
     debug = bool(getattr(args, "debug", False))
     say = Reporter(quiet=bool(getattr(args, "quiet", False)))
     logging.basicConfig(
@@ -529,6 +591,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="cudaenv: %(message)s",
     )
     handler = HANDLERS[args.handler]
+    # One line naming the project root where it is not the current directory and the command
+    # may pick an env there for the user (.envs/NAME): `cd envspecs && cudaenv verify
+    # default.yaml` says which .envs/ it reads.
+    picks_env = args.handler in ("build", "verify", "audit", "export", "store_push", "matrix")
+    if picks_env and not getattr(args, "env_dir", None) and not getattr(args, "python", None):
+        root = paths.project_root()
+        if root is not None and root != paths.current_dir():
+            say(f"project root {root} (envs in {paths.envs_dir()})")
     return run_main(lambda: handler(args, say), say, debug=debug)
 
 

@@ -7,7 +7,10 @@ by `cudaenv completion` and by the reference docs, and none of them needs the ha
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from builder import __version__, spec
 
@@ -32,13 +35,52 @@ NO_DRIVER_CHECK_HELP = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with cudaenv's errors: one ``error:`` line (after the usage of the command it
+    concerns), and an empty value refused wherever it is given."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        # Every value goes through here. An empty one is a mistake wherever it is given
+        # (`lock ""` would read the current directory as a spec, `--checks ""` run every
+        # check, `--python ""` diagnose python3), except in `run`'s command, which is the
+        # command's own, and in what a subcommand gets (PARSER), which it checks itself.
+        exempt = (argparse.REMAINDER, argparse.PARSER)
+        if not arg_string.strip() and action.nargs not in exempt:
+            raise argparse.ArgumentError(action, "must not be empty")
+        return super()._get_value(action, arg_string)
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser that ``args`` ran: ``cudaenv store gc`` -> store gc's."""
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if isinstance(name, str) and name in action.choices:
+                return _chosen(action.choices[name], args)
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that an argument nothing takes is reported by the
+    command it was given to, with that command's usage: argparse hands a subcommand's unknown
+    arguments up to the top-level parser, which would show the top-level usage."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def _sub(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: argparse._SubParsersAction[Parser],
     name: str,
     summary: str,
     description: str,
     example: str,
-) -> argparse.ArgumentParser:
+) -> Parser:
     p = sub.add_parser(
         name,
         help=summary,
@@ -62,7 +104,7 @@ SPEC_HELP = "a spec file (envspecs/NAME.yaml), or MATRIX.yaml:CELL"
 def make_parser() -> argparse.ArgumentParser:
     """Every command and its arguments; each subcommand sets ``handler`` (the name of its
     ``cmd_*`` function in cli.py)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="cudaenv",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -312,11 +354,13 @@ def make_parser() -> argparse.ArgumentParser:
         sub,
         "remove",
         "delete built envs",
-        "Delete each named env (a name under .envs/ or an env directory) whole; a build of it "
-        "in progress is waited for.",
+        "Delete each named env whole, with what killed builds of it left and its lock file; a "
+        "build of it in progress is waited for. NAME is an env's name in the project's .envs/ "
+        "(as `cudaenv list` shows it), never a path: anything else is refused (exit 2). Where "
+        ".envs/NAME is a link, the link is removed, not what it points to.",
         "cudaenv remove sglang-0.5.23-cu130",
     )
-    rm_.add_argument("names", nargs="+", metavar="NAME")
+    rm_.add_argument("names", nargs="+", metavar="NAME", help="an env's name (`cudaenv list`)")
     rm_.set_defaults(handler="remove")
 
     rn = _sub(
@@ -325,10 +369,11 @@ def make_parser() -> argparse.ArgumentParser:
         "run a command in an env without activating it",
         "Run CMD with the env's bin/ first on PATH and every setting of its start-up hook "
         "(CUDA_HOME, arch lists, JIT caches, ...), exactly as its own python sees them; the "
-        "exit status is the command's.",
+        "exit status is the command's, or, as a shell's, 127 where CMD is not found and 126 "
+        "where it cannot be run. NAME is an env's name in the project's .envs/, never a path.",
         "cudaenv run sglang-0.5.23-cu130 -- nvcc --version",
     )
-    rn.add_argument("name", metavar="NAME")
+    rn.add_argument("name", metavar="NAME", help="an env's name (`cudaenv list`)")
     rn.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     rn.set_defaults(handler="run")
 
@@ -341,7 +386,9 @@ def make_parser() -> argparse.ArgumentParser:
         "fish: `cudaenv completion fish > ~/.config/fish/completions/cudaenv.fish`.",
         "cudaenv completion bash",
     )
-    co.add_argument("shell", choices=["bash", "zsh", "fish"])
+    co.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"])
+    # What the scripts call to complete `run` and `remove`: the names of the envs built here.
+    co.add_argument("--env-names", action="store_true", help=argparse.SUPPRESS)
     co.set_defaults(handler="completion")
 
     fp = _sub(
@@ -412,6 +459,21 @@ def make_parser() -> argparse.ArgumentParser:
         help="run only this cell, judged as in the whole matrix (one CI job per cell)",
     )
     mx.set_defaults(handler="matrix")
+
+    ad_ = _sub(
+        sub,
+        "add",
+        "add packages to a spec, then lock, rebuild and verify its env",
+        "Put each requirement into the spec's packages: (the file's comments and layout kept; a "
+        "package listed already gets the new requirement), lock it (the current versions "
+        "preferred), rebuild the env from the new lock and verify it. A resolve or build that "
+        "fails leaves the spec, its lock and the env as they were.",
+        "cudaenv add 'transformers>=4.57' --spec envspecs/default.yaml",
+    )
+    ad_.add_argument("packages", nargs="+", metavar="PKG", help="PEP 508 requirements")
+    ad_.add_argument("--spec", help="the spec to add to (default envspecs/default.yaml)")
+    ad_.add_argument("--no-verify", action="store_true", help="lock and rebuild, skip the verify")
+    ad_.set_defaults(handler="add")
 
     st = _sub(
         sub,

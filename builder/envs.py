@@ -1,21 +1,25 @@
 """The envs built here: ``cudaenv list``, ``remove`` and ``run``.
 
-An env is a directory under ``.envs/`` with a manifest (``cudaenv.json``); matrix cells live
-under ``.envs/.matrix/`` and are the matrix's own, so they are not listed.
+An env is a directory in the project's envs dir (``.envs/`` at the project root,
+``paths.envs_dir``) with a manifest (``cudaenv.json``) cudaenv can read; matrix cells live
+under ``.envs/.matrix/`` and are the matrix's own, so they are not listed. ``remove`` and
+``run`` take env names only, never paths: a directory elsewhere that happens to hold a
+``cudaenv.json`` is not cudaenv's to delete or run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder import lock, manifest
-from builder.errors import CudaenvError, SpecError, UsageError
-from builder.paths import ENVS_DIR
+from builder.errors import CudaenvError, ReportError, SpecError, UsageError
+from builder.paths import envs_dir, project_root
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,9 +35,9 @@ class EnvInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "path": str(self.path),
-            "spec": self.spec,
+            "name": json_text(self.name),
+            "path": json_text(str(self.path)),
+            "spec": json_text(self.spec),
             "lock": self.lock_state,
             "bytes": self.bytes_total,
             "bytes_not_shared": self.bytes_own,
@@ -42,21 +46,98 @@ class EnvInfo:
         }
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print on a terminal: as it is where every character is printable and
+    no space, else in single quotes with each other character escaped as Python writes it
+    (``'a\\nb'``) and each byte that is not UTF-8 as ``\\xNN``, as ``ls`` quotes a name. A
+    directory name holding a newline cannot forge a line of ``cudaenv list``."""
+    if text and all(c.isprintable() and not c.isspace() and c not in "'\\" for c in text):
+        return text
+    out = []
+    for c in text:
+        if "\udc80" <= c <= "\udcff":  # a byte that is not UTF-8 (os.fsdecode's surrogateescape)
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        elif c in "'\\":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])  # \n, \t, \x1b, \u202e, ...
+    return "'" + "".join(out) + "'"
+
+
+def json_text(text: str) -> str:
+    """``text`` as valid JSON text: each byte that is not UTF-8 (a lone surrogate once decoded,
+    which strict JSON readers refuse) becomes the four characters ``\\xNN``, as Python's
+    ``backslashreplace`` writes it; everything else is kept."""
+    return _SURROGATE.sub(_escaped, text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    c = found[0]
+    return f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else f"\\u{ord(c):04x}"
+
+
+def _one_line(text: str) -> str:
+    # A message quoting a file's content (a manifest's error) must stay one printable line.
+    first = text.splitlines()[0] if text else ""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in first)
+
+
+def _is_name(name: str) -> bool:
+    # A name is one path component that is not cudaenv's own (.NAME.lock, .matrix/, ...).
+    return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
+
+
 def resolve(name: str) -> Path:
-    """An env by name (``.envs/NAME``) or by directory; UsageError when it is not one."""
-    for path in (ENVS_DIR / name, Path(name)):
-        if manifest.exists(path):
-            return path.absolute()
-    built = ", ".join(e.name for e in _dirs()) or "none"
-    raise UsageError(f"{name}: no env of that name in {ENVS_DIR}/ (built here: {built})")
+    """The env called ``name`` in the project's envs dir (a link there is taken as it is,
+    never resolved to where it points); UsageError (one line) for anything else: a path, a
+    hidden name, no such env, a directory whose manifest is not cudaenv's."""
+    root = envs_dir()
+    if not _is_name(name):
+        raise UsageError(
+            f"{shown(name)}: not an env name; `cudaenv remove` and `run` take the name of an "
+            f"env in {shown(str(root))} (`cudaenv list`), not a path"
+        )
+    path = root / name
+    if not path.is_dir():
+        built = ", ".join(shown(e.name) for e in _dirs()) or "none"
+        raise UsageError(
+            f"{shown(name)}: no env of that name in {shown(str(root))} (built here: {built})"
+        )
+    try:
+        manifest.read(path)
+    except ReportError as exc:
+        raise UsageError(
+            f"{shown(name)}: {shown(str(path))} is not an env cudaenv built ({_one_line(str(exc))})"
+        ) from None
+    return path
 
 
 def _dirs() -> list[Path]:
-    if not ENVS_DIR.is_dir():
+    root = envs_dir()
+    if not root.is_dir():
         return []
-    return sorted(
-        p for p in ENVS_DIR.iterdir() if not p.name.startswith(".") and manifest.exists(p)
-    )
+    return sorted(p for p in root.iterdir() if _is_name(p.name) and manifest.exists(p))
+
+
+def names() -> list[str]:
+    """The envs' names a shell can complete: those printed as they are (``shown``)."""
+    return [p.name for p in _dirs() if shown(p.name) == p.name]
+
+
+def where() -> str:
+    """One line: which envs dir ``list`` read, and why there (the project root found)."""
+    root = project_root()
+    if root is None:
+        return (
+            f"# envs in {shown(str(envs_dir()))} (no project root at or above the current "
+            "directory: no envspecs/ or pyproject.toml with [tool.cudaenv])"
+        )
+    return f"# envs in {shown(str(envs_dir()))} (project root {shown(str(root))})"
 
 
 def _sizes(root: Path) -> tuple[int, int]:
@@ -84,8 +165,12 @@ def _lock_state(found: manifest.Manifest) -> str:
 
     if found.spec == manifest.ADOPTED_SPEC:
         return found.spec
-    source = Path(found.spec)
-    if not source.is_file():
+    # The spec as the build was given it: relative to where the build ran, the project root
+    # as a rule (the envs dir's parent), else perhaps here.
+    given = Path(found.spec)
+    candidates = [given] if given.is_absolute() else [envs_dir().parent / given, given]
+    source = next((c for c in candidates if c.is_file()), None)
+    if source is None:
         return "no spec file"
     try:
         s = spec_mod.load(source)
@@ -95,7 +180,7 @@ def _lock_state(found: manifest.Manifest) -> str:
         return f"stale: {source} changed since the build"
     path = lock.lock_path(s.source, s.name)
     try:
-        lk = lock.read(path, spec_name=s.name)
+        lk = lock.read(path, spec=s)
     except CudaenvError:  # any unreadable lock means "needs a re-lock", not a crash
         return f"stale: {path.name} is not readable"
     return "up to date" if lk.content_hash() == found.lock_hash else f"stale: {path.name} changed"
@@ -135,15 +220,56 @@ def listing() -> list[EnvInfo]:
     return out
 
 
-def remove(path: Path) -> None:
-    """Delete the env at ``path`` whole, waiting for a build of it to finish first; it is
-    renamed aside before deletion, so an interrupted remove leaves no half env."""
+def _leftover(name: str) -> re.Pattern[str]:
+    # What build.py leaves of env NAME when killed (.NAME.old-PID, .NAME.tmp-PID-XXXXXXXX),
+    # matched whole: env "a" must not take env "a.old-1"'s files for its own.
+    return re.compile(rf"\.{re.escape(name)}\.(old-[0-9]+|tmp-[0-9]+-[A-Za-z0-9_]+)")
+
+
+def _delete(path: Path) -> None:
+    """Delete ``path``: a link or a file by unlinking it (whatever it points to is left), a
+    directory whole without following any link inside it (shutil.rmtree's own rule)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            raise CudaenvError(
+                f"{path}: could not delete all of it (permissions?); delete it by hand"
+            )
+
+
+def remove(path: Path) -> str:
+    """Delete the env at ``path`` (from :func:`resolve`) whole, waiting for a build of it to
+    finish first, with what killed builds of it left and its lock file; returns what was done.
+
+    A directory is renamed aside before deletion, so an interrupted remove leaves no half env.
+    A link is removed, never what it points to: the target is outside the envs dir (another
+    project's env, a shared disk) and was not made by this project's build; ``rm`` of a link
+    does the same."""
     from builder import build
 
+    lock_file = path.with_name(f".{path.name}.lock")
     with build.env_lock(path, lambda _msg: None):
-        aside = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.rename(path, aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        if path.is_symlink():
+            target = shown(str(path.readlink()))
+            done = f"removed the link {shown(str(path))} (what it points to, {target}, is left)"
+            path.unlink()
+        elif path.is_dir():
+            aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.rename(path, aside)
+            _delete(aside)
+            done = f"removed {shown(str(path))}"
+        else:  # another remove got here first, while this one waited for the lock
+            done = f"{shown(str(path))} was removed already"
+        pattern = _leftover(path.name)
+        for entry in path.parent.iterdir():
+            if pattern.fullmatch(entry.name):
+                _delete(entry)
+        # Unlinked while still held: build.env_lock takes the lock again on the file now at
+        # the path when the one it waited on was deleted.
+        lock_file.unlink(missing_ok=True)
+    return done
 
 
 def human(n: int) -> str:

@@ -81,6 +81,13 @@ class DriverTooOld(CudaenvError):
     exit_code = 7
 
 
+class EnvBusy(CudaenvError):
+    """Another cudaenv process held the env's lock for longer than this one waits (``adopt``);
+    nothing was changed."""
+
+    exit_code = 3
+
+
 class CommandFailed(CudaenvError):
     """A command exited non-zero or ran past its timeout. A stage that runs a command maps
     this to its own error class (and so its exit code); unmapped, it exits 1."""

@@ -17,14 +17,15 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from packaging.pylock import is_valid_pylock_path
 
-from builder import interpreters, platforms, proc, resolve
-from builder.errors import BuildError, ToolMissing, UsageError
+from builder import interpreters, platforms, proc, project, resolve
+from builder.errors import BuildError, SpecError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
 from builder.paths import cache_dir, jit_store_dir
@@ -40,6 +41,38 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def lock_wheelhouse(spec: EnvSpec, lock: Lock, lock_file: Path) -> Path | None:
+    """The wheelhouse an index-neutral lock's file paths name, as an absolute directory; None
+    for a lock whose files carry URLs. What `cudaenv export SPEC` fills without --wheelhouse.
+
+    The directory is the one the project configures (``[tool.cudaenv] wheelhouse``, relative
+    to the lock's directory), never one a lock's path names: the export writes there, and an
+    edited lock (``path = "../../../../elsewhere/x.whl"``, an absolute path) would have it
+    write anywhere the user can. Every path must be ``<that wheelhouse>/<its file name>``, as
+    resolve.pin_sources writes it; raises SpecError naming each one that is not."""
+    wheelhouse = project.settings_for(spec.source).lock_wheelhouse
+    problems = []
+    named = False
+    for pkg in lock.packages:
+        for f in pkg.files:
+            if f.path is None:
+                continue
+            named = True
+            if wheelhouse is None or f.path != posixpath.join(wheelhouse, f.name):
+                inside = (
+                    f"the wheelhouse {wheelhouse}/ the project configures"
+                    if wheelhouse is not None
+                    else "any wheelhouse: the project's locks carry URLs"
+                )
+                problems.append(
+                    f"{lock_file}: {pkg.name}=={pkg.version}: path: {f.path!r} is not in "
+                    f"{inside}; refusing to write there (re-lock it with `cudaenv lock`)"
+                )
+    if problems:
+        raise SpecError(problems, "lock")
+    return (lock_file.parent / wheelhouse).absolute() if named and wheelhouse else None
 
 
 def check_wheelhouse(lock: Lock, wheelhouse: Path, platform: str | None = None) -> dict[str, str]:

@@ -8,6 +8,15 @@ any index (a mirror, a proxy, a wheelhouse) give exactly these files.
 
 Locks are read with ``packaging.pylock``, the reference PEP 751 validator, so a lock cudaenv
 accepts is one uv and pip accept too.
+
+A lock is an input file like the spec, and one a pull request can edit where a reviewer reads
+only the spec: what it says about where files come from is believed only as far as the spec
+says the same (:func:`read`). An entry may name an index, and so be installed from its file
+URL, only where the spec's ``indexes:`` pins that package to that index, with every URL of
+the entry on it; every other URL of a lock is never fetched (build and export ask the
+machine's index for name, version and hash). A file ``path`` names a file beside the lock:
+relative, normalised, ending in the file's own name (export.py holds it to the project's
+wheelhouse).
 """
 
 from __future__ import annotations
@@ -17,25 +26,38 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import os
 import posixpath
+import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packaging.utils import canonicalize_name
+
 from builder import platforms as platforms_mod
-from builder.errors import BuildError, ResolveError
+from builder.errors import BuildError, ResolveError, SpecError
 from builder.paths import cache_dir
 from builder.proc import atomic_write_text
+from builder.yamldoc import Unreadable, read_input
 
 if TYPE_CHECKING:
     from packaging.pylock import PackageSdist, PackageWheel
+
+    from builder.spec import EnvSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+# The largest committed lock (two platforms of the sglang stack, ~500 files) is ~160 KB: 100
+# times that still reads in well under a second, and /dev/zero or a runaway file stops here.
+MAX_LOCK_BYTES = 16 * 1024 * 1024
+# The parse memo (:func:`_read`): v3 carries the sha256 of the lock text it was parsed from.
+MEMO_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,9 +122,11 @@ class Lock:
         for pkg in self.packages_on(platform):
             marker = f" ; {pkg.marker}" if pkg.marker else ""
             hashes = " ".join(f"--hash=sha256:{h}" for h in pkg.hashes)
-            pinned = next((f.url for f in pkg.wheels if f.url), None)
-            if pkg.index and pinned:
-                # The exact file of the pinned index: no other index is asked for it.
+            index = pkg.index
+            pinned = next((f.url for f in pkg.wheels if f.url), None) if index else None
+            if index and pinned and served_by(pinned, index):
+                # The exact file of the pinned index: no other index is asked for it. The only
+                # URL of a lock ever fetched; read() has held the index to the spec's pin.
                 lines.append(f"{pkg.name} @ {pinned}{marker} {hashes}")
             else:
                 lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
@@ -311,12 +335,78 @@ def lock_path(spec_source: Path, name: str) -> Path:
     return spec_source.parent / "locks" / f"pylock.{name.replace('.', '-')}.toml"
 
 
-def read(path: Path, *, spec_name: str | None = None) -> Lock:
-    """The lock at ``path``; with ``spec_name``, refused unless that spec wrote it."""
+def read(path: Path, *, spec: EnvSpec | None = None, spec_name: str | None = None) -> Lock:
+    """The lock at ``path``; with ``spec`` (or only its ``spec_name``), refused unless that
+    spec wrote it. Every entry that names an index, or a file path, is held to the spec (see
+    the module's docstring): without ``spec``, no entry may name an index. Raises SpecError
+    (exit 2, a bad input file) with every such entry, BuildError for a lock that does not
+    parse (re-lock it)."""
     lk = _read(path)
-    if spec_name is not None:
-        check_owner(lk, path, spec_name)
+    if spec is not None or spec_name is not None:
+        check_owner(lk, path, spec.name if spec is not None else str(spec_name))
+    problems = source_problems(lk, path, dict(spec.indexes) if spec is not None else {})
+    if problems:
+        raise SpecError(problems, "lock")
     return lk
+
+
+def served_by(url: str, index: str) -> bool:
+    """Whether ``url`` is a file of the index at ``index`` (a PEP 503 ``.../simple`` URL, or a
+    flat one like download.pytorch.org/whl/cu130): below the index's own URL, or below its
+    root when it ends in ``/simple``; never through a ``..`` or ``.`` segment."""
+    base = index.rstrip("/")
+    base = base.removesuffix("/simple")
+    if not url.startswith(base + "/"):
+        return False
+    rest = url[len(base) + 1 :].split("?", 1)[0].split("#", 1)[0]
+    return not any(part in ("", ".", "..") for part in rest.split("/"))
+
+
+def source_problems(lk: Lock, path: Path, pins: dict[str, str]) -> list[str]:
+    """Where ``lk`` (read from ``path``) says files come from, held to ``pins`` (the spec's
+    ``indexes:``, package -> index URL): one problem per entry and key."""
+    where = str(path)
+    problems = []
+    for pkg in lk.packages:
+        here = f"{where}: {pkg.name}=={pkg.version}"
+        pin = pins.get(canonicalize_name(pkg.name))
+        if pkg.index is not None and pin is None:
+            problems.append(
+                f"{here}: index: {pkg.index!r} is named, but the spec pins no index for "
+                f"{pkg.name}; refusing a lock that says where to fetch a package from on its "
+                "own (re-lock it with `cudaenv lock`, or pin it in the spec's `indexes:`)"
+            )
+            continue
+        if pin is not None and (pkg.index is None or pkg.index.rstrip("/") != pin):
+            problems.append(
+                f"{here}: index: {pkg.index!r} is not {pin!r}, the index the spec pins "
+                f"{pkg.name} to; re-lock it with `cudaenv lock`"
+            )
+            continue
+        for f in pkg.files:
+            if pin is not None and f.url is not None and not served_by(f.url, pin):
+                problems.append(
+                    f"{here}: url: {f.url!r} is not a file of {pin!r}, the index the spec "
+                    f"pins {pkg.name} to; re-lock it with `cudaenv lock`"
+                )
+            if f.path is not None and not _plain_path(f.path, f.name):
+                problems.append(
+                    f"{here}: path: {f.path!r} is not a relative path to {f.name!r} beside "
+                    "the lock; re-lock it with `cudaenv lock`"
+                )
+    return problems
+
+
+def _plain_path(path: str, name: str) -> bool:
+    """What resolve.pin_sources writes: ``<wheelhouse>/<file name>``, relative, normalised."""
+    return (
+        not path.startswith("/")
+        and "\\" not in path
+        and "\x00" not in path
+        and posixpath.normpath(path) == path
+        and posixpath.basename(path) == name
+        and name not in ("", ".", "..")
+    )
 
 
 def check_owner(lk: Lock, path: Path, spec_name: str) -> None:
@@ -337,8 +427,8 @@ def owner(path: Path) -> str | None:
     last); None when there is no readable lock. For the check before a re-lock, which must
     not pay for parsing every package."""
     try:
-        text = path.read_text()
-    except OSError:
+        text = read_input(path, MAX_LOCK_BYTES, "lock").decode()
+    except (Unreadable, UnicodeDecodeError):  # a FIFO there must not hang `cudaenv lock`
         return None
     start = text.rfind("\n[tool.cudaenv]\n")
     try:
@@ -351,30 +441,71 @@ def owner(path: Path) -> str | None:
 
 
 def _read(path: Path) -> Lock:
-    """Parsed once per content: the memo (JSON, keyed by the file's sha256) makes reading the
-    207-package default lock ~2 ms instead of ~30 ms of TOML and validation on every build."""
+    """Parsed once per content: the memo (JSON, named by the file's sha256) makes reading the
+    largest committed lock ~3 ms instead of ~40 ms of TOML and validation (plus ~70 ms to
+    import packaging.pylock) on every build, plan and list. The memo is believed instead of
+    the lock, so it is read only where it cannot say something else (:func:`_memo_lock`);
+    :func:`read` holds a memo's lock to the spec as it holds a parsed one."""
     try:
-        raw = path.read_bytes()
+        path.stat()
     except OSError as exc:
         raise BuildError(
             f"{path}: cannot read the lock ({exc.strerror}); run `cudaenv lock`"
         ) from exc
-    # v2: locks with `platforms` (a memo of an older parse is never read back).
-    memo = cache_dir() / "locks" / f"{hashlib.sha256(raw).hexdigest()}.v2.json"
     try:
-        return _from_memo(json.loads(memo.read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
+        raw = read_input(path, MAX_LOCK_BYTES, "lock")
+    except Unreadable as exc:
+        raise SpecError([f"{path}: {exc}"], "lock") from exc
+    digest = hashlib.sha256(raw).hexdigest()
+    memo = cache_dir() / "locks" / f"{digest}.v{MEMO_VERSION}.json"
+    found = _memo_lock(memo, digest)
+    if found is not None:
+        return found
     lk = _parse(path, raw)
     with contextlib.suppress(OSError):  # only a cache
-        atomic_write_text(memo, json.dumps(_to_memo(lk)))
+        atomic_write_text(memo, json.dumps(_to_memo(lk, digest)))
+        # atomic_write_text leaves what the umask allows (0664 under umask 002): a memo is
+        # read back only when no one else can write it.
+        memo.chmod(0o644)
     return lk
 
 
-def _to_memo(lk: Lock) -> dict[str, Any]:
+def _memo_lock(memo: Path, digest: str) -> Lock | None:
+    """The lock the memo at ``memo`` holds, when it is one this user wrote of the lock text
+    whose sha256 is ``digest``; None otherwise (then the lock is parsed).
+
+    Owned by this user and writable by no one else: in a shared or world-writable cache
+    directory (``CUDAENV_CACHE_DIR``) another user's file would decide what gets installed.
+    The sha256 inside: a file renamed onto this name (a memo of another lock) is no answer.
+    No link is followed and a FIFO never blocks (O_NOFOLLOW, O_NONBLOCK)."""
+    try:
+        fd = os.open(memo, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or st.st_mode & 0o022
+            or st.st_size > 4 * MAX_LOCK_BYTES
+        ):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            doc = json.loads(fh.read())
+        if not isinstance(doc, dict) or doc.get("lock_sha256") != digest:
+            return None
+        return _from_memo(doc["lock"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _to_memo(lk: Lock, digest: str) -> dict[str, Any]:
     doc = dataclasses.asdict(lk)
     doc["packages"] = packages_to_json(lk.packages)
-    return doc
+    return {"lock_sha256": digest, "lock": doc}
 
 
 def _from_memo(doc: dict[str, Any]) -> Lock:

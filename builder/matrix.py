@@ -38,9 +38,19 @@ from builder import jsondoc, proc, report
 from builder import spec as specs
 from builder.archs import Arch
 from builder.errors import STATUS_OF_EXIT, CudaenvError, ReportError, SpecError
-from builder.paths import MATRIX_DIR
+from builder.paths import matrix_dir
 from builder.pipeline import BuildRequest
-from builder.yamldoc import Item, Mark, Problems, compose, display, kind, suggest
+from builder.yamldoc import (
+    Item,
+    Mark,
+    Problems,
+    Unreadable,
+    compose,
+    display,
+    kind,
+    read_input,
+    suggest,
+)
 
 AXES = ("torch", "cuda", "python", "flashinfer", "sglang", "archs")
 MATRIX_KEYS = ("name", "specs", "base", "axes", "exclude", "include", "runners")
@@ -98,11 +108,18 @@ class Matrix:
 def write_cell_spec(cell: Cell) -> Path:
     """Put a generated cell's spec at its path (unchanged files are left alone): done by
     what builds or locks the cell, never by loading the matrix."""
-    if cell.spec_text is not None and (
-        not cell.spec_path.exists() or cell.spec_path.read_text() != cell.spec_text
-    ):
+    if cell.spec_text is not None and not _holds(cell.spec_path, cell.spec_text):
         proc.atomic_write_text(cell.spec_path, cell.spec_text)
     return cell.spec_path
+
+
+def _holds(path: Path, text: str) -> bool:
+    """``path`` is a spec file of exactly ``text``. Read as any input is (a FIFO left there
+    would block a plain read); anything else there is replaced whole."""
+    try:
+        return read_input(path, specs.MAX_SPEC_BYTES, "spec").decode() == text
+    except (Unreadable, UnicodeDecodeError):
+        return False
 
 
 def _text(value: object) -> str:
@@ -138,7 +155,7 @@ class _Loader:
 
     def __init__(self, path: Path, out_root: Path | None) -> None:
         self.path = path
-        self.out_root = out_root or MATRIX_DIR
+        self.out_root = out_root or matrix_dir()
         self.problems = Problems()
 
     def add(self, item: Item, where: str, message: str, *, key: bool = False) -> None:
@@ -224,7 +241,8 @@ class _Loader:
                 self.add(sub, f"specs[{i}]", f"expected a spec file path, got {kind(sub.value)}")
                 continue
             spec_path = (self.path.parent / sub.value).resolve()
-            if not spec_path.is_file():
+            # exists(): a FIFO or a device there is named as such by the spec's reader.
+            if not spec_path.exists():
                 self.add(sub, f"specs[{i}]", f"no such spec file: {sub.value}")
                 continue
             try:
@@ -252,7 +270,7 @@ class _Loader:
             self.add(base_item, "base", f"expected a spec file path, got {kind(base_item.value)}")
             return []
         base_path = (self.path.parent / base_item.value).resolve()
-        if not base_path.is_file():
+        if not base_path.exists():
             self.add(base_item, "base", f"no such spec file: {base_item.value}")
             return []
         try:
@@ -530,7 +548,8 @@ def run(
             result = fut.result()
             results[cell.name] = result
             progress(
-                f"{cell.name}: {result.status} in {result.seconds:.0f} s {result.reason[:120]}"
+                f"{cell.name}: {result.status} in {result.seconds:.0f} s "
+                f"{report.headline(result.reason)}"
             )
             if fail_fast and result.status not in ("passed", "refused"):
                 for other in futures:

@@ -7,12 +7,61 @@ with ``XDG_CACHE_HOME`` (or ``CUDAENV_CACHE_DIR``), and tests can point all of i
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-# Built envs, relative to the directory cudaenv runs in (git-ignored in this repository).
-ENVS_DIR = Path(".envs")
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Built envs: .envs/ in the project root (git-ignored in this repository).
+ENVS = ".envs"
 # Matrix cells: .envs/.matrix/MATRIX/ holds each matrix's generated specs, locks and envs.
-MATRIX_DIR = ENVS_DIR / ".matrix"
+MATRIX = ".matrix"
+
+
+def _declares_cudaenv(pyproject: Path) -> bool:
+    """``pyproject`` has a ``[tool.cudaenv]`` table. One that cannot be read or parsed marks
+    nothing: finding the root must not fail where ``cudaenv list`` would otherwise work."""
+    try:
+        doc = tomllib.loads(pyproject.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    tool = doc.get("tool")
+    return isinstance(tool, dict) and "cudaenv" in tool
+
+
+def current_dir() -> Path:
+    """The current directory, absolute; ``.`` where it was deleted under a running shell (then
+    no project root is found and paths stay relative to it, as before there was one)."""
+    try:
+        return Path.cwd()
+    except OSError:
+        return Path()
+
+
+def project_root(start: Path | None = None) -> Path | None:
+    """The nearest directory at or above ``start`` (default: the current one) holding an
+    ``envspecs/`` directory or a ``pyproject.toml`` with ``[tool.cudaenv]``, as uv and pixi
+    find their project: ``cd envspecs && cudaenv verify default.yaml`` finds the env built
+    from the root. None where no directory up to ``/`` is one."""
+    here = start.absolute() if start is not None else current_dir()
+    for directory in (here, *here.parents):
+        if (directory / "envspecs").is_dir() or _declares_cudaenv(directory / "pyproject.toml"):
+            return directory
+    return None
+
+
+def envs_dir(start: Path | None = None) -> Path:
+    """Where envs are built (absolute): ``.envs/`` in the project root, else in the current
+    directory (outside any project, as before there was a root to find)."""
+    here = start.absolute() if start is not None else current_dir()
+    return (project_root(here) or here) / ENVS
+
+
+def matrix_dir(start: Path | None = None) -> Path:
+    return envs_dir(start) / MATRIX
 
 
 def cache_dir() -> Path:

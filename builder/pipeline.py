@@ -126,7 +126,7 @@ def current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
 
     path = lock_file(s)
     if not fresh and path.exists():
-        current = lock.read(path, spec_name=s.name)
+        current = lock.read(path, spec=s)
         if current.fingerprint == s.fingerprint():
             return current, f"{path} (up to date)"
         return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
@@ -193,7 +193,7 @@ def ensure_lock(
     """The spec's lock: resolved first when missing (or, with ``relock``, when stale)."""
     path = lock_file(s)
     if path.exists():
-        lk = lock.read(path, spec_name=s.name)
+        lk = lock.read(path, spec=s)
         if not relock or lk.fingerprint == s.fingerprint():
             return lk
         why = "is stale"
@@ -546,7 +546,7 @@ def verify_target(request: VerifyRequest) -> tuple[verify.Target, Manifest | Non
                 f"(`python{found.python} -m venv {env_dir}`) and verify it there"
             )
         path = lock_file(s)
-        lk = lock.read(path, spec_name=s.name) if path.exists() else None
+        lk = lock.read(path, spec=s) if path.exists() else None
         target = spec_target(
             s,
             env_dir,
@@ -680,17 +680,17 @@ def export(request: ExportRequest, reporter: Reporter) -> None:
         exporting.check_pylock_name(request.pylock)  # before any work
     s = load_spec(request.spec)
     path = lock_file(s)
-    lk = lock.read(path, spec_name=s.name)
+    lk = lock.read(path, spec=s)
     build.check_lock(s, lk, path)
     wheelhouse = request.wheelhouse.absolute() if request.wheelhouse else None
     if wheelhouse is None and request.pylock is None:
-        if lk.wheelhouse is None:
+        # The directory the index-neutral lock's paths name: filled, the lock installs as is.
+        wheelhouse = exporting.lock_wheelhouse(s, lk, path)
+        if wheelhouse is None:
             raise UsageError(
                 f"export needs --wheelhouse DIR or --pylock FILE: {path} names its files by "
                 "URL, so it has no wheelhouse of its own"
             )
-        # The directory the index-neutral lock's paths name: filled, the lock installs as is.
-        wheelhouse = (path.parent / lk.wheelhouse).absolute()
     if request.with_jit and wheelhouse is None:
         raise UsageError(
             "--with-jit puts the env's JIT results into a wheelhouse: add --wheelhouse DIR"
@@ -751,7 +751,7 @@ def _remote_for(s: spec.EnvSpec) -> jit_remote.Remote:
 def _index_tag(s: spec.EnvSpec) -> str:
     from builder import jit_share
 
-    lk = lock.read(lock_file(s), spec_name=s.name)
+    lk = lock.read(lock_file(s), spec=s)
     return jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
 
 

@@ -388,11 +388,26 @@ def markdown(report: VerifyReport) -> str:
     return templates().get_template("verify.md.j2").render(report=report.to_json())
 
 
+def headline(reason: str, limit: int = 400) -> str:
+    """A cell's reason on one line, cause first: a refusal's header ("NAME (SPEC): refused by
+    the matching policy, nothing was installed:") gives way to its causes ("torch 2.14.1 is
+    built for CUDA 13.0 ..."), which are what a reader of the console or matrix.md needs."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    causes = [ln.removeprefix("- ") for ln in lines[1:] if ln.startswith("- ")]
+    if "refused by the matching policy" in lines[0] and causes:
+        text = "refused: " + "; ".join(causes)
+    else:
+        text = " ".join(lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def matrix_markdown(report: MatrixReport, regressions: Sequence[Regression] = ()) -> str:
-    return (
-        templates()
-        .get_template("matrix.md.j2")
-        .render(doc=report.to_json(), regressions=[str(r) for r in regressions])
+    env = templates()
+    env.filters["headline"] = headline
+    return env.get_template("matrix.md.j2").render(
+        doc=report.to_json(), regressions=[str(r) for r in regressions]
     )
 
 

@@ -51,26 +51,47 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _stdout_gone() -> int:
+    # The reader left (`cudaenv plan SPEC | head -1`). As a shell tool would, stop quietly
+    # (128 + SIGPIPE), and point stdout at /dev/null so the interpreter's own flush at exit
+    # does not fail again (Python's documented recipe, "Note on SIGPIPE").
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def flushed(code: int) -> int:
+    """``code``, once what was printed has reached stdout; 141 where its reader has left.
+
+    Output to a pipe is block-buffered: a command's print usually only fills the buffer, and
+    the write that meets the closed pipe is the interpreter's flush at exit, after main has
+    returned, where no handler runs ("Exception ignored ... BrokenPipeError", exit 120). So
+    every way out of a process's main flushes here first."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_gone()
+    return code
+
+
 def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False) -> int:
     """A process's main (the CLI, a matrix cell): run ``body`` with SIGTERM turned into an
     interrupt; an error becomes one ``error:`` line per problem on stderr and its exit code
-    (with ``debug``, the traceback instead), an interrupt 130 and what it left."""
+    (with ``debug``, the traceback instead), an interrupt 130 and what it left; a reader of
+    stdout that left early 141, however far the output got (:func:`flushed`)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return body()
+        code = body()
     except CudaenvError as exc:
         if debug:
             raise
         for line in error_lines(exc):
             print(line, file=sys.stderr)
-        return exc.exit_code
+        code = exc.exit_code
     except KeyboardInterrupt:
         print(f"error: interrupted; {reporter.interrupt_note}", file=sys.stderr)
-        return 130
+        code = 130
     except BrokenPipeError:
-        # `cudaenv plan SPEC | head`: the reader left. As a shell tool would, stop quietly
-        # (128 + SIGPIPE), and point stdout at /dev/null so the interpreter's own flush at
-        # exit does not fail again (Python's documented recipe, "Note on SIGPIPE").
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return _stdout_gone()
+    return flushed(code)

@@ -144,7 +144,9 @@ def _load_merged(
         return data
     try:
         base_path = (path.parent / ext.value).resolve()
-        is_file = base_path.is_file()
+        # exists(), not is_file(): a FIFO or a device is there, and compose() says what it
+        # is rather than "no such file".
+        is_there = base_path.exists()
     except (OSError, ValueError):
         # A NUL byte (ValueError) or a name longer than the OS takes (ENAMETOOLONG) makes these
         # raise where any other bad path is just "no such file"; a spec never ends in a traceback.
@@ -161,7 +163,7 @@ def _load_merged(
         problems.add(ext.mark, "extends", f"more than {MAX_EXTENDS} levels of extends")
         problems.extends_failed = True
         return data
-    if not is_file:
+    if not is_there:
         problems.add(ext.mark, "extends", f"no such spec file: {ext.value}")
         problems.extends_failed = True
         return data

@@ -499,22 +499,26 @@ def check_system_toolkit(spec: EnvSpec) -> str:
 
 
 def write_pip_guard(venv: Path, spec: EnvSpec) -> list[Path]:
-    """``bin/pip`` (and pip3, pip3.X) that say how packages are added here instead of letting
-    an activated shell's ``pip install`` fall through to the host's pip. The env has no pip
-    of its own: it holds exactly its lock, and ``doctor`` reports anything added since."""
-    source = shlex.quote(str(spec.source))
+    """A stand-in pip: ``bin/pip`` (pip3, pip3.X) and a ``pip`` module for ``python -m pip``.
+    The env holds exactly its lock, so it has no pip that could install around it; the stand-in
+    answers ``list``, ``freeze`` and ``show`` from the env's metadata (torch's ``collect_env``
+    runs ``python -m pip list --format=freeze``) and says ``cudaenv add PKG --spec SPEC`` for
+    anything that would change the env. A real pip installed later replaces both."""
+    site = site_packages(venv)
+    module = site / "pip"
+    written = []
+    if not module.exists():
+        module.mkdir()
+        (module / "__init__.py").write_text(_render("pip_stub.py.j2", {"spec": str(spec.source)}))
+        (module / "__main__.py").write_text(
+            "import sys\n\nfrom pip import main\n\nsys.exit(main())\n"
+        )
+        written.append(module)
     text = (
         "#!/bin/sh\n"
-        "# Written by cudaenv: this env holds exactly the lock of its spec.\n"
-        'env_dir="$(cd "$(dirname "$0")/.." && pwd)"\n'
-        f'echo "pip: $env_dir was built by cudaenv from the lock of {source} and has no pip." >&2\n'
-        f'echo "  to add a package: put it in packages: of {source}, then:'
-        f' cudaenv build {source} --force" >&2\n'
-        'echo "  to try one outside the lock (doctor reports the drift):'
-        ' uv pip install --python $env_dir/bin/python PACKAGE" >&2\n'
-        "exit 1\n"
+        "# Written by cudaenv: this env holds exactly the lock of its spec (see python -m pip).\n"
+        'exec "$(cd "$(dirname "$0")" && pwd)/python" -m pip "$@"\n'
     )
-    written = []
     for name in ("pip", "pip3", f"pip{spec.python}"):
         path = venv / "bin" / name
         if not path.exists():

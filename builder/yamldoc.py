@@ -5,12 +5,22 @@ Each value keeps the file position it came from, so a problem reads
 once (:class:`Problems`). YAML is composed with the safe loader only and never constructed:
 tags, merge keys and duplicate keys are refused, and the input is bounded (size, depth, node
 count) so no file can hang or exhaust the builder. ``spec.py`` and the matrix loader read their
-files through here; what a key means stays with them.
+files through here; what a key means stays with them. :func:`read_input` is how every input
+file (a spec, a matrix file, a lock) is read: a regular file under a size cap, never a FIFO or
+a device.
+
+A message quotes a file's text only once the file has read as a YAML mapping (a spec or matrix
+file, however wrong): ``extends: /etc/passwd``, or a spec path a pull request points at an SSH
+key, must not print that file into a CI log. Until then a message names the file, the position
+and the problem, never the text there.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import re
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +34,62 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 32
 MAX_NODES = 20_000
+
+
+class Unreadable(Exception):
+    """Why an input file is not read: one phrase for ``FILE: <phrase>``."""
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def read_input(path: Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), at most ``max_bytes``.
+    Raises :class:`Unreadable` for anything else: ``/dev/zero`` would be read until memory
+    runs out, a FIFO would block the command forever, a directory is a mistake."""
+
+    def refuse(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"{_file_type(st.st_mode)}, not a file; a {what} is a regular file")
+        if st.st_size > max_bytes:
+            raise Unreadable(f"file is {st.st_size} bytes; a {what} is at most {max_bytes}")
+
+    try:
+        # stat first: a device is refused without being opened (opening one can act).
+        refuse(path.stat())
+        # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once instead of
+        # waiting for a writer; fstat then says what was opened.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Unreadable(f"cannot read: {exc.strerror}") from exc
+    except ValueError as exc:  # a NUL byte in the path
+        raise Unreadable("not a usable file path") from exc
+    try:
+        refuse(os.fstat(fd))
+        chunks, size = [], 0
+        while size <= max_bytes:  # a file that grows after the fstat is still bounded
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise Unreadable(f"cannot read: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise Unreadable(f"file is more than {max_bytes} bytes; a {what} is at most {max_bytes}")
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
@@ -154,14 +220,13 @@ def compose(
     spec, read before it is written, or never written)."""
     name = display(path)
     start = Mark(name, 1, 1)
+    if content is not None and len(content) > max_bytes:
+        problems.add(start, "", f"file is {len(content)} bytes; a {what} is at most {max_bytes}")
+        return None
     try:
-        size = len(content) if content is not None else path.stat().st_size
-        if size > max_bytes:
-            problems.add(start, "", f"file is {size} bytes; a {what} is at most {max_bytes}")
-            return None
-        raw = content if content is not None else path.read_bytes()
-    except OSError as exc:
-        problems.add(start, "", f"cannot read: {exc.strerror}")
+        raw = content if content is not None else read_input(path, max_bytes, what)
+    except Unreadable as exc:
+        problems.add(start, "", str(exc))
         return None
     try:
         text = raw.decode("utf-8")
@@ -175,13 +240,31 @@ def compose(
     except yaml.MarkedYAMLError as exc:
         m = exc.problem_mark or exc.context_mark
         mark = Mark(name, m.line + 1, m.column + 1) if m else start
-        problems.add(mark, "", f"invalid YAML: {exc.problem or exc.context}")
+        problems.add(mark, "", f"invalid YAML: {_without_text(exc.problem or exc.context)}")
         return None
-    except (yaml.YAMLError, RecursionError, ValueError) as exc:
-        problems.add(start, "", f"invalid YAML: {exc}")
+    except yaml.reader.ReaderError as exc:
+        # Its str() spans two lines and names "<unicode string>"; the position says where.
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        # The code point, an int from both loaders (typed loosely upstream, hence the guard).
+        char = (
+            exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+        )
+        problems.add(
+            Mark(name, line, col), "", f"invalid YAML: unacceptable character #x{char:04x}"
+        )
+        return None
+    except (yaml.YAMLError, RecursionError, ValueError):
+        problems.add(start, "", "invalid YAML: cannot parse it")
         return None
     if node is None:
         problems.add(start, "", f"the file is empty; a {what} is a YAML mapping")
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        # Judged on the node, before any of it is converted (a tag or a value in a message
+        # would be the file's text): this file is no spec, so nothing of it is shown.
+        shape = "a list" if isinstance(node, yaml.SequenceNode) else "a single value (not shown)"
+        problems.add(_mark(name, node), "", f"a {what} is a YAML mapping, got {shape}")
         return None
     composer = _Composer(name, what, problems)
     try:
@@ -192,10 +275,29 @@ def compose(
     except RecursionError:
         problems.add(start, "", f"nested deeper than {MAX_DEPTH} levels")
         return None
-    if not isinstance(root.value, dict):
-        problems.add(root.mark, "", f"a {what} is a YAML mapping, got {kind(root.value)}")
-        return None
+    assert isinstance(root.value, dict)  # a MappingNode converts to a mapping
     return root
+
+
+# A quoted fragment of a YAML error message. The pure-Python loader quotes the file's text
+# (an alias or tag handle, a character); libyaml quotes nothing of it.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+# What may stay: one character (its repr), or a token name such as '<stream end>'.
+_HARMLESS = re.compile(
+    r"[^\\]|\\(?:[abfnrtv0\\'\"]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})|<[a-z ]+>"
+)
+
+
+def _without_text(message: str | None) -> str:
+    """A YAML syntax error's message with any quoted text of the file left out: the file may
+    be no spec at all, and the line and column already say where."""
+    if not message:
+        return "cannot parse it"
+
+    def keep(m: re.Match[str]) -> str:
+        return m.group(0) if _HARMLESS.fullmatch(m.group(0)[1:-1]) else "(text not shown)"
+
+    return _QUOTED.sub(keep, message)
 
 
 # --------------------------------------------------------------------------- composing

@@ -321,13 +321,17 @@ def a_journal(**changes: object) -> adopt.Journal:
 
 def test_the_journal_reads_back_what_was_written(tmp_path: Path) -> None:
     assert adopt.read_journal(tmp_path) is None
-    for journal in (a_journal(), a_journal(state="done", before=None)):
+    for journal in (
+        a_journal(),
+        a_journal(state="done", before=None),
+        a_journal(state="undoing", broken_before=("/v/x-1.dist-info",), site_before=("nvidia",)),
+    ):
         adopt._write_journal(tmp_path, journal)
         assert adopt.read_journal(tmp_path) == journal
     # The file's keys are the ones adopt has always written.
     assert set(json.loads((tmp_path / adopt.JOURNAL).read_text())) == {
         "state", "python", "before", "changes", "activation", "var_before", "var_existed",
-        "started_at",
+        "started_at", "broken_before", "site_before",
     }  # fmt: skip
 
 
@@ -344,7 +348,7 @@ def test_an_old_journal_with_bin_activate_alone_still_reads(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"state": "finished"}, "in 'state': unknown state 'finished'; expected one of: started, done"),
+        ({"state": "finished"}, "in 'state': unknown state 'finished'; expected one of: started, done, undoing"),
         ({"before": {"torch": 2}}, "in 'before.torch': expected a string, got int"),
         ({"activation": ["activate"]}, "in 'activation': expected an object, got list"),
         ({"changes": [["torch", "2.9"]]}, "in 'changes[0]': expected [name, version before or "

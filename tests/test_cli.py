@@ -446,8 +446,9 @@ def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
         ("demo", "no spec file", None)
     ]
     assert listed[0]["bytes"] > 0
-    text = cudaenv("list", cwd=tmp_path).stdout
-    assert text.startswith("demo  spec gone/demo.yaml  lock no spec file  ")
+    text = cudaenv("list", cwd=tmp_path).stdout.splitlines()
+    assert text[0].startswith(f"# envs in {tmp_path / '.envs'} (")
+    assert text[1].startswith("demo  spec gone/demo.yaml  lock no spec file  ")
     ran = cudaenv("run", "demo", "--", "sh", "-c", 'echo "$CUDA_HOME|$VIRTUAL_ENV"', cwd=tmp_path)
     assert ran.stdout.strip() == f"{env_dir.absolute()}/cuda-home|{env_dir.absolute()}"
     failed = cudaenv("run", "demo", "--", "sh", "-c", "exit 7", cwd=tmp_path, check=False)
@@ -455,11 +456,11 @@ def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
     unknown = cudaenv("run", "nope", "--", "true", cwd=tmp_path, check=False)
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
-        "error: nope: no env of that name in .envs/ (built here: demo)"
+        f"error: nope: no env of that name in {tmp_path / '.envs'} (built here: demo)"
     ]
     cudaenv("remove", "demo", cwd=tmp_path)
     assert not env_dir.exists()
-    assert cudaenv("list", cwd=tmp_path).stdout.strip() == "no envs built here (.envs/)"
+    assert cudaenv("list", cwd=tmp_path).stdout.splitlines()[1:] == ["no envs built"]
 
 
 def test_plan_json_is_the_table_for_scripts(tmp_path: Path) -> None:
@@ -474,6 +475,84 @@ def test_plan_json_is_the_table_for_scripts(tmp_path: Path) -> None:
     assert doc["platforms"] == ["linux-x86_64", "linux-aarch64"]
     assert doc["packages"]["nvidia-cuda-nvcc"] == "13.0.88"
     assert doc["lock"].endswith("pylock.sglang-0-5-23-cu130.toml") and doc["lock_written"]
+
+
+def completion_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A project with an env "demo-env" and a file "decoy.txt" beside it, and a `cudaenv` on
+    PATH running this checkout (the scripts call it for env names)."""
+    root = tmp_path / "proj"
+    (root / "envspecs").mkdir(parents=True)
+    env_dir = root / ".envs" / "demo-env"
+    env_dir.mkdir(parents=True)
+    manifest.write(a_manifest(name="demo-env", path=str(env_dir)), env_dir)
+    write(root / "decoy.txt", "")
+    write(root / "dfile", "")
+    exe = write(
+        tmp_path / "bin" / "cudaenv",
+        f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m builder.cli "$@"\n',
+    )
+    exe.chmod(0o755)
+    return root, {**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+# (typed so far, what is offered): env names for run and remove, never files; the
+# subcommands of completion, report and store; --help once.
+ASKED = [
+    ("cudaenv run d", ["demo-env"]),
+    ("cudaenv remove d", ["demo-env"]),
+    ("cudaenv remove demo-env d", ["demo-env"]),
+    ("cudaenv completion ", ["bash", "fish", "zsh"]),
+    ("cudaenv report ", ["merge"]),
+    ("cudaenv store g", ["gc"]),
+    ("cudaenv store gc --", ["--debug", "--help", "--max", "--quiet"]),
+    ("cudaenv build --h", ["--help"]),
+]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_offers_env_names_subcommands_and_help_once(shell: str, tmp_path: Path) -> None:
+    exe = shutil.which(shell)
+    if exe is None:
+        pytest.skip(f"{shell} is not installed on this machine")
+    root, env = completion_project(tmp_path)
+    script = write(tmp_path / f"cudaenv.{shell}", cudaenv("completion", shell, cwd=root).stdout)
+    if shell == "fish":
+        asks = "; echo ---; ".join(f"complete -C '{typed}'" for typed, _ in ASKED)
+        done = subprocess.run(
+            [exe, "--no-config", "-c", f"source {script}; {asks}"],
+            cwd=root, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        # fish offers --debug and --quiet only where the parser shows them (not hidden ones).
+        offered = [
+            sorted(ln.split("\t")[0] for ln in block.splitlines())
+            for block in done.stdout.split("---\n")
+        ]
+        wanted = [[w for w in words if w not in ("--debug", "--quiet")] for _, words in ASKED]
+        assert offered == wanted, done.stderr
+        return
+    lines = []
+    for typed, _ in ASKED:
+        words = typed.split(" ")
+        quoted = " ".join(f"'{w}'" for w in words)
+        lines.append(
+            f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _cudaenv; "
+            'printf "%s\\n" "${COMPREPLY[@]}" | sort | tr "\\n" " "; echo'
+        )
+    ask = f"source {script}; " + "; ".join(lines)
+    argv = (
+        [exe, "-c", ask]
+        if shell == "bash"
+        else [exe, "-f", "-c", "autoload -U compinit && compinit -u; " + ask]
+    )
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
+    offered = [line.split() for line in done.stdout.splitlines()]
+    if shell == "zsh":
+        # Through bashcompinit, zsh filters by what is typed itself: the candidates may be more.
+        for got, (typed, words) in zip(offered, ASKED, strict=True):
+            assert set(words) <= set(got) and "decoy.txt" not in got, (typed, got)
+            assert got.count("--help") <= 1, (typed, got)
+        return
+    assert offered == [words for _, words in ASKED], done.stderr
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
@@ -509,17 +588,104 @@ def test_completion_offers_commands_and_each_commands_options(shell: str, tmp_pa
     assert "--verify" in offered[1] and "build" not in offered[1]
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+# Output to a pipe is block-buffered unless PYTHONUNBUFFERED is set (as it often is in CI):
+# then a command's whole output is written by the interpreter's flush at exit, after main.
+BUFFERED = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", str(ENVSPECS / "default.yaml")],
+        ["plan", str(ENVSPECS / "default.yaml"), "--json"],
+        ["list"],
+        ["completion", "bash"],
+        ["--help"],
+        ["lock", "--help"],
+    ],
+)
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_that_leaves_early_gets_no_traceback(argv: list[str], buffered: bool) -> None:
     # `cudaenv plan SPEC | head -1` where head has gone: the pipe's reading end is closed
-    # before cudaenv writes anything, so its first write fails.
+    # before cudaenv writes anything, so its first write fails, wherever it happens.
     read_end, write_end = os.pipe()
     os.close(read_end)
-    argv = [sys.executable, "-m", "builder.cli", "plan", str(ENVSPECS / "default.yaml")]
+    env = BUFFERED if buffered else {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         done = subprocess.run(
-            argv, cwd=REPO, stdout=write_end, stderr=subprocess.PIPE, text=True, check=False
+            [sys.executable, "-m", "builder.cli", *argv],
+            cwd=REPO,
+            env={**env, "PYTHONPATH": str(REPO)},
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
         )
     finally:
         os.close(write_end)
-    assert done.returncode == 141, done.stderr
-    assert "Traceback" not in done.stderr
+    # argparse itself ignores a failed write of --help (its _print_message); unbuffered, that
+    # write is the only one, and it exits 0 as argparse does.
+    code = 0 if "--help" in argv and not buffered else 141
+    assert (done.returncode, done.stderr) == (code, "")
+
+
+def test_head_after_cudaenv_never_gets_a_traceback(tmp_path: Path) -> None:
+    """The race a user sees: head reads one line and exits while cudaenv may still write.
+    Output over the 8 KiB buffer (`list --json` of 60 envs) is written partly while the
+    command runs and the rest at exit, after head has gone in about half the runs; whichever
+    way each run goes, cudaenv exits 0 or 141 and says nothing."""
+    root = tmp_path / "proj"
+    (root / "envspecs").mkdir(parents=True)
+    for i in range(60):
+        env_dir = root / ".envs" / f"env-{i:02d}"
+        env_dir.mkdir(parents=True)
+        manifest.write(a_manifest(name=env_dir.name, path=str(env_dir)), env_dir)
+    cli_ = f"{sys.executable} -m builder.cli"
+    loop = f"""
+        run() {{ {cli_} "$@" 2>>{tmp_path / "err"} | head -1 >/dev/null; echo "${{PIPESTATUS[0]}}"; }}
+        for i in $(seq 20); do run list --json; done
+        for i in $(seq 5); do run plan {ENVSPECS / "default.yaml"}; run fingerprint --json; done
+    """
+    done = subprocess.run(
+        ["bash", "-c", loop],
+        cwd=root,
+        env={**BUFFERED, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(done.stdout.split()) == 30
+    assert set(done.stdout.split()) <= {"0", "141"}, done.stdout
+    assert (tmp_path / "err").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["lock", ""], "argument SPEC"),
+        (["plan", ""], "argument SPEC"),
+        (["doctor", "--python", ""], "argument --python"),
+        (["verify", str(TOOLCHAIN), "--checks", ""], "argument --checks"),
+        (["verify", str(TOOLCHAIN), "--checks", " "], "argument --checks"),
+        (["verify", str(TOOLCHAIN), "--archs", ""], "argument --archs"),
+        (["run", "", "--", "true"], "argument NAME"),
+        (["remove", ""], "argument NAME"),
+    ],
+)
+def test_an_empty_argument_is_a_usage_error_naming_it(
+    argv: list[str], named: str, tmp_path: Path
+) -> None:
+    done = cudaenv(*argv, cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr
+    assert one_error_line(done) == f"error: cudaenv {argv[0]}: {named}: must not be empty"
+
+
+def test_an_unknown_option_shows_the_usage_of_its_command(tmp_path: Path) -> None:
+    done = cudaenv("lock", "--bogus", "X", cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: cudaenv lock [-h] [--upgrade] SPEC [SPEC ...]\n")
+    assert one_error_line(done) == "error: cudaenv lock: unrecognized arguments: --bogus"
+    nested = cudaenv("store", "gc", "--bogus", cwd=tmp_path, check=False)
+    assert nested.returncode == 2
+    assert nested.stderr.startswith("usage: cudaenv store gc ")
+    assert one_error_line(nested) == "error: cudaenv store gc: unrecognized arguments: --bogus"

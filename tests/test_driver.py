@@ -431,6 +431,8 @@ def test_plan_shows_the_driver_and_the_minimum(tmp_path: Path) -> None:
 def test_adopt_refuses_a_torch_the_driver_cannot_run_before_changing_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The env exists (adopt takes its lock inside it before anything else).
+    (tmp_path / "v" / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
     env = adopt.Env(
         python=tmp_path / "v" / "bin" / "python",
         prefix=tmp_path / "v",

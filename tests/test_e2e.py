@@ -746,7 +746,7 @@ def test_a_second_node_reuses_the_compiles_a_first_node_pushed_to_a_registry(
     assert f"for {registry.url})" in b["kernel-compile"]["summary"], b["kernel-compile"]
     assert not b["flashinfer-jit"]["warnings"] and not b["kernel-compile"]["warnings"]
     # A blob of the registry's storage changed: our kernel's (a cubin, starting with ELF).
-    kernel = next((tmp_path / "env-b" / "var" / "cudaenv" / "kernels").rglob("topk_topp.*"))
+    kernel = next((tmp_path / "env-b" / "var" / "cudaenv" / "kernels").rglob("topk_topp.sm_*"))
     blobs = (registry.root / "docker" / "registry" / "v2" / "blobs").rglob("data")
     (changed,) = [b for b in blobs if b.read_bytes() == kernel.read_bytes()]
     changed.write_bytes(b"\x7fELF" + b"\0" * (changed.stat().st_size - 4))

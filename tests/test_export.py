@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from packaging.pylock import Pylock
 
+from builder import export as exporting
 from builder import interpreters, lock, proc, spec
 from builder.export import sha256_of
 from tests.helpers import (
@@ -266,6 +267,46 @@ def test_export_of_a_lock_of_urls_needs_a_destination(tmp_path: Path) -> None:
         "envspecs/locks/pylock.tiny-v1.toml names its files by URL, so it has no wheelhouse "
         "of its own"
     ]
+
+
+def test_export_writes_only_into_the_wheelhouse_the_project_configures(tmp_path: Path) -> None:
+    """An edited lock's paths never choose where `cudaenv export` writes wheels and its
+    manifest: each must be the project's wheelhouse (beside the lock) and the file's name."""
+    ws = workspace(tmp_path / "ws")  # index-neutral, wheels/
+    s = spec.load(write(ws / "envspecs" / "tiny.yaml", SPEC))
+    path = lock.lock_path(s.source, s.name)
+    wheel = "cudaenv_tiny_alpha-1.0-py3-none-any.whl"
+
+    def locked(where: str) -> lock.Lock:
+        f = lock.LockedFile(name=wheel, sha256="0" * 64, path=where)
+        pkg = lock.LockedPackage(name="cudaenv-tiny-alpha", version="1.0", wheels=(f,))
+        return lock.Lock(
+            spec_name=s.name, fingerprint=s.fingerprint(), python=s.python,
+            platforms=s.platforms, cuda=s.cuda, torch=None, torch_cuda=None, toolkit=None,
+            packages=(pkg,),
+        )  # fmt: skip
+
+    lock.write(locked(f"wheels/{wheel}"), path)
+    assert exporting.lock_wheelhouse(s, lock.read(path, spec=s), path) == path.parent / "wheels"
+    for bad in (f"../../../elsewhere/{wheel}", f"../{wheel}"):
+        lock.write(locked(bad), path)
+        # pip asks no index: were the export to start, it would fail at once, not hang.
+        offline = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+        done = cudaenv("export", "envspecs/tiny.yaml", cwd=ws, env=offline, check=False)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: envspecs/locks/pylock.tiny-v1.toml: cudaenv-tiny-alpha==1.0: path: {bad!r} "
+            "is not in the wheelhouse wheels/ the project configures; refusing to write there "
+            "(re-lock it with `cudaenv lock`)",
+            "error: 1 problem(s) in the lock; nothing was done",
+        ]
+        assert not (tmp_path / "elsewhere").exists()
+        assert not (path.parent.parent / exporting.MANIFEST).exists()
+    # A project whose wheelhouse is above the lock's directory is obeyed, not refused.
+    write(ws / "pyproject.toml", '[tool.cudaenv]\nlocks = "index-neutral"\nwheelhouse = "../w"\n')
+    lock.write(locked(f"../w/{wheel}"), path)
+    got = exporting.lock_wheelhouse(s, lock.read(path, spec=s), path)
+    assert got == path.parent / "../w"
 
 
 @pytest.mark.network

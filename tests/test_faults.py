@@ -456,8 +456,11 @@ def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None
     )
     cudaenv("build", "envspecs/pinned.yaml", cwd=ws)
     cudaenv("build", "envspecs/open.yaml", cwd=ws)
+    pinned_spec = spec.load(ws / "envspecs" / "pinned.yaml")
     pinned = next(
-        p for p in lock.read(lock_of(ws / "envspecs" / "pinned.yaml")).packages if p.name == "six"
+        p
+        for p in lock.read(lock_of(ws / "envspecs" / "pinned.yaml"), spec=pinned_spec).packages
+        if p.name == "six"
     )
     opened = next(
         p for p in lock.read(lock_of(ws / "envspecs" / "open.yaml")).packages if p.name == "six"

@@ -469,3 +469,25 @@ def test_store_commands_list_verify_gc(tmp_path: Path, env: dict[str, str]) -> N
     assert cli.main(["store", "gc", "--max", "0"]) == 0
     assert not (store().root / "v2").exists()
     assert cli.main(["store", "gc", "--max", "lots"]) == 2
+
+
+def test_a_file_checked_once_is_copied_unread_until_it_changes(
+    tmp_path: Path, env: dict[str, str], published: jit_store.Entry
+) -> None:
+    """Placing remembers a stored file's checked hash by inode, size, mtime and ctime (set
+    only by writing it): a second placing copies it in the kernel, and any change to the file
+    (even to the same size, its mtime put back) is hashed again and refused."""
+    kernel = published.path / "files" / "kernel"
+    time.sleep(2.1)  # older than the "too new" window
+    s = store()
+    entry = s.load(published.key, published.path)
+    s.place(entry, "kernel", tmp_path / "one")
+    ident = jit_store.stored_identity(kernel.stat())
+    assert ident is not None and s.hasher.memo[ident] == published.files["kernel"].sha256
+    s.place(entry, "kernel", tmp_path / "two")
+    assert (tmp_path / "two").read_bytes() == kernel.read_bytes()
+    st = kernel.stat()
+    kernel.write_bytes(b"Y" * st.st_size)
+    os.utime(kernel, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back; ctime moves
+    with pytest.raises(jit_store.EntryError, match="differs from its record"):
+        s.place(entry, "kernel", tmp_path / "three")

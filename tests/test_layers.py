@@ -14,7 +14,7 @@ LAYERS = [
     "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
     "caches", "manifest", "toolchain", "build", "export", "adopt", "audit",
     "verify", "doctor", "fingerprint", "report", "envs",
-    "pipeline", "init", "matrix", "completion", "cliargs", "cli",
+    "pipeline", "add", "init", "matrix", "completion", "cliargs", "cli",
 ]  # fmt: skip
 NOT_MODULES = {"__version__", "probe", "kernels", "templates"}
 

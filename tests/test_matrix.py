@@ -545,3 +545,25 @@ def test_a_cell_process_refuses_what_is_not_a_build_request(tmp_path: Path) -> N
     assert done.stderr.strip().splitlines() == [
         f"error: {bad}: build request: in 'verify': expected true or false, got str"
     ]
+
+
+def test_a_refused_cells_cause_is_shown_not_cut() -> None:
+    """The console line and matrix.md show why a cell was refused (the policy's causes), not
+    the header the reason starts with."""
+    reason = (
+        "c (c.yaml): refused by the matching policy, nothing was installed:\n"
+        "  - torch 2.14.1 is built for CUDA 13.0 (its cuda-toolkit pin 13.0.2) but the spec "
+        "asks 13.2\n"
+        "  - flashinfer-cubin 0.7.1 is not flashinfer-python 0.7.2"
+    )
+    line = report.headline(reason)
+    assert line == (
+        "refused: torch 2.14.1 is built for CUDA 13.0 (its cuda-toolkit pin 13.0.2) but the "
+        "spec asks 13.2; flashinfer-cubin 0.7.1 is not flashinfer-python 0.7.2"
+    )
+    old = sample_report()
+    refused = dataclasses.replace(old.cells[1], reason=reason)
+    md = report.matrix_markdown(dataclasses.replace(old, cells=(old.cells[0], refused)))
+    assert line in md
+    assert report.headline("exit 4\nsee the log") == "exit 4 see the log"
+    assert report.headline("x" * 1000).endswith("...") and len(report.headline("x" * 1000)) == 400

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
 import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builder import spec, yamldoc
 from builder.archs import Arch
@@ -253,6 +256,146 @@ def test_extends_path_the_os_refuses(in_tmp: Path, base: str) -> None:
     path = write(in_tmp / "s.yaml", f'extends: "{base}"\n' + GOOD)
     shown = base.replace("\\0", "\x00")
     assert problems(path) == [f"s.yaml:1:10: extends: not a usable file path: {shown!r}"]
+
+
+ETC_USERS = (
+    "root:x:0:0:root:/root:/bin/bash\n"
+    "deploy:x:1000:1000:Deploy Token hunter2SECRET:/home/deploy:/bin/bash\n"
+)
+SSH_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+    "QyNTUxOQAAACBSECRETKEYMATERIALxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "secret"),
+    [
+        (ETC_USERS, "hunter2SECRET"),
+        (SSH_KEY, "SECRETKEYMATERIAL"),
+        ("123456789\n", "123456789"),  # a PIN: a number is no more shown than a string
+        ("- AKIASECRETKEY\n", "AKIASECRETKEY"),
+        # Syntax errors whose messages the pure-Python loader would quote.
+        ("*SECRETALIAS\n", "SECRETALIAS"),
+        ("key: !SECRETHANDLE!x y\n", "SECRETHANDLE"),
+        ("token: SECRETVALUE\n\x00\n", "SECRETVALUE"),
+    ],
+)
+@pytest.mark.parametrize("loader", ["libyaml", "pure"])
+def test_a_file_that_is_no_spec_is_named_never_shown(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, content: str, secret: str, loader: str
+) -> None:
+    """`extends:` (or the spec argument) naming /etc/passwd or an SSH key: the error names the
+    file and the problem, and nothing of its text reaches a CI log."""
+    if loader == "pure":  # what yamldoc uses where PyYAML was built without libyaml
+        monkeypatch.setattr(yamldoc, "_LOADER", yaml.SafeLoader)
+    target = write(in_tmp / "secret", content)
+    child = write(in_tmp / "s.yaml", "extends: secret\n" + GOOD)
+    for path in (child, target):
+        got = problems(path)
+        assert len(got) == 1 and got[0].startswith("secret:"), got
+        assert secret not in got[0] and "root:x" not in got[0] and "BEGIN" not in got[0]
+
+
+def test_what_a_file_that_is_no_spec_says(in_tmp: Path) -> None:
+    write(in_tmp / "passwd", ETC_USERS)
+    assert problems(write(in_tmp / "s.yaml", "extends: passwd\n" + GOOD)) == [
+        "passwd:1:1: a spec is a YAML mapping, got a single value (not shown)"
+    ]
+    write(in_tmp / "bad", "*alias\n")
+    assert problems(write(in_tmp / "b.yaml", "extends: bad\n" + GOOD)) == [
+        "bad:1:1: invalid YAML: found undefined alias"
+    ]
+    write(in_tmp / "nul", "a: b\n\x00\n")
+    assert problems(write(in_tmp / "n.yaml", "extends: nul\n" + GOOD)) == [
+        "nul:2:1: invalid YAML: unacceptable character #x0000"
+    ]
+    # A spec (a mapping) still quotes its own values: that is how its mistakes are found.
+    assert problems(write(in_tmp / "v.yaml", "name: demo\npython: 3\ncuda: '13.0'\n")) == [
+        'v.yaml:2:9: python: expected a Python version like "3.12", got the number 3'
+    ]
+
+
+def test_yaml_error_text_keeps_one_character_and_token_names() -> None:
+    assert yamldoc._without_text("found character '\\t' that cannot start any token") == (
+        "found character '\\t' that cannot start any token"
+    )
+    assert yamldoc._without_text("expected ',' or ']', but got '<stream end>'") == (
+        "expected ',' or ']', but got '<stream end>'"
+    )
+    assert yamldoc._without_text("found undefined alias 'id_rsa_body'") == (
+        "found undefined alias (text not shown)"
+    )
+
+
+def test_the_cli_names_an_extended_ssh_key_without_printing_it(in_tmp: Path) -> None:
+    write(in_tmp / "id_ed25519", SSH_KEY)
+    write(in_tmp / "s.yaml", "extends: id_ed25519\n" + GOOD)
+    done = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "plan", "s.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=in_tmp,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: id_ed25519:1:1: a spec is a YAML mapping, got a single value (not shown)",
+        "error: 1 problem(s) in the spec; nothing was done",
+    ]
+
+
+def bounded(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`cudaenv ARGS` in a child with a deadline and 2 GiB of address space: a read that
+    blocks on a FIFO, or never ends on /dev/zero, fails the test instead of hanging it or
+    exhausting the machine's memory."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "builder.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+        preexec_fn=limit,
+        check=False,
+    )
+
+
+def test_a_spec_that_is_no_regular_file_is_refused_at_once(in_tmp: Path) -> None:
+    """/dev/zero was read until memory ran out (a MemoryError traceback); a FIFO hung."""
+    os.mkfifo(in_tmp / "fifo.yaml")
+    write(in_tmp / "child.yaml", "extends: fifo.yaml\n" + GOOD)
+    write(in_tmp / "zero.yaml", "extends: /dev/zero\n" + GOOD)
+    for arg, shown, what in (
+        ("/dev/zero", "/dev/zero", "a character device"),
+        ("fifo.yaml", "fifo.yaml", "a FIFO"),
+        ("child.yaml", "fifo.yaml", "a FIFO"),
+        ("zero.yaml", "/dev/zero", "a character device"),
+        (".", ".", "a directory"),
+    ):
+        done = bounded("plan", arg, cwd=in_tmp)
+        assert done.returncode == 2, (arg, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"error: {shown}:1:1: {what}, not a file; a spec is a regular file",
+            "error: 1 problem(s) in the spec; nothing was done",
+        ], arg
+
+
+def test_a_matrix_file_that_is_no_regular_file_is_refused(in_tmp: Path) -> None:
+    os.mkfifo(in_tmp / "m.yaml")
+    done = bounded("matrix", "m.yaml", "--emit", "github", cwd=in_tmp)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: m.yaml:1:1: a FIFO, not a file; a matrix file is a regular file",
+        "error: 1 problem(s) in the matrix file; nothing was done",
+    ]
 
 
 def test_fingerprint_ignores_what_does_not_change_the_install(in_tmp: Path) -> None:

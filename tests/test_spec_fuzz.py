@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder import spec
+from builder import spec, yamldoc
 from builder.errors import SpecError
 
 LOCATED = re.compile(r"^[^\n]+:\d+:\d+: ")
@@ -74,6 +74,39 @@ def test_random_yaml_syntax(tmp_path: Path, text: str) -> None:
     path = tmp_path / "fuzz.yaml"
     path.write_text(text)
     check(path)
+
+
+SECRET_RUN = re.compile(r"[A-Z]{6,}")
+
+
+@FUZZ
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list("[]{}:,-&*!|>'\"#%@`\t\n ABCDEFGHIJKLMNOPQRSTUVWXYZ")),
+        max_size=400,
+    ),
+    pure=st.booleans(),
+)
+def test_a_file_that_is_no_mapping_is_never_quoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, pure: bool
+) -> None:
+    """Whatever its text, a file that does not read as a YAML mapping (an `extends:` target
+    that is a key or a password file) has none of it in the messages: no run of its capitals
+    (the messages' own words are lower case), with either of yamldoc's loaders."""
+    loader = yaml.SafeLoader if pure else getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    monkeypatch.setattr(yamldoc, "_LOADER", loader)
+    try:
+        is_mapping = isinstance(yaml.compose(text, Loader=loader), yaml.MappingNode)
+    except yaml.YAMLError:
+        is_mapping = False
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(text)
+    try:
+        spec.load(path)
+    except SpecError as exc:
+        if not is_mapping:
+            shown = {run for p in exc.problems for run in SECRET_RUN.findall(p)}
+            assert not any(run in text for run in shown), exc.problems
 
 
 @FUZZ

@@ -302,25 +302,61 @@ def test_an_empty_environment_keeps_the_os_default_path(in_tmp: Path, venv: Path
 
 def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path) -> None:
     """An activated shell's `pip install X` would reach the host's pip: the env's own `pip`
-    says instead how to add a package, and fails."""
+    (and `python -m pip`) says instead how to add a package (`cudaenv add`), and fails."""
     s = hostile_spec(in_tmp)
     written = toolchain.write_pip_guard(venv, s)
-    assert [p.name for p in written] == ["pip", "pip3", "pip3.12"]
-    done = subprocess.run(
-        ["bash", "-c", f". {venv}/bin/activate; pip install requests"],
-        capture_output=True,
-        text=True,
-        check=False,
+    site = toolchain.site_packages(venv)
+    assert [p.name for p in written] == ["pip", "pip", "pip3", "pip3.12"]
+    assert written[0] == site / "pip"
+    for command in (f". {venv}/bin/activate; pip install requests",
+                    f"{venv}/bin/python -m pip install requests"):  # fmt: skip
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert lines[0] == (
+            f"pip: {venv} was built by cudaenv from the lock of {s.source} and has no pip; "
+            "`pip install` would change it around the lock."
+        )
+        assert lines[1] == f"  to add a package: cudaenv add PACKAGE --spec {s.source}"
+
+
+def test_pips_read_only_commands_answer_from_the_env(in_tmp: Path, venv: Path) -> None:
+    """`pip list` / `freeze` / `show` tell the truth about the env, so torch's collect_env
+    (`python -m pip list --format=freeze`) lists its packages."""
+    toolchain.write_pip_guard(venv, hostile_spec(in_tmp))
+    site = toolchain.site_packages(venv)
+    dist = site / "demo_pkg-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.2.3\nSummary: a demo\n"
+        "Requires-Dist: other-pkg>=1\n"
     )
-    assert done.returncode == 1
-    lines = done.stderr.strip().splitlines()
-    assert (
-        lines[0] == f"pip: {venv} was built by cudaenv from the lock of {s.source} and has no pip."
-    )
-    assert (
-        lines[1]
-        == f"  to add a package: put it in packages: of {s.source}, then: cudaenv build {s.source} --force"
-    )
+    other = site / "other_pkg-4.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other-pkg\nVersion: 4.0\n")
+    python = str(venv / "bin" / "python")
+
+    def pip(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [python, "-mpip", *args], capture_output=True, text=True, check=False, cwd=in_tmp
+        )
+
+    assert pip("list", "--format=freeze").stdout.splitlines() == [
+        "demo-pkg==1.2.3",
+        "other-pkg==4.0",
+    ]
+    assert pip("freeze").stdout.splitlines() == ["demo-pkg==1.2.3", "other-pkg==4.0"]
+    listed = pip("list").stdout.splitlines()
+    assert listed[0].split() == ["Package", "Version"] and listed[2].split() == [
+        "demo-pkg",
+        "1.2.3",
+    ]
+    shown = pip("show", "demo_pkg").stdout.splitlines()
+    assert "Name: demo-pkg" in shown and "Version: 1.2.3" in shown
+    assert "Requires: other-pkg" in shown
+    assert "Required-by: demo-pkg" in pip("show", "other-pkg").stdout.splitlines()
+    missing = pip("show", "nope")
+    assert missing.returncode == 1 and "not found: nope" in missing.stderr
 
 
 def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:

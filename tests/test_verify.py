@@ -180,7 +180,7 @@ def test_toolchain_fails_without_nvcc_even_if_flashinfer_falls_back() -> None:
     # FlashInfer silently falls back to torch.version.cuda when nvcc is missing.
     result = toolchain.check(TARGET, facts(nvcc_release=None, nvcc_error="no bin/nvcc"))
     assert result.status == FAILED
-    assert "no working nvcc in CUDA_HOME: no bin/nvcc" in result.summary
+    assert "no working nvcc: no bin/nvcc" in result.summary
 
 
 def test_flashinfer_jit_verdicts() -> None:
@@ -305,3 +305,38 @@ def test_a_long_step_says_it_is_still_running(monkeypatch: pytest.MonkeyPatch) -
     assert all(s.startswith("still JIT-building (") and s.endswith(" s)") for s in said)
     time.sleep(0.2)
     assert len(said) == count
+
+
+def test_verify_and_doctor_take_the_same_cuda_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain interpreter (no torch), CUDA_HOME unset, an nvcc on PATH: verify's probe takes
+    the toolkit doctor names first (FlashInfer's and torch's lookup order), not "unset"; and
+    the fix reads as a sentence."""
+    import sys
+
+    from builder import doctor, verify
+    from builder.archs import Arch
+    from builder.verify import toolchain
+
+    home = tmp_path / "cuda-13.0"
+    nvcc = home / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", f"{home / 'bin'}:/usr/bin:/bin")
+    target = verify.Target(
+        python=Path(sys.executable), archs=(Arch.parse("12.0f"),), work=tmp_path / "work"
+    )
+    facts = verify.probe(target, jit=False)
+    dfacts, _, _ = doctor.probe(sys.executable, deep=False)
+    assert dfacts is not None and dfacts.jit_home is not None
+    assert facts.cuda_home == dfacts.jit_home.path == str(home)
+    assert facts.cuda_home_source == dfacts.jit_home.source == f"which nvcc ({nvcc})"
+    assert facts.nvcc_release == "13.0"
+    result = toolchain.check(target, facts)
+    assert result.evidence[0] == ("CUDA_HOME", f"{home} (from which nvcc ({nvcc}))")
+    assert result.status == "failed"  # no cudart in this stand-in toolkit
+    assert result.fix.startswith("point CUDA_HOME at a CUDA 13.0 toolkit (`export CUDA_HOME=")

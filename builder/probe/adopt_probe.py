@@ -38,13 +38,42 @@ def torch_facts() -> dict[str, object]:
     }
 
 
+def broken_dists(dirs: list[str]) -> list[str]:
+    """Each ``*.dist-info`` directory without a METADATA naming its package: what an uninstall
+    killed midway leaves (it deletes METADATA before the directory). importlib.metadata skips
+    these, so they would pass for gone while their files stay."""
+    found = []
+    for d in dict.fromkeys(os.path.realpath(d) for d in dirs):
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.endswith(".dist-info") or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                with open(
+                    os.path.join(entry.path, "METADATA"), encoding="utf-8", errors="replace"
+                ) as fh:
+                    named = any(line.startswith("Name:") for line in fh)
+            except OSError:
+                named = False
+            if not named:
+                found.append(entry.path)
+    return found
+
+
 def main() -> int:
     dists = {}
     for dist in metadata.distributions():
-        name = dist.metadata["Name"]
+        try:
+            name = dist.metadata["Name"]
+        except (TypeError, KeyError, OSError):  # no METADATA at all: broken_dists reports it
+            name = None
         if name:
             dists[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
     prefix = sys.prefix
+    paths = sysconfig.get_paths()
     print(
         json.dumps(
             {
@@ -53,8 +82,9 @@ def main() -> int:
                 "prefix": prefix,
                 "base_prefix": getattr(sys, "base_prefix", prefix),
                 "conda": os.path.isdir(os.path.join(prefix, "conda-meta")),
-                "purelib": sysconfig.get_paths()["purelib"],
+                "purelib": paths["purelib"],
                 "distributions": dists,
+                "broken": broken_dists([paths["purelib"], paths["platlib"]]),
                 "torch": torch_facts(),
                 "cuda_home": os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "",
             }

@@ -69,21 +69,29 @@ def which(name: str) -> str | None:
     return None
 
 
-def cuda_home_candidates() -> list[dict[str, object]]:
-    """FlashInfer's get_cuda_path() and torch's _find_cuda_home() order:
-    $CUDA_HOME, $CUDA_PATH, parent of `which nvcc` (no realpath), /usr/local/cuda."""
-    out: list[dict[str, object]] = []
+def cuda_home_order() -> list[tuple[str, str]]:
+    """(where, path) of each toolkit FlashInfer's get_cuda_path() and torch's
+    _find_cuda_home() would take, in their order: $CUDA_HOME, $CUDA_PATH, the parent of
+    `which nvcc` (no realpath), /usr/local/cuda. The first is the one they use; doctor and
+    verify's probe both read it from here, so they never disagree on it."""
+    out: list[tuple[str, str]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         value = os.environ.get(var)
         if value:
-            out.append({"source": "$" + var, "path": value})
+            out.append(("$" + var, value))
     nvcc = which("nvcc")
     if nvcc:
-        out.append(
-            {"source": "which nvcc (%s)" % nvcc, "path": os.path.dirname(os.path.dirname(nvcc))}
-        )
+        out.append(("which nvcc (%s)" % nvcc, os.path.dirname(os.path.dirname(nvcc))))
     if os.path.exists("/usr/local/cuda"):
-        out.append({"source": "/usr/local/cuda", "path": "/usr/local/cuda"})
+        out.append(("/usr/local/cuda", "/usr/local/cuda"))
+    return out
+
+
+def cuda_home_candidates() -> list[dict[str, object]]:
+    """Each toolkit of :func:`cuda_home_order` once, with its nvcc's version."""
+    out: list[dict[str, object]] = [
+        {"source": source, "path": path} for source, path in cuda_home_order()
+    ]
     seen = set()
     unique = []
     for cand in out:

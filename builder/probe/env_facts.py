@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jit_store
-from doctor_probe import nvcc_info, requested_variables, which
+from doctor_probe import cuda_home_order, nvcc_info, requested_variables, which
 from flashinfer_light import cuda_facts, import_flashinfer_jit, installed
 
 
@@ -193,7 +193,9 @@ def share(action: str, key: str, arg: str, notes: list[str]) -> bool:
 
 def main() -> int:
     jit = "--jit" in sys.argv
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
+    # The toolkit the JIT compilers would take (doctor reads the same order).
+    source, cuda_home = (cuda_home_order() or [("", "")])[0]
+    none = "no CUDA toolkit: CUDA_HOME and CUDA_PATH unset, no nvcc on PATH, no /usr/local/cuda"
     facts: dict[str, object] = {
         "python": sys.executable,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
@@ -203,8 +205,9 @@ def main() -> int:
         "env": {k: os.environ.get(k) for k in requested_variables()},
         "path_nvcc": which("nvcc"),
         "cuda_home": cuda_home,
-        "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
-        "cudart": cudart(cuda_home) if cuda_home else {"error": "CUDA_HOME is not set"},
+        "cuda_home_source": source,
+        "nvcc": nvcc_release(cuda_home) if cuda_home else {"error": none},
+        "cudart": cudart(cuda_home) if cuda_home else {"error": none},
         "torch": torch_facts(),
         # Everything, as the start-up hook left it: the checks run their commands with it.
         "environ": dict(os.environ),

@@ -464,35 +464,67 @@ def read_doc(path: Path, *, trusted: bool) -> Any:
         raise EntryError(f"{path} is not JSON ({exc})") from exc
 
 
+def stored_identity(st: os.stat_result) -> str | None:
+    """What names one version of a stored file for the memo of checked hashes: inode, size,
+    mtime and ctime (no process but root can set a ctime back: any write, chmod or utime moves
+    it). None for a file changed in the last 2 s, which may change again within one timestamp
+    tick (ccache's "too new" rule)."""
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 2 * 10**9:
+        return None
+    return f"stored:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
 def copy_checked(
-    src: Path | str, dst: Path, size: int | None, sha256: str | None, *, trusted: bool
+    src: Path | str,
+    dst: Path,
+    size: int | None,
+    sha256: str | None,
+    *,
+    trusted: bool,
+    memo: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Copy ``src`` to ``dst`` (written beside it: a ``.NAME.PID.tmp`` file the caller renames)
-    hashing as it goes; raise EntryError when the size or sha256 differs from the record. The
-    file read once: placing a checked entry costs what copying it costs."""
+    hashing as it goes; raise EntryError when the size or sha256 differs from the record.
+
+    ``memo``: the checked hashes of stored files by :func:`stored_identity`. A file whose
+    identity says it is the version already hashed against this record is copied by the kernel
+    without being read here (placing costs what copying costs); any other is read once,
+    hashed as it is copied, and remembered."""
     fd, st = open_regular(src, trusted=trusted)
     if size is not None and st.st_size != size:
         os.close(fd)
         raise EntryError(f"{src} holds {st.st_size} bytes, its record says {size}")
+    ident = stored_identity(st) if memo is not None else None
+    known = memo.get(ident) if memo is not None and ident is not None else None
     h, total = hashlib.sha256(), 0
     with contextlib.suppress(FileNotFoundError):
         os.unlink(dst)
     out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "rb") as fh, os.fdopen(out, "wb") as sink:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-                sink.write(block)
-                total += len(block)
-                if size is not None and total > size:
-                    break
+            if known is not None and known == sha256:
+                while total < st.st_size:
+                    sent = os.sendfile(out, fd, total, st.st_size - total)
+                    if sent == 0:
+                        break
+                    total += sent
+                digest = known
+            else:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+                    sink.write(block)
+                    total += len(block)
+                    if size is not None and total > size:
+                        break
+                digest = h.hexdigest()
     except BaseException:
         os.unlink(dst)
         raise
-    digest = h.hexdigest()
     if (size is not None and total != size) or (sha256 is not None and digest != sha256):
         os.unlink(dst)
         raise EntryError(f"{src}: content differs from its record (sha256 {digest[:16]}...)")
+    if memo is not None and ident is not None and known is None:
+        memo[ident] = digest
     return total, digest
 
 
@@ -777,7 +809,15 @@ class Store:
         record = entry.files[name]
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-        copy_checked(entry.path / "files" / name, tmp, record.size, record.sha256, trusted=True)
+        copy_checked(
+            entry.path / "files" / name,
+            tmp,
+            record.size,
+            record.sha256,
+            trusted=True,
+            memo=self.hasher.memo,
+        )
+        self.hasher.dirty = True
         return tmp
 
     def place(self, entry: Entry, name: str, dst: Path) -> None:

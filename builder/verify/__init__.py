@@ -135,6 +135,9 @@ class EnvFacts:
     # The interpreter's whole environment after its start-up hook: what every check runs with.
     environ: Mapping[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    # Where CUDA_HOME came from, in the JIT compilers' lookup order ($CUDA_HOME, $CUDA_PATH,
+    # `which nvcc`, /usr/local/cuda): the same answer doctor gives.
+    cuda_home_source: str = ""
 
     @property
     def nvcc_cuda(self) -> CudaVersion | None:
@@ -159,6 +162,7 @@ class EnvFacts:
             python=str(doc.get("python", "")),
             python_version=str(doc.get("python_version", "")),
             cuda_home=str(doc.get("cuda_home", "")),
+            cuda_home_source=str(doc.get("cuda_home_source") or ""),
             env={str(k): (None if v is None else str(v)) for k, v in sub("env").items()},
             nvcc_release=opt(nvcc, "release"),
             nvcc_path=str(nvcc.get("path", "")),

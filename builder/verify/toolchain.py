@@ -16,13 +16,14 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
 
 def _check(target: Target, facts: EnvFacts) -> CheckResult:
     seen: list[tuple[str, str]] = []  # (who, CUDA major.minor)
-    evidence: list[tuple[str, str]] = [("CUDA_HOME", facts.cuda_home or "(unset)")]
+    found = f" (from {facts.cuda_home_source})" if facts.cuda_home_source else ""
+    evidence: list[tuple[str, str]] = [("CUDA_HOME", (facts.cuda_home or "(none)") + found)]
     problems: list[str] = []
     if facts.nvcc_release:
         seen.append((f"nvcc in CUDA_HOME ({facts.nvcc_path})", facts.nvcc_release))
         evidence.append(("nvcc", facts.nvcc_release))
     else:
-        problems.append(f"no working nvcc in CUDA_HOME: {facts.nvcc_error}")
+        problems.append(f"no working nvcc: {facts.nvcc_error}")
     if facts.cudart_version:
         seen.append(("cudart", facts.cudart_version))
         evidence.append(("cudart", facts.cudart_version))
@@ -66,13 +67,14 @@ def _check(target: Target, facts: EnvFacts) -> CheckResult:
             if version != reference[1]:
                 problems.append(f"{who} is {version} but {reference[0]} is {reference[1]}")
     if problems:
-        want = reference[1] if reference else "torch's CUDA"
+        # Which CUDA to point at: torch's (or the spec's) where there is one to match.
+        toolkit = f"a CUDA {reference[1]} toolkit" if reference else "a CUDA toolkit"
         fix = (
             f"rebuild the env: `cudaenv build {target.spec_path or 'SPEC'}` (its start-up hook "
             f"points CUDA_HOME at the matched toolkit)"
             if target.env_dir
-            else f"point CUDA_HOME at a CUDA {want} toolkit, or build a matched env with "
-            "`cudaenv build SPEC`"
+            else f"point CUDA_HOME at {toolkit} (`export CUDA_HOME=/usr/local/cuda-X.Y`), or "
+            "build a matched env with `cudaenv build SPEC`"
         )
         return CheckResult(
             name="toolchain",
