@@ -26,13 +26,24 @@ def test_the_readmes_install_puts_cudaenv_on_a_box_without_uv_or_pipx(tmp_path: 
     home.mkdir()
     path = "/usr/local/sbin:/usr/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert shutil.which("uv", path=path) is None and shutil.which("pipx", path=path) is None
+    # The machine's set-up for reaching the package index (certificates, index settings, the
+    # pip and uv config under XDG_CONFIG_HOME) stays as it is: the README's install must work
+    # through the clients as configured. Only PATH (no uv, no pipx) and HOME (where the tool
+    # lands) change, and nothing from this test's own venv leaks in.
     env = {
-        "PATH": path,
-        "HOME": str(home),
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"VIRTUAL_ENV", "UV_TOOL_DIR", "UV_TOOL_BIN_DIR", "XDG_BIN_HOME",
+                       "XDG_DATA_HOME", "PYTHONPATH", "NOX_DEFAULT_VENV_BACKEND"}
+    }  # fmt: skip
+    env.update(
+        PATH=path,
+        HOME=str(home),
+        XDG_CONFIG_HOME=os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"),
         # The machine's caches: only speed, what is installed is what the clone asks for.
-        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
-        "PIP_CACHE_DIR": str(Path.home() / ".cache" / "pip"),
-    }
+        UV_CACHE_DIR=os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
+        PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip"),
+    )
     done = subprocess.run(["sh", "tools/nox.sh", "-s", "install"], cwd=clone, env=env,
                           capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
