@@ -111,6 +111,21 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site: regenerate the reference pages from the code (commands from the
+    argument parser, variables, exit codes), then `mkdocs build --strict` into build/site/ (a
+    broken link or anchor, or a page outside the nav, fails). `-- serve` serves it instead."""
+    _install(session, "docs")
+    # Material's notice about its successor, printed on every build, is not about this site.
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    session.run("python", "-m", "builder.docgen")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict over builder/, tests/ and noxfile.py."""
     _install(session, "lint")

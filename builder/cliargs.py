@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from builder import __version__, spec
+from builder import __version__, errors, spec
 
 DESCRIPTION = """\
 cudaenv puts a matched CUDA toolchain next to torch, FlashInfer and sglang in an isolated
@@ -24,10 +25,8 @@ the Python, the toolkit components and the GPU archs. Wherever a SPEC is taken, 
 names one cell of a matrix file instead (envspecs/matrix/release.yaml:sm12.0f), as CI
 runners get it from `cudaenv matrix FILE --emit github`.
 
-Exit codes: 0 ok; 1 other; 2 bad input (spec, matrix, report, argument); 3 refused or
-unresolvable set; 4 build failed; 5 a check failed; 6 a tool is missing; 7 the NVIDIA
-driver is too old for the CUDA (build, adopt); 130 interrupted.
 """
+
 
 # build and adopt refuse (exit 7) a CUDA this machine's driver cannot run; this says go on.
 NO_DRIVER_CHECK_HELP = (
@@ -106,7 +105,7 @@ def make_parser() -> argparse.ArgumentParser:
     ``cmd_*`` function in cli.py)."""
     p = Parser(
         prog="cudaenv",
-        description=DESCRIPTION,
+        description=DESCRIPTION + "\n" + textwrap.fill("Exit codes: " + errors.exit_summary(), 94),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"cudaenv {__version__}")

@@ -1,6 +1,7 @@
 """The one exception tree. Library code raises these; only ``cli.py`` prints and exits.
 
-Each class carries the exit code the CLI returns for it (documented in the README).
+Each class carries the exit code the CLI returns for it; :data:`EXIT_CODES` says what each code
+means, for ``cudaenv --help`` and the generated reference.
 """
 
 from __future__ import annotations
@@ -129,3 +130,48 @@ def error_lines(exc: CudaenvError) -> list[str]:
             f"error: {len(exc.problems)} problem(s) in the {exc.what}; nothing was done"
         ]
     return [f"error: {exc}"]
+
+
+# Every exit status cudaenv has, with a short form (``cudaenv --help``) and the meaning the
+# reference gives. The error classes above carry their codes; the others come from the CLI
+# itself (`run`, an interrupt, a reader that left).
+EXIT_CODES: tuple[tuple[int, str, str], ...] = (
+    (0, "ok", "done"),
+    (CudaenvError.exit_code, "other",
+     "anything else; for `doctor`, an error was found; for `fingerprint --compare`, the two "
+     "differ"),
+    (UsageError.exit_code, "bad input (spec, matrix, lock, report, argument)",
+     "bad input: a spec, matrix file, lock, report or argument, each problem located as "
+     "`FILE:LINE:COL: key: message` (a lock entry naming an index the spec does not pin, a file "
+     "path outside the wheelhouse, a file that is not a regular file or is over its cap)"),
+    (ResolveError.exit_code, "refused or unresolvable set",
+     "refused by the matching policy, or unresolvable, or the index did not answer; `adopt` "
+     "refused the env, or waited too long for another cudaenv working on it"),
+    (BuildError.exit_code, "build failed",
+     "the build failed: a wheelhouse or downloaded file whose hash differs from the lock's, a "
+     "full disk, a stale lock; `adopt --undo` could not put something back"),
+    (VerifyFailed.exit_code, "a check failed",
+     "verification failed, or the env is not the one the spec describes; `store verify` "
+     "discarded a damaged entry"),
+    (ToolMissing.exit_code, "a tool is missing",
+     "a tool is missing: uv (`CUDAENV_UV` picks one), a C compiler, the spec's Python"),
+    (DriverTooOld.exit_code, "the NVIDIA driver is too old for the CUDA (build, adopt)",
+     "`build`, `adopt`: this machine's NVIDIA driver cannot run the CUDA (13.x needs 580+, 12.x "
+     "525+); the driver is read from `CUDAENV_DRIVER_VERSION`, else the kernel module, else "
+     "`nvidia-smi` or libcuda; `--no-driver-check` goes on"),
+    (126, "run: the command is not executable",
+     "`run`: the command could not be run (not executable, a directory), as a shell says"),
+    (127, "run: the command was not found",
+     "`run`: the command was not found, as a shell says; otherwise `run` exits with the "
+     "command's own status"),
+    (130, "interrupted", "interrupted (Ctrl-C, SIGTERM); a build or repair leaves the previous "
+     "env as it was"),
+    (141, "the reader of the output left",
+     "the reader of cudaenv's output left early (`cudaenv list --json | head -1`); nothing is "
+     "printed about it"),
+)  # fmt: skip
+
+
+def exit_summary() -> str:
+    """The exit codes in one paragraph, for ``cudaenv --help``."""
+    return "; ".join(f"{code} {short}" for code, short, _ in EXIT_CODES) + "."

@@ -30,6 +30,7 @@ class Kind(enum.Enum):
     COMPILE = "compile"  # what picks the host compiler of a JIT build
     RUNTIME = "runtime"  # what the loader and the driver read
     CUDAENV = "cudaenv"  # cudaenv's own switches and records
+    OUTSIDE = "read by cudaenv"  # another tool's or the system's, which cudaenv reads
     VENV = "venv"  # the venv's and the interpreter's own
 
 
@@ -175,6 +176,38 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="CUDAENV_JIT_SHARE", kind=Kind.CUDAENV,
              reader="verify's probe (the command that reaches the remote; set by cudaenv)",
              reserved=True),
+    # Read by cudaenv itself (not by the env): which uv, which driver, how long a probe waits.
+    Variable(name="CUDAENV_UV", kind=Kind.CUDAENV,
+             reader="cudaenv (the uv binary to run; default the one installed with cudaenv, "
+             "else PATH's)", read_at="builder/proc.py", reserved=True),
+    Variable(name="CUDAENV_DRIVER_VERSION", kind=Kind.CUDAENV,
+             reader="cudaenv (the NVIDIA driver version to assume, like 580.65; default read "
+             "from the kernel module, nvidia-smi or libcuda)", read_at="builder/driver.py",
+             reserved=True),
+    Variable(name="CUDAENV_PROBE_TIMEOUT", kind=Kind.CUDAENV,
+             reader="doctor's probe (seconds one `nvcc --version` may take; default 10)",
+             read_at="builder/probe/doctor_probe.py", reserved=True),
+    Variable(name="CUDAENV_HEARTBEAT_SECONDS", kind=Kind.CUDAENV,
+             reader="verify (seconds between its \"still probing\" lines; default 15)",
+             read_at="builder/verify/__init__.py", reserved=True),
+    Variable(name="CUDAENV_FAULT_PAUSE", kind=Kind.CUDAENV,
+             reader="build (tests only: hold the build at the named stage, to interrupt it)",
+             read_at="builder/build.py", reserved=True),
+    Variable(name="CUDAENV_FAULT_PAUSE_SECONDS", kind=Kind.CUDAENV,
+             reader="build (tests only: how long CUDAENV_FAULT_PAUSE holds; default 30)",
+             read_at="builder/build.py", reserved=True),
+    Variable(name="CUDA_DEVICE_ORDER", kind=Kind.RUNTIME,
+             reader="the CUDA runtime (the sampling check sets PCI_BUS_ID, as nvidia-smi "
+             "numbers GPUs)", read_at="builder/verify/sampling.py"),
+    Variable(name="GITHUB_STEP_SUMMARY", kind=Kind.OUTSIDE,
+             reader="verify, matrix (the Markdown report is appended to this file)",
+             read_at="builder/report.py"),
+    Variable(name="DOCKER_CONFIG", kind=Kind.OUTSIDE,
+             reader="the store's registry tier (credentials: $DOCKER_CONFIG/config.json, "
+             "default ~/.docker/config.json)", read_at="builder/jit_remote.py"),
+    Variable(name="XDG_CACHE_HOME", kind=Kind.OUTSIDE,
+             reader="cudaenv (its cache is $XDG_CACHE_HOME/cudaenv when CUDAENV_CACHE_DIR is "
+             "unset)", read_at="builder/paths.py"),
     Variable(name="VIRTUAL_ENV", kind=Kind.VENV, reader="the venv's activation", reserved=True),
     Variable(name="VIRTUAL_ENV_PROMPT", kind=Kind.VENV, reader="the venv's activation",
              reserved=True),

@@ -1,4 +1,5 @@
-"""The module map of docs/architecture.md: a module-level import only goes down the layers."""
+"""The module map of docs/development/architecture.md: a module-level import only goes down
+the layers."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from pathlib import Path
 
 BUILDER = Path(__file__).resolve().parent.parent / "builder"
 
-# Bottom first, as docs/architecture.md lists them.
+# Bottom first, as docs/development/architecture.md lists them.
 LAYERS = [
     "errors", "cudaversion", "platforms", "variables", "reporter", "paths", "proc",
     "archs", "fatbin", "driver", "yamldoc", "jsondoc", "jit_remote", "jit_share",
     "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
     "caches", "manifest", "toolchain", "build", "export", "adopt", "audit",
     "verify", "doctor", "fingerprint", "report", "envs",
-    "pipeline", "add", "init", "matrix", "completion", "cliargs", "cli",
+    "pipeline", "add", "init", "matrix", "completion", "cliargs", "docgen", "cli",
 ]  # fmt: skip
 NOT_MODULES = {"__version__", "probe", "kernels", "templates"}
 
