@@ -344,7 +344,12 @@ class Bench:
         biggest = max(store.all(), key=lambda kv: store.size_of(kv[1]))
         entry = store.load(*biggest)
         out = self.work / "placed"
-        out.mkdir(exist_ok=True)
+
+        def empty_target() -> None:
+            # Both sides write into an empty directory, as placing into a new env does:
+            # replacing a file left by the previous run would time freeing its blocks.
+            rm_all(out)
+            out.mkdir()
 
         def checked() -> None:
             for name in entry.files:
@@ -354,7 +359,7 @@ class Bench:
             for name in entry.files:
                 shutil.copyfile(entry.path / "files" / name, out / name)
 
-        te, tf = alternate(checked, unchecked, max(self.pairs, 20))
+        te, tf = alternate(checked, unchecked, max(self.pairs, 20), before=empty_target)
         place_pairs = pair_ratios(te, tf)
         size = sum(r.size for r in entry.files.values())
         rm_all(out, warm)
