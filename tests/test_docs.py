@@ -242,6 +242,17 @@ def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode != 0
     assert "no-such-heading" in done.stderr
+    # A page outside the nav fails it too.
+    page.write_text(page.read_text().replace("[x](../concepts/matched.md#no-such-heading)", ""))
+    (copy / "docs" / "guides" / "orphan.md").write_text("# An orphan\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(copy / "mkdocs.yml"),
+         "-d", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "orphan.md" in done.stderr
 
 
 def test_the_search_index_holds_every_message_on_its_page(site: str) -> None:
