@@ -144,20 +144,27 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def served_index(root: Path) -> Iterator[str]:
+def served(root: Path) -> Iterator[str]:
     """``root`` over HTTP on 127.0.0.1 (an ephemeral port, in a thread: what
-    `python -m http.server` does, without a port to race for); yields the index URL of
-    ``root/simple``. uv and pip reach it as any index, with no internet."""
+    `python -m http.server` does, without a port to race for); yields its base URL."""
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def served_index(root: Path) -> Iterator[str]:
+    """``root`` served (:func:`served`); yields the index URL of ``root/simple``. uv and pip
+    reach it as any index, with no internet."""
+    with served(root) as base:
+        yield f"{base}/simple"
 
 
 # --------------------------------------------------------------------------- fresh venvs

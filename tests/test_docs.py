@@ -5,15 +5,12 @@ its headings and finds each troubleshooting page from the message, in headless C
 
 from __future__ import annotations
 
-import functools
 import html
-import http.server
 import os
 import re
 import shlex
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +19,7 @@ import pytest
 
 from builder import cliargs, docgen, errors, variables
 from tests import chromium
-from tests.helpers import REPO
+from tests.helpers import REPO, served
 
 DOCS = REPO / "docs"
 TROUBLE = DOCS / "troubleshooting"
@@ -193,36 +190,25 @@ def test_the_readme_is_the_front_door() -> None:
     assert [line for line in transcript.splitlines() if line not in site] == []
 
 
-@functools.cache
-def built_site(out: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
-         "-d", str(out)],
-        check=True, capture_output=True, text=True, timeout=300,
+def mkdocs_build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`mkdocs build --strict` of ``config`` into ``out`` (never `-q`: mkdocs then stops
+    counting warnings, and strict passes what it should refuse)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
-    return out
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (the `test` dependency group)")
     pytest.importorskip("material", reason="mkdocs-material is not installed")
-    root = built_site(tmp_path_factory.mktemp("site"))
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    root = tmp_path_factory.mktemp("site")
+    done = mkdocs_build(REPO / "mkdocs.yml", root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with served(root) as url:
+        yield url
 
 
 def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> None:
@@ -234,23 +220,13 @@ def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> No
     (copy / "mkdocs.yml").write_text((REPO / "mkdocs.yml").read_text())
     page = copy / "docs" / "guides" / "same-env.md"
     page.write_text(page.read_text() + "\n[x](../concepts/matched.md#no-such-heading)\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(copy / "mkdocs.yml"),
-         "-d", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+    done = mkdocs_build(copy / "mkdocs.yml", tmp_path / "out")
     assert done.returncode != 0
     assert "no-such-heading" in done.stderr
     # A page outside the nav fails it too.
     page.write_text(page.read_text().replace("[x](../concepts/matched.md#no-such-heading)", ""))
     (copy / "docs" / "guides" / "orphan.md").write_text("# An orphan\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(copy / "mkdocs.yml"),
-         "-d", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+    done = mkdocs_build(copy / "mkdocs.yml", tmp_path / "out")
     assert done.returncode != 0
     assert "orphan.md" in done.stderr
 

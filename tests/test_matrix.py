@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -19,6 +18,7 @@ from builder import cli, matrix, pipeline, report, spec
 from builder.archs import Arch
 from builder.errors import ReportError, SpecError
 from builder.verify import CHECKS, CheckResult, CheckStatus
+from tests import chromium
 from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
 
 RELEASE = ENVSPECS / "matrix" / "release.yaml"
@@ -423,30 +423,16 @@ def test_regressions_against_a_baseline() -> None:
 
 
 def test_rendered_page_in_headless_chromium(tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+    browser = chromium.find()
+    if browser is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     page = tmp_path / "matrix.html"
     page.write_text(report.matrix_html(sample_report()))
     done = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+        [browser, *chromium.FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+         page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     grid = Grid()
     grid.feed(done.stdout)
