@@ -85,6 +85,15 @@ def lock(session: nox.Session) -> None:
 
 
 @nox.session
+def compat(session: nox.Session) -> None:
+    """Regenerate the compatibility page (docs/reference/compat.md and its data compat.json)
+    from the shipped specs' locks: reads their wheels for both platforms (the first run
+    downloads them into uv's cache)."""
+    _install(session)
+    session.run("python", "-m", "builder.compat", *session.posargs)
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """Every test: unit, network and e2e (gpu tests skip with their reason without a GPU)."""
     _install(session, "test")

@@ -6,7 +6,7 @@ unpacks to ~460 MB (CUTLASS, CCCL, every kernel's sources), while its JIT sampli
 reads ~1000 of those files. This builds the sampling module once here, for the GPU's arch,
 asks ninja which files the compile read (`ninja -t deps`), and writes an archive holding
 FlashInfer's Python code, exactly those files, apache-tvm-ffi (FlashInfer's FFI, a compiled
-abi3 module) and both dist-infos. Unpacked on the GPU machine and put on PYTHONPATH, it lets
+abi3 module) and both dist-infos, with its sha256 beside it (``OUT.sha256``). Unpacked on the GPU machine and put on PYTHONPATH, it lets
 `import flashinfer` and the sampling JIT run there (FlashInfer's other dependencies, numpy,
 requests, tqdm, nvidia-ml-py, ninja, must already be installed there).
 
@@ -20,6 +20,7 @@ from it alone: `--check PYTHON` (an interpreter with torch) does that here after
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -107,6 +108,19 @@ def slice_members(info: dict[str, str], read: set[Path]) -> list[tuple[Path, str
     return [(p, name) for name, p in sorted(members.items())]
 
 
+def write_archive(members: list[tuple[Path, str]], out: Path) -> Path:
+    """The archive at ``out`` and its sha256 at ``out.sha256`` (``sha256sum`` format), which
+    the GPU check compares before unpacking: a slice copied short fails there by name."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:gz") as tar:
+        for path, name in members:
+            tar.add(path, arcname=name, recursive=False)
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    sums = out.with_name(out.name + ".sha256")
+    sums.write_text(f"{digest}  {out.name}\n")
+    return sums
+
+
 def check(python: str, archive: Path, arch: str) -> None:
     """Unpacked alone on PYTHONPATH, the slice builds the sampling module from scratch."""
     with tempfile.TemporaryDirectory(prefix="flashinfer-slice-check-") as tmp:
@@ -135,10 +149,7 @@ def main() -> None:
         info = build_sampling(args.python, args.arch, Path(tmp),
                               "building the sampling module failed")  # fmt: skip
         members = slice_members(info, files_read(Path(info["build_dir"])))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(args.out, "w:gz") as tar:
-            for path, name in members:
-                tar.add(path, arcname=name, recursive=False)
+        write_archive(members, args.out)
     raw = sum(p.stat().st_size for p, _ in members)
     print(f"flashinfer-slice: {args.out}: {len(members)} files, {raw / 2**20:.1f} MiB unpacked, "
           f"{args.out.stat().st_size / 2**20:.1f} MiB packed")  # fmt: skip

@@ -10,7 +10,7 @@ ratio is the least disturbed figure a shared machine gives.
 Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png; with
 --merge, only the cases run replace theirs and the others keep their figures and date.
 Cases: build-warm, build-cold, plan, relock, platforms, second-env, verify, doctor, growth,
-matrix, audit.
+matrix, audit, store, record-proof.
 Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,...]
 """
 
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
-from builder import channels, interpreters, lock, platforms, proc, spec  # noqa: E402
+from builder import channels, compat, interpreters, lock, platforms, proc, spec  # noqa: E402
 from builder.paths import matrix_dir  # noqa: E402
 
 DEFAULT = REPO / "envspecs" / "default.yaml"
@@ -85,10 +85,14 @@ def log(msg: str) -> None:
 
 
 def sh(
-    argv: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None, check: bool = True
+    argv: Sequence[str | os.PathLike[str]],
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [os.fspath(a) for a in argv],
+        cwd=cwd,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
@@ -244,6 +248,63 @@ class Bench:
             f"imports are {startup.median:.2f} s"
         )
         return case
+
+    def record_proof(self) -> Case:
+        """What proving a warm build's install against RECORD costs (build.record_problems:
+        every file's presence and size, the sha256 of the files uv copied rather than
+        hard-linked), on the toolchain spec: the default spec needs a full stack downloaded.
+        Each pair: one warm `cudaenv build --force` (the proof included), then the proof
+        alone on the env it made, in this process; the ratio is proof / whole build. The
+        same proof hashing every file (hash_linked) is timed beside it, for the trade-off."""
+        from builder import build
+
+        s = spec.load(TOOLCHAIN)
+        packages = lock.read(lock.lock_path(TOOLCHAIN, s.name)).packages_on(platforms.host_name())
+        target = self.work / "proof-env"
+        cudaenv("build", "--force", TOOLCHAIN, "--env-dir", target)  # warm uv's cache
+        site = next(target.glob("lib/python3.*/site-packages"))
+        builds, proofs, hashed = Timing(), Timing(), Timing()
+        for _ in range(self.pairs):
+            builds.samples.append(timed(lambda: self.cudaenv_build(target, spec_path=TOOLCHAIN)))
+            t = time.perf_counter()
+            problems = build.record_problems(site, target, packages)
+            proofs.samples.append(time.perf_counter() - t)
+            assert problems == [], problems
+            hashed.samples.append(
+                timed(lambda: build.record_problems(site, target, packages, hash_linked=True))
+            )
+        ratios = [p / b for p, b in zip(proofs.samples, builds.samples, strict=True)]
+        ratio = round(statistics.median(ratios), 4)
+        files = sum(1 for r in site.glob("*.dist-info/RECORD") for _ in r.open())
+        rm(target)
+        return Case(
+            name="proof of install, warm build",
+            what="build.record_problems on the env a warm `cudaenv build --force` of "
+            "envspecs/toolchain-cu130.yaml just made, vs that whole build (the proof "
+            "included); ratio: median of the pairs' proof / build",
+            figures={
+                "cudaenv build (warm)": builds.to_json(),
+                "proof": proofs.to_json(),
+                "proof hashing every file": hashed.to_json(),
+                "RECORD entries": files,
+                "pair ratios": {
+                    "median": ratio,
+                    "min": round(min(ratios), 4),
+                    "max": round(max(ratios), 4),
+                    "pairs": len(ratios),
+                },
+            },
+            ratio=ratio,
+            anchor="the whole warm build",
+            goal="≤ 0.05",
+            met=ratio <= 0.05,
+            note=(
+                f"proof {proofs.median * 1000:.0f} ms of a {builds.median:.2f} s warm build "
+                f"(median ratio {ratio:.3f}); hashing every file too would take "
+                f"{hashed.median * 1000:.0f} ms ({hashed.median / builds.median:.2f} of the "
+                "build): files hard-linked from uv's cache are checked by size, not hashed"
+            ),
+        )
 
     def second_env(self) -> Case:
         """A second env of the default stack (same lock, new --env-dir), built and verified:
@@ -753,6 +814,97 @@ class Bench:
             ),
         ]
 
+    def fleet(self) -> list[Case]:
+        """`cudaenv audit SPEC --targets FILE` of the default stack for 10 GPU classes on
+        both platforms (driver 580), no env built, uv's cache warm: first with an empty
+        cudaenv cache (both platforms' wheels unpacked, every ELF's headers read), against raw
+        uv unpacking the same wheels (`uv pip install --target --python-platform`) in the same
+        run, alternated; then again with the cache. And `python -m builder.compat` of every
+        shipped spec with warm caches."""
+        fleet_file = self.work / "fleet.yaml"
+        fleet_file.write_text(
+            "targets:\n"
+            + "".join(f"  - {t.yaml()}\n" for t in compat.common_targets() if t.driver == "580")
+        )
+        req = {p: self.work / f"req-{p}.txt" for p in self.lock.platforms}
+        for p, path in req.items():
+            path.write_text(self.lock.requirements_txt(p))
+        cache = self.work / "fleet-cache"
+
+        def audit_cold() -> None:
+            rm(cache)
+            cudaenv("audit", DEFAULT, "--targets", fleet_file, "--json",
+                    env={"CUDAENV_CACHE_DIR": str(cache)}, check=False)  # fmt: skip
+
+        def raw_uv() -> None:
+            for p, path in req.items():
+                target = self.work / f"raw-{p}"
+                rm(target)
+                sh([self.uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes",
+                    "--offline", "--target", target, "--python-platform",
+                    platforms.get(p).uv_tag, "--python-version", self.lock.python,
+                    "-r", path])  # fmt: skip
+
+        ours, raw = alternate(audit_cold, raw_uv, max(3, self.runs // 3))
+        warm = Timing()
+        for _ in range(max(3, self.runs // 2)):
+
+            def again() -> None:
+                cudaenv("audit", DEFAULT, "--targets", fleet_file, "--json",
+                        env={"CUDAENV_CACHE_DIR": str(cache)}, check=False)  # fmt: skip
+
+            warm.samples.append(timed(again))
+        table = Timing()
+        root = self.work / "compat-repo"
+        rm(root)
+        shutil.copytree(REPO / "envspecs", root / "envspecs")
+        (root / "docs" / "reference").mkdir(parents=True)
+        for _ in range(2):
+            table.samples.append(
+                timed(
+                    lambda: sh(
+                        [sys.executable, "-m", "builder.compat"],
+                        env={"PYTHONPATH": str(REPO)},
+                        cwd=root,
+                    )
+                )
+            )
+        rm_all(cache, root, *(self.work / f"raw-{p}" for p in req))
+        return [
+            Case(
+                name="fleet audit from the lock, first",
+                what="cudaenv audit of the default stack's lock for 10 GPU classes x 2 platforms, "
+                "no env built, uv's cache warm, cudaenv's cache empty: both platforms' wheels "
+                "unpacked and every ELF read, against raw uv unpacking the same wheels",
+                figures={
+                    "cudaenv audit": ours.to_json(),
+                    "raw uv": raw.to_json(),
+                    "pairs": pair_ratios(ours, raw),
+                },
+                ratio=pair_ratios(ours, raw)["median"],
+                anchor="raw uv unpacking both platforms",
+                goal="≤ 60 s",
+                met=ours.median <= 60.0,
+            ),
+            Case(
+                name="fleet audit from the lock, again",
+                what="the same audit with cudaenv's cache: the unpacked wheels and their scans "
+                "reused",
+                figures={"again": warm.to_json(), "first": ours.to_json()},
+                ratio=warm.median / ours.median,
+                anchor="first audit",
+                goal="≤ 2 s",
+                met=warm.median <= 2.0,
+            ),
+            Case(
+                name="compatibility table of the shipped stacks, warm",
+                what="python -m builder.compat: 6 shipped specs x 40 classes, caches warm",
+                figures={"compat": table.to_json()},
+                goal="≤ 120 s",
+                met=table.median <= 120.0,
+            ),
+        ]
+
     def run_matrix(
         self, cells: dict[str, str], env: dict[str, str] | None = None
     ) -> tuple[float, list[float], list[float], dict[str, str]]:
@@ -1009,7 +1161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = args.cases.split(",")
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
-        "growth", "matrix", "audit", "store",
+        "growth", "matrix", "audit", "store", "record-proof", "fleet",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -1021,6 +1173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench = Bench(work, args.quick)
         for key, fn in (
             ("build-warm", bench.build_warm),
+            ("record-proof", bench.record_proof),
             ("build-cold", bench.build_cold),
             ("plan", bench.plan),
             ("relock", bench.relock),
@@ -1031,6 +1184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("growth", bench.growth),
             ("matrix", bench.matrix),
             ("audit", bench.audit),
+            ("fleet", bench.fleet),
             ("store", bench.store),
         ):
             if key not in wanted:

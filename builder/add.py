@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from builder import pipeline, proc, spec
 from builder.errors import UsageError
 from builder.reporter import Reporter
-from builder.yamldoc import Item, Problems, compose
+from builder.yamldoc import Item, Problems, compose, plain_reads_back
 
 # A requirement written as a plain YAML scalar: anything else is written double-quoted.
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=<>~!-]*")
@@ -44,7 +44,12 @@ def requirements(given: Sequence[str]) -> list[str]:
 
 
 def _scalar(req: str) -> str:
-    return req if _PLAIN.fullmatch(req) else json.dumps(req)
+    """``req`` as YAML reads it back as that string: plain where it is one, else
+    double-quoted. ``yes``, ``on``, ``null``, ``1_000`` and ``0x10`` are valid package names
+    that YAML 1.1 reads as a boolean, null or a number unquoted."""
+    if _PLAIN.fullmatch(req) and plain_reads_back(req):
+        return req
+    return json.dumps(req)
 
 
 def _name_of(text: str) -> str | None:

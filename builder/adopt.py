@@ -8,12 +8,17 @@ cccl 13.3 beside runtime 13.0, flashinfer#3493), then adds what a built env has:
 ``cuda-home/`` overlay, the start-up hook, the ``activate`` block, the JIT caches in ``var/``
 and a manifest.
 
-Every change goes into a journal first (``var/cudaenv/adopt.json``). A failure or interrupt
-inside adopt undoes what was done before it returns; a run killed outright leaves the journal,
-and the next ``adopt`` (or ``adopt --undo``) puts the env back as it was first. The start-up
-hook's ``.pth`` is written last, so until the very end the interpreter behaves as before.
-Undo is resumable the same way: the journal stays (marked ``undoing``) until the env has been
-checked to be as it was.
+Every change goes into a journal first (``.cudaenv-adopt.json`` in the env, one file written
+whole, so that writing it creates no directory a kill could leave behind). A failure or
+interrupt inside adopt undoes what was done before it returns; a run killed outright (at any
+point: uv's install included) leaves the journal, and one more ``adopt`` (or ``adopt --undo``)
+puts the env back as it was first. The start-up hook's ``.pth`` is written last, so until the
+very end the interpreter behaves as before. Undo is resumable the same way: each of its steps
+looks at the env as it is, so it can run again from the start, and the journal stays (marked
+``undoing``) until the env has been checked to be as it was; removing the journal is undo's
+last step. What a killed uv leaves, undo removes too: files below ``site-packages/nvidia/``
+that were not there before adopt and that no installed package's RECORD names (a package whose
+files were copied before its ``.dist-info``), and a ``.dist-info`` without RECORD.
 
 Adopt and undo hold the env's lock (:func:`locked`) from reading its state to the last change.
 Adopt never touches an env whose cudaenv files it cannot account for: one ``cudaenv build``
@@ -59,7 +64,9 @@ from builder.jsondoc import Reader
 from builder.manifest import Manifest
 from builder.spec import DEFAULT_COMPONENTS, EnvSpec, Toolchain
 
-JOURNAL = Path("var") / "cudaenv" / "adopt.json"
+JOURNAL = Path(".cudaenv-adopt.json")
+# Where earlier releases kept it (its directory made first): still read, moved on the next write.
+OLD_JOURNAL = Path("var") / "cudaenv" / "adopt.json"
 # The lock adopt and --undo hold: build's env lock (a flock the kernel drops when its holder
 # dies, the holder's name inside for a waiter to print), but its file inside the env, as uv
 # keeps .venv/.lock: adopt changes the env in place (a build swaps the directory whole, so its
@@ -266,6 +273,7 @@ def nothing_to_undo(env: Env) -> str:
             f"it holds cudaenv's {', '.join(present)} but no adopt journal ({JOURNAL}) says "
             "what they replaced, so undo cannot put it back; remove them by hand",
         )
+    _tidy(env.prefix)  # the lock file of a run killed before or after its journal
     return f"nothing to undo: {env.prefix} has no adopt journal ({JOURNAL}); it is not adopted"
 
 
@@ -435,6 +443,11 @@ class Journal:
     # The directories below site-packages/nvidia/ (two levels) before adopt, where the toolkit
     # wheels unpack; None in a journal from before it was kept (undo then checks no tree).
     site_before: tuple[str, ...] | None = None
+    # Every file, link and directory (ending in /) below site-packages/nvidia/ before adopt,
+    # relative to site-packages: what a killed uv copied there with no .dist-info naming it
+    # yet is told apart by it. None in a journal from before it was kept (undo then removes
+    # no unnamed file).
+    nvidia_before: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -448,6 +461,7 @@ class Journal:
             "started_at": self.started_at,
             "broken_before": list(self.broken_before),
             "site_before": None if self.site_before is None else list(self.site_before),
+            "nvidia_before": None if self.nvidia_before is None else list(self.nvidia_before),
         }
 
     @classmethod
@@ -475,6 +489,7 @@ class Journal:
             started_at=r.opt_text("started_at"),
             broken_before=r.texts("broken_before", required=False),
             site_before=None if r.doc.get("site_before") is None else r.texts("site_before"),
+            nvidia_before=None if r.doc.get("nvidia_before") is None else r.texts("nvidia_before"),
         )
 
 
@@ -493,6 +508,9 @@ def _change(r: Reader, i: int, item: object) -> tuple[str, str | None, str | Non
 
 
 def _journal(prefix: Path) -> Path:
+    """Where the env's journal is: JOURNAL, or OLD_JOURNAL where only that one is there."""
+    if not (prefix / JOURNAL).exists() and (prefix / OLD_JOURNAL).exists():
+        return prefix / OLD_JOURNAL
     return prefix / JOURNAL
 
 
@@ -506,9 +524,37 @@ def read_journal(prefix: Path) -> Journal | None:
 
 
 def _write_journal(prefix: Path, journal: Journal) -> None:
-    path = _journal(prefix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    proc.atomic_write_text(path, json.dumps(journal.to_json(), indent=1, sort_keys=True))
+    """Write the journal whole (a reader, or a run after a kill, sees the old one or the new
+    one); an old-place journal goes once the new one is written."""
+    proc.atomic_write_text(
+        prefix / JOURNAL, json.dumps(journal.to_json(), indent=1, sort_keys=True)
+    )
+    (prefix / OLD_JOURNAL).unlink(missing_ok=True)
+
+
+def _atomic_leftovers(prefix: Path) -> list[Path]:
+    """The temporary files of cudaenv's atomic writes into the env (proc.atomic_write_text:
+    ``.NAME.XXXXXXXX.tmp`` beside NAME) that a kill mid-write left: the journal, the manifest,
+    the hook's .pth and each shell's activation script."""
+    beside = [(prefix, JOURNAL.name), (prefix, manifest.FILE),
+              (prefix / OLD_JOURNAL.parent, OLD_JOURNAL.name)]  # fmt: skip
+    beside += [(site, toolchain.PTH_NAME) for site in prefix.glob("lib/python3.*/site-packages")]
+    beside += [(prefix / "bin", name) for name, _, _ in toolchain.ACTIVATIONS]
+    return [tmp for d, name in beside for tmp in d.glob(f".{name}.*.tmp") if tmp.is_file()]
+
+
+def _tidy(prefix: Path) -> None:
+    """What a run killed before its journal was written or after it was removed can leave:
+    the env's lock file and the temporary file of an atomic write. Removed only with the lock
+    taken at once (nobody is changing the env) and no journal there; otherwise left."""
+    lock_file = prefix / LOCK_FILE
+    if not lock_file.exists() and not _atomic_leftovers(prefix):
+        return
+    with contextlib.suppress(CudaenvError, OSError), locked(prefix, lambda _: None, wait=0):
+        # locked() removes the lock file on the way out where there is no journal.
+        if read_journal(prefix) is None:
+            for tmp in _atomic_leftovers(prefix):
+                tmp.unlink(missing_ok=True)
 
 
 def apply(p: Plan, progress: Progress) -> Manifest:
@@ -522,6 +568,9 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         raise _refuse(env, f"it has an adopt journal ({JOURNAL}): undo that adopt first")
     var_before = sorted(str(c.relative_to(env.prefix)) for c in (env.prefix / "var").glob("*")) if (
         env.prefix / "var").is_dir() else []  # fmt: skip
+    fault_point("adopt-start", progress)
+    for tmp in _atomic_leftovers(env.prefix):  # a run killed mid-write, before its journal
+        tmp.unlink()
     journal = Journal(
         state="started",
         python=str(env.python),
@@ -536,9 +585,11 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         broken_before=env.broken,
         site_before=_site_tree(env.purelib),
+        nvidia_before=_nvidia_files(env.purelib),
     )
     try:
         _write_journal(env.prefix, journal)
+        fault_point("adopt-journal", progress)
         if p.requirements:
             progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
             argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python), *p.requirements]
@@ -582,11 +633,13 @@ def apply(p: Plan, progress: Progress) -> Manifest:
             path=str(env.prefix),
             platform=platforms.host_name(),
         )
+        fault_point("adopt-manifest", progress)
         manifest.write(built, env.prefix)
+        fault_point("adopt-done", progress)
         _write_journal(env.prefix, dataclasses.replace(journal, state="done"))
         return built
     except BaseException as exc:
-        rollback = _roll_back(env, journal, progress)
+        rollback = _roll_back(env, progress)
         if rollback is not None:
             raise BuildError(
                 f"adopting {env.prefix} failed ({_why(exc)}) and undoing it failed too "
@@ -605,21 +658,17 @@ def _why(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _roll_back(env: Env, journal: Journal, progress: Progress) -> str | None:
+def _roll_back(env: Env, progress: Progress) -> str | None:
     """Undo a failed adopt; None when the env is as it was, else why not (the journal stays
     for ``--undo``)."""
     try:
         if read_journal(env.prefix) is not None:
             undo(env.prefix, env.python, progress)
         else:
-            # The journal itself could not be written: at most its directories were made.
-            made = (
-                [env.prefix / "var" / "cudaenv"] if "var/cudaenv" not in journal.var_before else []
-            )
-            made += [env.prefix / "var"] if not journal.var_existed else []
-            for path in made:
-                with contextlib.suppress(OSError):
-                    path.rmdir()  # only when empty: nothing else of the env goes
+            # The journal itself could not be written (it makes no directory): at most its
+            # temporary file is there.
+            for tmp in _atomic_leftovers(env.prefix):
+                tmp.unlink(missing_ok=True)
     except Exception as exc:  # reported with the failure it was undoing
         return _why(exc)
     return None
@@ -654,6 +703,63 @@ def _site_tree(site: Path) -> tuple[str, ...]:
 
 def _holds_files(tree: Path) -> bool:
     return any(files for _, _, files in os.walk(tree))
+
+
+def _nvidia_files(site: Path) -> tuple[str, ...]:
+    """Every file, link and directory (``nvidia/cu13/``) below ``site/nvidia/``, relative to
+    ``site``, sorted."""
+    root = site / _TREE_ROOT
+    if not root.is_dir() or root.is_symlink():
+        return ()
+    found = [f"{_TREE_ROOT}/"]
+    for top, dirs, files in os.walk(root):
+        here = Path(top)
+        for d in dirs:  # a link to a directory is one entry, never walked into (os.walk)
+            rel = (here / d).relative_to(site).as_posix()
+            found.append(rel if (here / d).is_symlink() else f"{rel}/")
+        found += [(here / f).relative_to(site).as_posix() for f in files]
+    return tuple(sorted(found))
+
+
+def _recorded(site: Path) -> set[str]:
+    """The paths below ``site/nvidia/`` that some installed distribution's RECORD names."""
+    named: set[str] = set()
+    for record in site.glob("*.dist-info/RECORD"):
+        with contextlib.suppress(OSError):
+            for row in csv.reader(record.read_text(errors="replace").splitlines()):
+                if row and row[0].startswith(f"{_TREE_ROOT}/"):
+                    named.add(os.path.normpath(row[0]))
+    return named
+
+
+def _sweep_unnamed(site: Path, before: set[str]) -> int:
+    """Remove each file below ``site/nvidia/`` that was not there before adopt and that no
+    installed distribution's RECORD names (uv copies a wheel's files before writing its
+    .dist-info, so a uv killed midway leaves files no uninstall will find), then each
+    directory that was not there before and is left empty. Returns how many files."""
+    named = _recorded(site)
+    now = _nvidia_files(site)
+    swept = 0
+    for rel in now:
+        if not rel.endswith("/") and rel not in before and rel not in named:
+            (site / rel).unlink()
+            swept += 1
+    for rel in sorted((r for r in now if r.endswith("/") and r not in before), reverse=True):
+        with contextlib.suppress(OSError):  # only an empty one
+            (site / rel).rmdir()
+    return swept
+
+
+def _unrecorded(now: Env, before: dict[str, str]) -> list[Path]:
+    """The .dist-info directories without RECORD of distributions adopt added or changed."""
+    found = []
+    for info in sorted(now.purelib.glob("*.dist-info")):
+        name = _dist_name(str(info))
+        if (name not in before or now.dists.get(name) != before[name]) and not (
+            info / "RECORD"
+        ).exists():
+            found.append(info)
+    return found
 
 
 def _dist_name(dist_info: str) -> str:
@@ -710,8 +816,9 @@ def undo(prefix: Path, python: Path, progress: Progress) -> list[str]:
 
 
 def _undo(prefix: Path, python: Path, journal: Journal, progress: Progress) -> list[str]:
-    if journal.state != "undoing":
+    if journal.state != "undoing" or _journal(prefix) != prefix / JOURNAL:
         _write_journal(prefix, dataclasses.replace(journal, state="undoing"))
+    fault_point("undo-files", progress)
     done: list[str] = []
     # Files first: the hook goes before anything else, so the interpreter is plain again.
     site = toolchain.site_packages(prefix)
@@ -749,14 +856,16 @@ def _undo(prefix: Path, python: Path, journal: Journal, progress: Progress) -> l
     kept = set(journal.var_before)
     if var.is_dir():
         for child in sorted(var.iterdir()):
-            if str(child.relative_to(prefix)) not in kept and child.name != "cudaenv":
+            if str(child.relative_to(prefix)) not in kept:
                 shutil.rmtree(child, ignore_errors=True)
-    _journal(prefix).unlink(missing_ok=True)
-    cudaenv_dir = var / "cudaenv"
-    if "var/cudaenv" not in kept and cudaenv_dir.is_dir():
-        shutil.rmtree(cudaenv_dir, ignore_errors=True)
     if not journal.var_existed and var.is_dir() and not any(var.iterdir()):
         var.rmdir()
+    for tmp in _atomic_leftovers(prefix):
+        tmp.unlink(missing_ok=True)
+    fault_point("undo-journal", progress)
+    # The last step: until here a kill leaves the journal, and the next undo runs again.
+    (prefix / JOURNAL).unlink(missing_ok=True)
+    fault_point("undo-done", progress)  # killed here, the lock file stays (see _tidy)
     return done
 
 
@@ -772,6 +881,15 @@ def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progr
             _remove_half_dist(Path(path), prefix)
             touched.add(_dist_name(path))
             done.append(f"removed the half-removed {Path(path).name}")
+    # A .dist-info a killed uv left without RECORD (written last): no installer can remove
+    # it, and what it would name is swept below as files no package names.
+    unrecorded = _unrecorded(now, before)
+    for info in unrecorded:
+        shutil.rmtree(info)
+        touched.add(_dist_name(str(info)))
+        done.append(f"removed {info.name} (no RECORD: its install was cut short)")
+    if unrecorded:
+        now = inspect(python)
     added = sorted(n for n in now.dists if n not in before)
     # A half-removed distribution of a package the env had may have shared its files with the
     # version there now: reinstalled whole.
@@ -791,6 +909,11 @@ def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progr
             proc.run([*argv, *(f"{n}=={before[n]}" for n in changed)], env=proc.uv_env(),
                      timeout=3600)  # fmt: skip
             done += [f"reinstalled {n}=={before[n]}" for n in changed]
+    fault_point("undo-sweep", progress)
+    if journal.nvidia_before is not None:
+        swept = _sweep_unnamed(now.purelib, set(journal.nvidia_before))
+        if swept:
+            done.append(f"removed {swept} file(s) below {_TREE_ROOT}/ no package names")
     if journal.site_before is not None:
         for rel in sorted(set(_site_tree(now.purelib)) - set(journal.site_before), reverse=True):
             tree = now.purelib / rel

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from builder import proc
@@ -28,7 +27,6 @@ FAMILY_CUDA = CudaVersion(major=12, minor=9)
 
 _ARCH_RE = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 _SEPARATORS = re.compile(r"[\s,;]+")
-DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 # The one program asked about GPUs, by this module alone; others may name it in messages.
 NVIDIA_SMI = "nvidia-smi"
 
@@ -208,6 +206,26 @@ def normalise(major: int, minor: int, cuda: CudaVersion | None) -> Arch:
     return Arch(major=major, minor=minor)
 
 
+# Every compute capability an nvcc of CUDA 12.x or 13.x targets (`nvcc --list-gpu-code`; 10.1
+# is Thor's number before CUDA 13 renamed it 11.0): a capability outside it is a typo.
+CAPABILITIES: tuple[tuple[int, int], ...] = (
+    (5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6),
+    (8, 7), (8, 8), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1),
+)  # fmt: skip
+
+
+def known_capability(arch: Arch) -> str | None:
+    """None when ``arch`` is of a capability some GPU has (:data:`CAPABILITIES`), else why
+    not, in one phrase."""
+    if arch.capability in CAPABILITIES:
+        return None
+    return (
+        f"no NVIDIA GPU has compute capability {arch.major}.{arch.minor} (known: "
+        + ", ".join(f"{a}.{b}" for a, b in CAPABILITIES)
+        + ")"
+    )
+
+
 def min_cuda(arch: Arch) -> CudaVersion | None:
     """The oldest CUDA whose nvcc targets ``arch`` (nvcc release notes)."""
     if arch.suffix == "f":
@@ -292,9 +310,12 @@ def parse_gpu_query(stdout: str, fields: Sequence[str] = _QUERY) -> list[Gpu]:
 def visible_gpus() -> tuple[list[Gpu], str | None]:
     """The GPUs this process can see, or (nothing, why not). One ``nvidia-smi`` query; it
     honours ``CUDA_VISIBLE_DEVICES`` no more than the driver does, so callers that pin a GPU
-    pass its index on."""
-    if not DRIVER_VERSION_FILE.exists():
-        return [], f"no NVIDIA driver ({DRIVER_VERSION_FILE} is absent)"
+    pass its index on. Whether there is a driver at all is ``driver.detect``'s answer, the
+    one the gate gets: a sandbox without ``/proc/driver/nvidia`` still has its GPUs."""
+    from builder import driver  # imported here: driver.py asks this module's nvidia-smi query
+
+    if driver.detect() is None:
+        return [], driver.not_found()
     smi = proc.which(NVIDIA_SMI)
     if not smi:
         return [], "NVIDIA driver present but no nvidia-smi to list GPUs"

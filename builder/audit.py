@@ -24,13 +24,11 @@ flashinfer#5145).
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,7 +38,7 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import fatbin, proc
+from builder import cachefiles, driver, fatbin, proc
 from builder.archs import Arch, code_runs_on
 from builder.cudaversion import CudaVersion
 from builder.errors import UsageError
@@ -164,33 +162,20 @@ def _candidate(name: str) -> bool:
     return name.endswith((".so", ".cubin", ".fatbin", ".o")) or ".so." in name
 
 
-def _ours(path: Path) -> bool:
-    """A regular file this user owns and no one else may write (not a link): anything else
-    in the cache's place is ignored, since a forged scan could hide a missing arch."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
 class ScanCache:
     """Scans by file identity (device, inode, size, mtime): a second audit of an unchanged env
-    reads no binary again. Kept as JSON in cudaenv's cache; anything unreadable there is
-    ignored (a scan only informs a report, and is redone)."""
+    reads no binary again. Kept as JSON in cudaenv's cache under its trust rules (cachefiles:
+    a forged scan could hide a missing arch); anything unreadable or refused there is ignored
+    (a scan only informs a report, and is redone)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.entries: dict[str, object] = {}
         self.seen: list[str] = []  # every file scanned (or found unchanged) in this run
         self.dirty = False
-        if path is not None and _ours(path):
-            try:
-                loaded = json.loads(path.read_text())
-                if isinstance(loaded, dict):
-                    self.entries = loaded
-            except (OSError, ValueError):
-                pass
+        loaded = cachefiles.read_json(path) if path is not None else None
+        if isinstance(loaded, dict):
+            self.entries = loaded
 
     @classmethod
     def default(cls) -> ScanCache:
@@ -199,8 +184,10 @@ class ScanCache:
 
     @staticmethod
     def key(path: Path) -> str:
+        """The file's identity and the reader's version: a scan the reader would now do
+        differently (a layout it has learned since) is redone."""
         st = path.stat()
-        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return f"v{fatbin.READER_VERSION}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
     def scan(self, path: Path) -> fatbin.Scan:
         key = self.key(path)
@@ -237,8 +224,8 @@ class ScanCache:
     def save(self) -> None:
         if self.path is None or not self.dirty:
             return
-        with contextlib.suppress(OSError):  # a cache that cannot be written costs a rescan
-            proc.atomic_write_text(self.path, json.dumps(self.entries))
+        # A cache that cannot be written (or is refused) costs a rescan.
+        cachefiles.write_text(self.path, json.dumps(self.entries))
 
 
 def binaries(env: Path, cache: ScanCache) -> list[Binary]:
@@ -445,8 +432,11 @@ for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
     except BaseException as exc:  # a package that fails to import is reported, not fatal
-        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-        errors[name] = f"{type(exc).__name__}: {first}"[:300]
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        first = lines[0] if lines else ""
+        # sgl_kernel's loader puts the cause (a library dlopen could not find) lines below.
+        cause = next((ln for ln in lines[1:] if "cannot open shared object file" in ln), "")
+        errors[name] = (f"{type(exc).__name__}: {first}" + (f" ({cause})" if cause else ""))[:500]
 maps = set()
 with open("/proc/self/maps") as fh:
     for line in fh:
@@ -460,6 +450,27 @@ print(json.dumps({"maps": sorted(maps), "errors": errors}))
 # The stack's CUDA users, imported by the probe where the env has them: torch first (the
 # others import it), then what loads prebuilt kernels or CUDA libraries of its own.
 PROBE_MODULES = ("torch", "flashinfer", "sgl_kernel", "vllm")
+
+
+def probe_failure_note(name: str, why: str) -> str:
+    """Whether a failed import of the probe is what this machine explains. sgl_kernel's
+    common_ops links libcuda.so.1, the NVIDIA driver's library: where no driver is installed
+    its loader raises "Could not load any common_ops library!" (sgl_kernel/load_utils.py),
+    which says nothing about the GPU machine the env is for."""
+    expected = (
+        "; expected on a machine without the NVIDIA driver ({what} links libcuda.so.1, which "
+        "the driver installs): import it on the GPU machine to judge it"
+    )
+    if "libcuda.so" in why and "cannot open shared object file" in why:
+        return expected.format(what=name)
+    if name == "sgl_kernel" and "common_ops" in why:
+        if not driver.PROC_VERSION.exists():
+            return expected.format(what="sgl_kernel's common_ops")
+        return (
+            "; not expected: this machine has the NVIDIA driver, so sgl_kernel's common_ops "
+            "should load even without a GPU (`python -c 'import sgl_kernel'` in the env says why)"
+        )
+    return ""
 
 
 def import_names(env: Path) -> list[str]:
@@ -605,7 +616,8 @@ class Audit:
                 out.append(f"{j.binary.path} could not be read: {j.binary.scan.error}")
         if self.mapped is not None:
             for name, why in self.mapped.errors:
-                out.append(f"import {name} failed in the probe: {why}")
+                note = probe_failure_note(name, why)
+                out.append(f"import {name} failed in the probe: {why}{note}")
         return out
 
     def to_json(self) -> dict[str, object]:

@@ -1,7 +1,9 @@
 """Lock -> venv. Built beside its final path and swapped in only when complete.
 
 A failed or interrupted build leaves the previous env untouched: everything happens in
-``.envs/.NAME.tmp-PID``; the finished tree is exchanged with the old one in one
+``.envs/.NAME.tmp-PID``; what uv installed there is proven against each distribution's
+RECORD (:func:`record_problems`), and only then is the finished tree exchanged with the old
+one in one
 ``renameat2(RENAME_EXCHANGE)`` (or two renames where the kernel lacks it), then the old tree
 is removed. A per-env ``flock`` keeps two builds of one env apart; the kernel drops it when
 a builder dies, so a killed build never leaves a stale lock. Leftovers of a killed build
@@ -10,14 +12,20 @@ a builder dies, so a killed build never leaves a stale lock. Leftovers of a kill
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import contextlib
+import csv
 import ctypes
 import datetime as dt
 import errno
 import fcntl
+import hashlib
 import logging
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -26,12 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 from builder import __version__, archs, interpreters, manifest, platforms, proc, toolchain
 from builder.archs import Arch
 from builder.errors import BuildError, EnvBusy
 from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
-from builder.paths import envs_dir
+from builder.paths import envs_dir, project_root
 from builder.reporter import Reporter, silent
 from builder.spec import EnvSpec
 
@@ -94,7 +106,13 @@ def fault_point(name: str, progress: Progress) -> None:
 
 
 def default_env_dir(spec: EnvSpec) -> Path:
-    return envs_dir() / spec.name
+    """Where the env of ``spec`` lives: in the envs dir of the project that holds the spec
+    file, wherever the command runs (``cudaenv verify ~/proj/envspecs/x.yaml`` from another
+    directory finds the env built in ~/proj); a spec outside any project keeps the current
+    directory's."""
+    # abspath, not resolve(): `..` is folded as the user typed it, a linked project kept.
+    holder = project_root(Path(os.path.abspath(spec.source.parent)))  # noqa: PTH100
+    return (envs_dir(holder) if holder is not None else envs_dir()) / spec.name
 
 
 def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path, platform: str | None = None) -> None:
@@ -234,6 +252,23 @@ def env_lock(
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _build_lock(target: Path, progress: Progress) -> Iterator[None]:
+    """:func:`env_lock` for a build: a lock that cannot be made (a read-only or missing
+    ``--env-dir`` parent) is one BuildError naming the file, not a traceback."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(env_lock(target, progress))
+        except OSError as exc:
+            where = Path(exc.filename) if exc.filename else target.parent
+            raise BuildError(
+                f"{where}: cannot take the lock of {target} ({exc.strerror}); the env's "
+                "directory must be writable by this user: pass --env-dir on a writable "
+                "filesystem. Nothing was changed"
+            ) from exc
+        yield
+
+
 # --------------------------------------------------------------------------- build
 
 
@@ -276,7 +311,7 @@ def build(
             f"{target} is a symlink (to {target.readlink()}); cudaenv replaces env directories "
             "whole and will not follow or replace a link: remove it or pass --env-dir"
         )
-    with env_lock(target, progress):
+    with _build_lock(target, progress):
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
         env_archs = archs.env_archs(spec.archs, spec.cuda_version)
@@ -307,8 +342,16 @@ def build(
                     assert platform is not None
                     result = _assemble_into(job, platforms.get(platform))
             except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise BuildError(_no_space(tmp)) from exc
+                if exc.errno in _NO_SPACE_ERRNOS:
+                    raise BuildError(
+                        _no_space(tmp, target, quota=exc.errno == errno.EDQUOT)
+                    ) from exc
+                raise
+            except proc.CommandFailed as exc:
+                # uv venv, the hook's self-check: a full disk is said as such, not as the
+                # command that met it.
+                if _out_of_space(exc.output):
+                    raise BuildError(_no_space(tmp, target, said=exc.output)) from exc
                 raise
             fault_point("swap", progress)
             t = time.monotonic()
@@ -369,13 +412,18 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
         if not _sync_from_cache(argv, req):
             proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
-        if "No space left on device" in exc.output:
-            raise BuildError(_no_space(tmp)) from exc
+        if _out_of_space(exc.output):
+            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             # uv's messages were shown as it ran (streamed): not repeated here.
             f"{spec.name}: installing the lock failed (uv's messages above)"
         ) from exc
     stage(f"install {len(packages)} packages", t)
+    t = time.monotonic()
+    marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
+    marker_env["python_full_version"] = interp.version
+    _prove_installed(job, toolchain.site_packages(tmp), packages, marker_env)
+    stage(f"every file of {len(packages)} packages' RECORD in place", t)
     t = time.monotonic()
     fault_point("overlay", progress)
     if spec.toolchain.source == "wheels":
@@ -445,6 +493,10 @@ def _sync_from_cache(argv: Sequence[str], req: Path) -> bool:
     try:
         done = proc.run([*argv, "--offline", str(req)], env=proc.uv_env())
     except proc.CommandFailed as exc:
+        if _out_of_space(exc.output):
+            # Not a cache miss: installing online would meet the same full disk, or worse,
+            # find the half-copied packages "installed" and exit 0 (the caller says it).
+            raise
         log.debug("not all of the lock is in uv's cache; installing online: %s", exc)
         return False
     sys.stderr.write(done.stderr)
@@ -489,11 +541,14 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     try:
         proc.run(argv, env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
+        if _out_of_space(exc.output):
+            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             f"{spec.name}: unpacking the lock for {platform.name} failed (uv's messages above)"
         ) from exc
     stage(f"unpack {len(packages)} packages for {platform.name}", t)
     t = time.monotonic()
+    _prove_installed(job, site, packages, platform.marker_environment(spec.python))
     overlay = toolchain.wheel_overlay(tmp, spec, platform)
     toolchain.write_hooks(tmp, spec, env_archs)
     problems = toolchain.assembly_problems(tmp, platform)
@@ -511,12 +566,237 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     return built
 
 
-def _no_space(tmp: Path) -> str:
-    usage = shutil.disk_usage(tmp.parent)
+# A full filesystem (ENOSPC) or a full quota (EDQUOT): as OSError errnos, and as uv (Rust's
+# io::Error) words them in its output, "No space left on device (os error 28)".
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE = re.compile(
+    rf"No space left on device|Disk quota exceeded|\(os error (?:{errno.ENOSPC}|{errno.EDQUOT})\)"
+)
+
+
+def _out_of_space(output: str) -> bool:
+    """Whether a command's output says it met a full filesystem or quota."""
+    return _NO_SPACE.search(output) is not None
+
+
+def _over_quota(output: str) -> bool:
+    return "Disk quota exceeded" in output or f"(os error {errno.EDQUOT})" in output
+
+
+def _tree_bytes(root: Path) -> int:
+    """The bytes of the files below ``root``, each inode once (cuda-home/bin/ hard-links the
+    toolkit's binaries)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = (Path(top) / name).lstat()
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+    return total
+
+
+def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -> str:
+    """What a build that ran out of room says: where, how much room it had, how much the env
+    there now holds (what a build of the same lock needs, as a copy: uv copies instead of
+    hard-linking when its cache is on another filesystem), and the line of ``said`` (a
+    command's output) that names the file it could not write (uv's cache may be the full
+    one)."""
+    # What the build had: what is free now plus what it wrote (removed as the error unwinds).
+    room = (shutil.disk_usage(tmp.parent).free + _tree_bytes(tmp)) // 2**20
+    quota = quota or _over_quota(said)
+    what = "the disk quota was exceeded" if quota else "no space left on device"
+    needs = ""
+    if target.is_dir() and not target.is_symlink():
+        needs = f"; the env there now holds {_tree_bytes(target) // 2**20} MiB of files"
+    lines = [ln.strip() for ln in said.splitlines() if _out_of_space(ln)]
+    if lines:
+        needs += f"; uv: {lines[-1][:400]}"
     return (
-        f"no space left on device while building in {tmp.parent} ({usage.free // 2**20} MiB "
-        "free); free space there or pass --env-dir on a larger filesystem. Nothing was "
-        "replaced: the previous env, if any, is intact"
+        f"{what} while building in {tmp.parent} (the build had {room} MiB{needs}); free space "
+        "there or "
+        "pass --env-dir on a larger filesystem. Nothing was replaced: the previous env, if "
+        "any, is intact"
+    )
+
+
+# --------------------------------------------------------------------------- proof of install
+
+# Files above this many bytes in all are hashed by a pool of threads (hashlib releases the GIL
+# for large updates); below it, one thread is faster than starting a pool.
+_POOL_BYTES = 64 * 2**20
+_CHUNK = 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Recorded:
+    """One RECORD row of an installed distribution: the file, its hash and size."""
+
+    dist: str  # the .dist-info directory's name
+    rel: str  # as RECORD writes it, relative to site-packages
+    path: str  # normalized; strings, not Paths: pathlib costs 2/3 of the proof's time
+    algorithm: str | None
+    digest: str | None  # urlsafe base64 without padding, as RECORD writes it
+    size: int | None
+
+
+def _digest(path: str, algorithm: str) -> str:
+    h = hashlib.new(algorithm)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:  # noqa: PTH123 - a str path (see _Recorded)
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def record_problems(
+    site: Path,
+    root: Path,
+    packages: Sequence[LockedPackage] = (),
+    *,
+    hash_linked: bool = False,
+) -> list[str]:
+    """What is not as the RECORD files below ``site`` say; empty when every file is there.
+
+    Each of ``packages`` must have a ``.dist-info`` of its version with a RECORD; every file a
+    RECORD names must be inside ``root``, a regular file of the recorded size, and, where
+    RECORD gives a hash (RECORD itself and ``.pyc`` files have none, PEP 376), that hash.
+
+    The hash is checked for every file this install wrote (one link: a copy), not for a file
+    hard-linked from uv's cache (``st_nlink > 1`` in a tree made this build): a hard link is
+    one directory entry made whole or not at all, its bytes are the cache's file, which uv
+    unpacked from a wheel whose sha256 matched the lock before renaming it into the cache, so
+    an interrupted or out-of-space install cannot leave such a file partly written; its size
+    is still checked. Hashing those too would read the whole env on every warm build (266 MiB
+    for the toolkit spec, gigabytes for a torch stack: ~0.2 s per 266 MiB on one core); a
+    cache changed after uv filled it is a question of the cache's trust, not of this install.
+    ``hash_linked`` hashes them all the same. Where uv copies (its cache on another
+    filesystem), everything is hashed: about the copy's own cost again (0.3 s of a 0.6 s
+    build of the toolkit spec on 2 cores), the price of proving bytes that were written."""
+    problems: list[str] = []
+    infos: dict[str, tuple[str, Path]] = {}
+    for info in sorted(site.glob("*.dist-info")):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        infos[canonicalize_name(name)] = (version, info)
+    for pkg in packages:
+        found = infos.get(canonicalize_name(pkg.name))
+        if found is None:
+            problems.append(f"{pkg.name} {pkg.version}: not installed (no .dist-info)")
+        elif not _same_version(found[0], pkg.version):
+            problems.append(f"{pkg.name}: {found[0]} installed, the lock says {pkg.version}")
+    to_hash: list[_Recorded] = []
+    site_text, inside = os.fspath(site), os.fspath(root) + os.sep
+    for _version, info in infos.values():
+        try:
+            text = (info / "RECORD").read_text(encoding="utf-8")
+        except OSError as exc:
+            problems.append(f"{info.name}/RECORD: {exc.strerror or exc}")
+            continue
+        for row in csv.reader(text.splitlines()):
+            if not row or not row[0]:
+                continue
+            entry = _entry(site_text, info.name, row)
+            problem = _check_entry(entry, inside, to_hash, hash_linked=hash_linked)
+            if problem is not None:
+                problems.append(problem)
+    problems += _hash_problems(to_hash)
+    return problems
+
+
+def _applies(pkg: LockedPackage, marker_env: dict[str, str]) -> bool:
+    """Whether uv installs ``pkg`` where ``marker_env`` holds; a marker that cannot be read
+    counts as holding (the package is then required)."""
+    if not pkg.marker:
+        return True
+    try:
+        return Marker(pkg.marker).evaluate({**marker_env, "extra": ""})
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+        return True
+
+
+def _same_version(installed: str, locked: str) -> bool:
+    try:
+        return Version(installed) == Version(locked)
+    except InvalidVersion:
+        return installed == locked
+
+
+def _entry(site: str, dist: str, row: list[str]) -> _Recorded:
+    algorithm = digest = None
+    if len(row) > 1 and "=" in row[1]:
+        algorithm, _, digest = row[1].partition("=")
+    size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
+    path = os.path.normpath(os.path.join(site, row[0]))  # noqa: PTH118 - see _Recorded.path
+    return _Recorded(dist=dist, rel=row[0], path=path, algorithm=algorithm, digest=digest,
+                     size=size)  # fmt: skip
+
+
+def _check_entry(
+    entry: _Recorded, inside: str, to_hash: list[_Recorded], *, hash_linked: bool
+) -> str | None:
+    """None if the file is as RECORD says (its hash left to :func:`_hash_problems`, queued in
+    ``to_hash``), else the problem; ``inside``: the env's path and a separator."""
+    if not entry.path.startswith(inside):
+        return f"{entry.dist}: {entry.rel}: outside the env"
+    try:
+        st = os.lstat(entry.path)
+    except FileNotFoundError:
+        return f"{entry.dist}: {entry.rel}: missing"
+    except OSError as exc:
+        return f"{entry.dist}: {entry.rel}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{entry.dist}: {entry.rel}: not a regular file"
+    if entry.size is not None and st.st_size != entry.size:
+        return f"{entry.dist}: {entry.rel}: {st.st_size} bytes, RECORD says {entry.size}"
+    if entry.digest and (hash_linked or st.st_nlink == 1):
+        to_hash.append(entry)
+    return None
+
+
+def _hash_problems(entries: Sequence[_Recorded]) -> list[str]:
+    def check(entry: _Recorded) -> str | None:
+        assert entry.algorithm is not None and entry.digest is not None
+        if entry.algorithm not in hashlib.algorithms_guaranteed:
+            return f"{entry.dist}: {entry.rel}: RECORD names hash {entry.algorithm!r}, unknown"
+        try:
+            got = _digest(entry.path, entry.algorithm)
+        except OSError as exc:
+            return f"{entry.dist}: {entry.rel}: {exc.strerror}"
+        if got != entry.digest:
+            return f"{entry.dist}: {entry.rel}: {entry.algorithm} differs from RECORD's"
+        return None
+
+    total = sum(e.size or 0 for e in entries)
+    if total < _POOL_BYTES:
+        found = [check(e) for e in entries]
+    else:
+        workers = min(8, os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            found = list(pool.map(check, entries))
+    return [p for p in found if p is not None]
+
+
+def _prove_installed(
+    job: _Job, site: Path, packages: Sequence[LockedPackage], marker_env: dict[str, str]
+) -> None:
+    """BuildError unless every locked package whose marker holds in ``marker_env`` (the
+    others uv rightly skips) is installed and every file its RECORD names is there as
+    recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
+    disk), and the env must not replace a working one then."""
+    problems = record_problems(site, job.tmp, [p for p in packages if _applies(p, marker_env)])
+    if not problems:
+        return
+    free = shutil.disk_usage(job.tmp.parent).free // 2**20
+    shown = "; ".join(problems[:5]) + (
+        f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    )
+    raise BuildError(
+        f"{job.spec.name}: the install is incomplete: {len(problems)} file(s) or package(s) "
+        f"are not as their RECORD says ({shown}); {free} MiB free in {job.tmp.parent}. Nothing "
+        "was replaced: the previous env, if any, is intact"
     )
 
 

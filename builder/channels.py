@@ -8,14 +8,13 @@ never kept in a table.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
-from builder import proc
+from builder import cachefiles
 from builder.paths import cache_dir
 
 # Packages whose version IS the CUDA version (major.minor.build): they tell the CUDA minor
@@ -84,21 +83,19 @@ def multi_major_by_design(name: str) -> bool:
 
 
 def read_cached_pins(key: str) -> dict[str, str] | None:
-    path = cache_dir() / "channels" / f"{key}.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    """The pins an earlier query cached, under the cache's trust rules (cachefiles: they name
+    the versions a lock pins, so a file another user could write is not read)."""
+    data = cachefiles.read_json(cache_dir() / "channels" / f"{key}.json")
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         return None
     return {str(k): str(v) for k, v in data.items()}
 
 
 def write_cached_pins(key: str, pins: dict[str, str]) -> None:
-    path = cache_dir() / "channels" / f"{key}.json"
-    # A cache that cannot be written only costs a re-query.
-    with contextlib.suppress(OSError):
-        proc.atomic_write_text(path, json.dumps(pins, sort_keys=True, indent=1))
+    # A cache that cannot be written (or is refused) only costs a re-query.
+    cachefiles.write_text(
+        cache_dir() / "channels" / f"{key}.json", json.dumps(pins, sort_keys=True, indent=1)
+    )
 
 
 # A header a compile could not find -> the cuda-toolkit component (extra) that ships it.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, cliargs, driver, pipeline, proc
+from builder import archs, cliargs, driver, pipeline, proc, variables
 from builder.errors import ReportError, UsageError, VerifyFailed
 from builder.reporter import Reporter, run_main
 
@@ -31,7 +31,9 @@ make_parser = cliargs.make_parser
 
 def cmd_lock(args: argparse.Namespace, say: Reporter) -> int:
     for path in args.specs:
-        done = pipeline.write_lock(path, upgrade=args.upgrade, reporter=say)
+        done = pipeline.write_lock(
+            path, upgrade=args.upgrade, upgrade_packages=args.upgrade_package, reporter=say
+        )
         lk = done.lock
         per_platform = ", ".join(f"{len(lk.packages_on(p))} packages for {p}" for p in lk.platforms)
         say(
@@ -39,6 +41,12 @@ def cmd_lock(args: argparse.Namespace, say: Reporter) -> int:
             f"(CUDA {lk.torch_cuda or '-'}), cuda-toolkit {lk.toolkit or '-'} "
             f"in {done.seconds:.1f} s"
         )
+        s = pipeline.load_spec(path)
+        if s.targets:
+            # A lock is never refused for its targets (build refuses the required ones): it
+            # says which the new set cannot serve.
+            for v in pipeline.judge_targets(s, lk, s.targets, say).failures:
+                say(f"warning: target {v.line()}")
     return 0
 
 
@@ -50,6 +58,9 @@ def cmd_plan(args: argparse.Namespace, say: Reporter) -> int:
     found = driver.detect()
     rows = [("lock", str(path) if path.exists() else f"{path} (not written yet)")]
     rows += pipeline.plan_table(s, lk, platform, found)
+    fleet = pipeline.fleet_of(s, Path(args.targets) if args.targets else None)
+    judged = pipeline.judge_targets(s, lk, fleet, say).verdicts if fleet else ()
+    rows += [(f"target {v.target.name}", v.line().split(": ", 1)[1]) for v in judged]
     if args.json:
         doc = {
             "spec": str(s.source),
@@ -77,6 +88,7 @@ def cmd_plan(args: argparse.Namespace, say: Reporter) -> int:
                 else None
             ),
             "packages": {p.name: p.version for p in lk.packages_on(platform)},
+            "targets": [v.to_json() for v in judged],
         }
         print(json.dumps(doc, indent=2))
         return 0
@@ -98,7 +110,8 @@ def cmd_init(args: argparse.Namespace, say: Reporter) -> int:
         cuda=args.cuda,
         name=args.name,
         out=args.out,
-        argv=argv + ([f"--out={args.out}"] if args.out else []),
+        argv=argv + [f"--{k}={v}" for k, v in (("out", args.out), ("targets", args.targets)) if v],
+        targets_file=args.targets,
     )
     done = init.init(request, say)
     lk = done.locked.lock
@@ -134,6 +147,8 @@ def cmd_build(args: argparse.Namespace, say: Reporter) -> int:
             offline=args.offline,
             platform=args.platform,
             no_driver_check=args.no_driver_check,
+            keep_going=args.keep_going,
+            no_target_check=args.no_target_check,
         )
         built, verified = pipeline.build_and_verify(
             request, say, show=(lambda _text: None) if args.json else print
@@ -161,6 +176,7 @@ def cmd_verify(args: argparse.Namespace, say: Reporter) -> int:
         checks=verify.parse_checks(args.checks) if args.checks else None,
         archs=pipeline.parse_archs(args.archs) if args.archs else None,
         fresh=args.fresh,
+        keep_going=args.keep_going,
     )
     report = Path(args.report) if args.report else None
     _verify(request, say, report, Path(args.markdown) if args.markdown else None)
@@ -186,7 +202,8 @@ def cmd_doctor(args: argparse.Namespace, say: Reporter) -> int:
     from builder import doctor, interpreters
 
     python = interpreters.python_arg(args.python) if args.python else doctor.default_python()
-    facts, findings, seconds = doctor.probe(python, deep=args.deep)
+    targets = pipeline.parse_archs(args.archs) if args.archs else ()
+    facts, findings, seconds = doctor.probe(python, deep=args.deep, target_archs=targets)
     if args.json:
         print(json.dumps(doctor.to_json(python, facts, findings, seconds), indent=2))
     else:
@@ -299,7 +316,7 @@ def cmd_remove(args: argparse.Namespace, say: Reporter) -> int:
 def cmd_run(args: argparse.Namespace, say: Reporter) -> int:
     from builder import envs
 
-    path = envs.resolve(args.name)
+    path = envs.runnable(args.name)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -349,6 +366,15 @@ def cmd_completion(args: argparse.Namespace, say: Reporter) -> int:
 def cmd_audit(args: argparse.Namespace, say: Reporter) -> int:
     from builder import audit
 
+    if args.spec is not None and not (args.python or args.env_dir or args.archs):
+        fleet_file = Path(args.targets) if args.targets else None
+        if fleet_file is not None or pipeline.load_spec(args.spec).targets:
+            return show_targets(pipeline.audit_targets(args.spec, fleet_file, say), args)
+    if args.targets:
+        raise UsageError(
+            "--targets judges a SPEC's lock: it takes no --python, --env-dir or --archs"
+        )
+
     request = pipeline.AuditRequest(
         spec=str(args.spec) if args.spec is not None else None,
         python=args.python,
@@ -362,6 +388,55 @@ def cmd_audit(args: argparse.Namespace, say: Reporter) -> int:
         proc.atomic_write_text(Path(args.markdown), audit.markdown(done))
     if done.failures:
         raise VerifyFailed(f"audit: {len(done.failures)} required binary problem(s); see above")
+    return 0
+
+
+def show_targets(done: pipeline.Judged, args: argparse.Namespace) -> int:
+    """A stack's verdict per target: the table (or JSON), a Markdown copy; exit 5 when one
+    cannot run it."""
+    from builder import fleet
+
+    print(
+        json.dumps(fleet.to_json(done.spec, done.lock, done.verdicts), indent=2)
+        if args.json
+        else fleet.render(done.spec, done.verdicts)
+    )
+    if getattr(args, "markdown", None):
+        proc.atomic_write_text(Path(args.markdown), fleet.markdown(done.spec, done.verdicts))
+    if done.failures:
+        names = ", ".join(v.target.name for v in done.failures)
+        raise VerifyFailed(
+            f"{done.spec.name} cannot run on {len(done.failures)} target(s): {names}"
+        )
+    return 0
+
+
+def cmd_target(args: argparse.Namespace, say: Reporter) -> int:
+    from builder import targets
+
+    found = targets.this_node(
+        name=args.name, cc=args.cc, driver_version=args.driver, required=args.required
+    )
+    if not args.out:
+        print(targets.render_file(found), end="")
+        return 0
+    added, kept = targets.add_to_file(Path(args.out), found)
+    for t in added:
+        say(f"added {t.label} to {args.out}")
+    for t in kept:
+        say(f"{t.label} is in {args.out} already")
+    return 0
+
+
+def cmd_compat(args: argparse.Namespace, say: Reporter) -> int:
+    from builder import compat
+
+    table = compat.tabulate(args.specs, Path(args.targets) if args.targets else None, say)
+    print(json.dumps(table.to_json(), indent=2) if args.json else compat.text(table))
+    if args.markdown:
+        proc.atomic_write_text(Path(args.markdown), compat.markdown(table))
+    if args.html:
+        proc.atomic_write_text(Path(args.html), compat.html(table))
     return 0
 
 
@@ -493,16 +568,25 @@ def _size(n: int) -> str:
 def cmd_store_verify(args: argparse.Namespace, say: Reporter) -> int:
     store = pipeline.jit_store_here()
     entries = store.all()
-    bad = 0
+    from builder.verify import kernel_compile
+
+    bad = kept = 0
     for key, variant in entries:
         problem = store.check(key, variant)
+        if problem is None:
+            # Consistent with its record; a kernel must also be one (a record says nothing
+            # of who made the entry: docs, the store's trust rules).
+            problem = kernel_compile.stored_kernel_problem(store.load(key, variant))
         if problem is not None:
             bad += 1
-            store.discard(variant, problem)
+            kept += not store.discard(variant, problem)
             print(store.notes[-1])
-    say(f"{len(entries) - bad} of {len(entries)} entries as recorded in {store.root}")
+    say(f"{len(entries) - bad} of {len(entries)} entries match their records in {store.root}")
     if bad:
-        raise VerifyFailed(f"the JIT store held {bad} damaged entr{'y' if bad == 1 else 'ies'}")
+        left = f"; {kept} could not be removed" if kept else ""
+        raise VerifyFailed(
+            f"the JIT store held {bad} damaged entr{'y' if bad == 1 else 'ies'}{left}"
+        )
     return 0
 
 
@@ -515,6 +599,8 @@ def cmd_store_gc(args: argparse.Namespace, say: Reporter) -> int:
         raise UsageError(f"--max: {exc}") from None
     store = pipeline.jit_store_here()
     removed, freed = store.gc(cap)
+    for note in store.notes:
+        say(f"warning: {note}")
     left = sum(store.size_of(v) for _, v in store.all())
     say(
         f"removed {len(removed)} item(s), {_size(freed)} freed; {_size(left)} left "
@@ -551,6 +637,8 @@ def cmd_add(args: argparse.Namespace, say: Reporter) -> int:
 HANDLERS: dict[str, Callable[[argparse.Namespace, Reporter], int]] = {
     "lock": cmd_lock,
     "init": cmd_init,
+    "target": cmd_target,
+    "compat": cmd_compat,
     "plan": cmd_plan,
     "build": cmd_build,
     "export": cmd_export,
@@ -599,7 +687,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = paths.project_root()
         if root is not None and root != paths.current_dir():
             say(f"project root {root} (envs in {paths.envs_dir()})")
-    return run_main(lambda: handler(args, say), say, debug=debug)
+
+    def body() -> int:
+        # Before any work: a timeout of nan or 0 would fail deep inside a check.
+        variables.check_numbers(os.environ)
+        return handler(args, say)
+
+    return run_main(body, say, debug=debug)
 
 
 if __name__ == "__main__":

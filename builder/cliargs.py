@@ -7,6 +7,7 @@ by `cudaenv completion` and by the reference docs, and none of them needs the ha
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -67,10 +68,25 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     """``parser.parse_args(argv)``, except that an argument nothing takes is reported by the
     command it was given to, with that command's usage: argparse hands a subcommand's unknown
     arguments up to the top-level parser, which would show the top-level usage."""
+    _known_command(parser, sys.argv[1:] if argv is None else argv)
     args, extras = parser.parse_known_args(argv)
     if extras:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     return args
+
+
+def _known_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A command nothing is named is refused with the closest one (argparse lists all of
+    them, and only Python 3.14's suggests one)."""
+    commands = next(
+        (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
+    )
+    given = next((a for a in argv if not a.startswith("-")), None)
+    if not commands or given is None or given in commands:
+        return
+    close = difflib.get_close_matches(given, list(commands), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else "see `cudaenv --help` for the commands"
+    parser.error(f"unknown command {given!r}: {hint}")
 
 
 def _sub(
@@ -98,6 +114,11 @@ def _sub(
 
 
 SPEC_HELP = "a spec file (envspecs/NAME.yaml), or MATRIX.yaml:CELL"
+TARGETS_HELP = "a fleet file (targets: [{name, cc, platform, driver}])"
+KEEP_GOING_HELP = (
+    "run every check even after a cheaper one failed (by default a failed check leaves the "
+    "later, costlier stages not run)"
+)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -129,6 +150,14 @@ def make_parser() -> argparse.ArgumentParser:
         "--upgrade",
         action="store_true",
         help="resolve afresh instead of preferring the versions of the current lock",
+    )
+    lk.add_argument(
+        "--upgrade-package",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let NAME move to its newest allowed version while every other locked version "
+        "is kept (repeatable)",
     )
     lk.set_defaults(handler="lock")
 
@@ -171,6 +200,7 @@ def make_parser() -> argparse.ArgumentParser:
     it.add_argument(
         "--out", metavar="FILE", help="the spec file to write (default: envspecs/NAME.yaml)"
     )
+    it.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + "; the spec gets them")
     it.set_defaults(handler="init")
 
     pl = _sub(
@@ -190,6 +220,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="the platform whose packages to show: linux-x86_64 or linux-aarch64 (default: "
         "this machine's)",
     )
+    pl.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + "; shows each one's verdict")
     pl.set_defaults(handler="plan")
 
     bd = _sub(
@@ -211,6 +242,7 @@ def make_parser() -> argparse.ArgumentParser:
     bd.add_argument("--force", action="store_true", help="rebuild even if the env is up to date")
     bd.add_argument("--verify", action="store_true", help="run `cudaenv verify` on each env built")
     bd.add_argument("--report", help="with --verify: write the JSON report here")
+    bd.add_argument("--keep-going", action="store_true", help="with --verify: " + KEEP_GOING_HELP)
     bd.add_argument(
         "--json", action="store_true", help="print one JSON object per env (with its verify report)"
     )
@@ -234,6 +266,11 @@ def make_parser() -> argparse.ArgumentParser:
         "--env-dir, not --verify",
     )
     bd.add_argument("--no-driver-check", action="store_true", help=NO_DRIVER_CHECK_HELP)
+    bd.add_argument(
+        "--no-target-check",
+        action="store_true",
+        help="build even when a target the spec marks required cannot run the stack",
+    )
     bd.set_defaults(handler="build")
 
     ex = _sub(
@@ -279,9 +316,12 @@ def make_parser() -> argparse.ArgumentParser:
         sub,
         "verify",
         "prove an env works: compile and run real kernels",
-        "Run the checks (toolchain, kernel-compile, flashinfer-jit, cubin, sampling) on a spec's "
-        "built env, or on any interpreter with --python. A check that cannot run here (no GPU) "
-        "says skipped with the reason. A failed check exits 5; a missing tool 6.",
+        "Run the checks (" + ", ".join(spec.CHECKS) + ") on a spec's built env, or on any "
+        "interpreter with --python, cheapest first: those that read the env, then those that "
+        "compile (FlashInfer's JIT), then those that need a GPU. A failed check leaves the later "
+        "stages not run (skipped, 'not run: X failed') unless --keep-going. A check that cannot "
+        "run here (no GPU) says skipped with the reason. A failed check exits 5; a missing "
+        "tool 6.",
         "cudaenv verify envspecs/default.yaml --checks toolchain,kernel-compile",
     )
     vf.add_argument("spec", nargs="?", type=Path, metavar="SPEC", help=SPEC_HELP)
@@ -292,6 +332,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--archs", help='comma or space separated, e.g. "9.0a,12.0f" (default: the env\'s)'
     )
     vf.add_argument("--fresh", action="store_true", help="rebuild what a check would reuse")
+    vf.add_argument("--keep-going", action="store_true", help=KEEP_GOING_HELP)
     vf.add_argument("--report", help="write the JSON report here")
     vf.add_argument("--markdown", help="write the Markdown report here")
     vf.set_defaults(handler="verify")
@@ -309,6 +350,11 @@ def make_parser() -> argparse.ArgumentParser:
     dr.add_argument(
         "--python",
         help="the interpreter or env directory to diagnose (default: $VIRTUAL_ENV's, else python3)",
+    )
+    dr.add_argument(
+        "--archs",
+        help="the archs the env is for (e.g. 12.0), when this box has not those GPUs: the SM 12.x "
+        "rules then apply as on the target",
     )
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
@@ -435,7 +481,48 @@ def make_parser() -> argparse.ArgumentParser:
     au.add_argument(
         "--no-probe", action="store_true", help="do not import the stack to read what it maps"
     )
+    au.add_argument(
+        "--targets",
+        metavar="FILE",
+        help=TARGETS_HELP + ": judge each from the lock's wheels of its platform (no env needed)",
+    )
     au.set_defaults(handler="audit")
+
+    tg = _sub(
+        sub,
+        "target",
+        "write this node's GPU class into a fleet file",
+        "Read this node's GPUs (their compute capabilities), NVIDIA driver and platform, and "
+        "print each distinct GPU class as a fleet-file target, or add it to --out FILE (made "
+        "when missing; a class already there is kept once). Run it on one node of each class "
+        "and the fleet file is collected, not typed. --cc and --driver say what a node without "
+        "nvidia-smi has.",
+        "cudaenv target --name rtx-pro-6000 --out envspecs/fleet.yaml",
+    )
+    tg.add_argument("--name", help="the class's name (default: from the GPU and platform)")
+    tg.add_argument("--out", metavar="FILE", help="add to this fleet file instead of printing")
+    tg.add_argument("--required", action="store_true", help="mark the class required")
+    tg.add_argument("--cc", help='the compute capability, e.g. "12.0" (default: the GPUs\')')
+    tg.add_argument("--driver", help='the driver version, e.g. "580.95.05" (default: found)')
+    tg.set_defaults(handler="target")
+
+    cp = _sub(
+        sub,
+        "compat",
+        "which stacks run on which GPU classes: a compatibility table",
+        "Judge each stack (a spec, or every cell of a matrix file) for each target from its "
+        "lock's wheels, as `audit --targets` does, and print a table: stacks as rows, GPU "
+        "class x platform x driver as columns, each cell a verdict with its evidence. Without "
+        "--targets, the common classes: 7.5 to 12.1 on both platforms, on a 570 and a 580 "
+        "driver. Exits 0 whatever the verdicts (a table, not a gate).",
+        "cudaenv compat envspecs/default.yaml envspecs/vllm-0.33-cu130.yaml --markdown c.md",
+    )
+    cp.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help="specs or matrix files")
+    cp.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + " (default: common classes)")
+    cp.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    cp.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown here")
+    cp.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page here")
+    cp.set_defaults(handler="compat")
 
     mx = _sub(
         sub,

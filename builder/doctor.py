@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -108,6 +109,8 @@ class Facts:
     errors: Mapping[str, str]
     manifest: Manifest | None
     seconds: float
+    # The archs the env is for, as `cudaenv doctor --archs` was told (the box may have no GPU).
+    target_archs: tuple[archs.Arch, ...] = ()
 
     @property
     def jit_home(self) -> CudaHome | None:
@@ -126,6 +129,7 @@ class Facts:
         *,
         gpus: Sequence[archs.Gpu] = (),
         gpus_note: str | None = None,
+        target_archs: Sequence[archs.Arch] = (),
     ) -> Facts:
         """The probe's JSON (from a foreign interpreter: every key may be missing) plus what
         cudaenv itself knows: the env's manifest and the visible GPUs."""
@@ -195,6 +199,7 @@ class Facts:
             errors={str(k): str(v) for k, v in errors.items()},
             manifest=manifest,
             seconds=float(doc.get("seconds", 0.0) or 0.0),
+            target_archs=tuple(target_archs),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -291,6 +296,15 @@ def _adopt_fix(facts: Facts) -> str | None:
     )
 
 
+def install_command(facts: Facts, verb: str, *requirements: str) -> str:
+    """``pip install X`` as it works in the env diagnosed: through its own pip where it has
+    one, else through uv (a uv venv has no pip, and a bare ``pip`` is some other env's)."""
+    args = " ".join(shlex.quote(r) for r in requirements)
+    if "pip" in facts.dists:
+        return f"{shlex.quote(facts.python)} -m pip {verb} {args}"
+    return f"uv pip {verb} --python {shlex.quote(facts.python)} {args}"
+
+
 def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
     """The exact ways to give the JIT the toolkit of torch's CUDA."""
     fixes: list[str] = []
@@ -312,7 +326,8 @@ def _matched_fixes(facts: Facts, want: str | None) -> tuple[str, ...]:
         if pin and CudaVersion.read(pin) == CudaVersion.read(want):
             fixes.append(
                 f"install the matched compiler into this env: "
-                f"`pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]=={pin}'`, then build an env "
+                f"`{install_command(facts, 'install', f'cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]=={pin}')}`"
+                ", then build an env "
                 'that wires it as CUDA_HOME: `cudaenv build SPEC` with cuda: "' + want + '"'
             )
         else:
@@ -421,7 +436,14 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
 
 
 def sm12_intent(facts: Facts) -> str:
+    """Why this env is meant for SM 12.x, if it is: a visible GPU, an arch list in its
+    environment, the arch list it was built with (its manifest), or ``--archs``. The box that
+    diagnoses it may have no GPU at all."""
     reasons = []
+    if facts.manifest is not None and any(a.major == 12 for a in facts.manifest.archs):
+        reasons.append(f"the env's arch list is {' '.join(archs.texts(facts.manifest.archs))}")
+    if any(a.major == 12 for a in facts.target_archs):
+        reasons.append(f"--archs {' '.join(archs.texts(facts.target_archs))}")
     for gpu in facts.gpus:
         if gpu.capability is not None and gpu.capability[0] == 12:
             reasons.append(f"GPU {gpu.index} {gpu.name} is SM {gpu.capability_text}")
@@ -454,8 +476,11 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 evidence=tuple(f"CUDA {m}: {', '.join(v)}" for m, v in sorted(minors.items())),
                 fix=(
                     *((_adopt_fix(facts),) if _adopt_fix(facts) else ()),
-                    f"pin every component to torch's: `pip install 'cuda-toolkit[nvcc,cudart,crt,nvvm,"
-                    f"cccl]=={pin}'`"
+                    "pin every component to torch's: `"
+                    + install_command(
+                        facts, "install", f"cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]=={pin}"
+                    )
+                    + "`"
                     if pin
                     else f"reinstall the toolkit wheels of CUDA {want}",
                     "the cudaenv way: `cudaenv lock SPEC` refuses such a set; `cudaenv build SPEC`",
@@ -480,7 +505,7 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                     f"CUDA {m}: {', '.join(sorted(v))}" for m, v in sorted(majors.items())
                 ),
                 fix=(
-                    f"pip uninstall {' '.join(drop)}",
+                    install_command(facts, "uninstall", *drop),
                     "the cudaenv way: `cudaenv build SPEC` "
                     "(one CUDA major per env is a lock-time rule)",
                 ),
@@ -494,7 +519,11 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 severity=ERROR,
                 cause=f"{comp} {comp_version} does not match flashinfer-python {fi or '(not installed)'}",
                 evidence=(f"{comp} {comp_version}", f"flashinfer-python {fi}"),
-                fix=(f"pip install '{comp}=={fi}'" if fi else f"pip uninstall {comp}",),
+                fix=(
+                    install_command(facts, "install", f"{comp}=={fi}")
+                    if fi
+                    else install_command(facts, "uninstall", comp),
+                ),
             )
         )
     return out
@@ -914,7 +943,9 @@ def _probe_failed(cause: str, *fix: str) -> Finding:
     return Finding(code="probe-failed", severity=ERROR, cause=cause, fix=fix)
 
 
-def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding], float]:
+def probe(
+    python: Path | str, *, deep: bool, target_archs: Sequence[archs.Arch] = ()
+) -> tuple[Facts | None, list[Finding], float]:
     """Run the probe; a probe that cannot run becomes a Finding, not a traceback."""
     # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
     script = str(resources.files("builder.probe").joinpath("doctor_probe.py"))
@@ -952,7 +983,7 @@ def probe(python: Path | str, *, deep: bool) -> tuple[Facts | None, list[Finding
     # GPUs are listed here, in cudaenv, by the one query every command uses (archs.py).
     gpus, gpus_note = archs.visible_gpus()
     built = manifest.try_read(Path(prefix)) if prefix else None
-    facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note)
+    facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note, target_archs=target_archs)
     return facts, diagnose(facts), time.monotonic() - started
 
 

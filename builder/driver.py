@@ -194,25 +194,44 @@ def from_libcuda(python: str = sys.executable) -> Driver | None:
 def detect(
     *,
     environ: Mapping[str, str] | None = None,
-    sys_file: Path = SYS_VERSION,
-    proc_file: Path = PROC_VERSION,
+    sys_file: Path | None = None,
+    proc_file: Path | None = None,
     python: str = sys.executable,
 ) -> Driver | None:
     """This machine's driver from the first source that answers, or None where none does (a
-    build node). The paths and the child's Python are there for tests."""
+    build node). The one place the driver is looked for: the gate, the visible GPUs (and so
+    the sampling check's skip) and the test suite's ``gpu`` marker all ask here, so a sandbox
+    that hides ``/proc/driver/nvidia`` but has ``nvidia-smi`` is not taken for a build node.
+    The paths (default :data:`SYS_VERSION`, :data:`PROC_VERSION`, read when called) and the
+    child's Python are there for tests."""
     found = from_override(os.environ if environ is None else environ)
-    found = found or from_sys(sys_file) or from_proc(proc_file) or from_smi()
-    return found or from_libcuda(python)
+    found = found or from_sys(SYS_VERSION if sys_file is None else sys_file)
+    found = found or from_proc(PROC_VERSION if proc_file is None else proc_file)
+    return found or from_smi() or from_libcuda(python)
+
+
+def not_found() -> str:
+    """Why :func:`detect` found nothing, naming every place it asked."""
+    return f"no NVIDIA driver (none at {SYS_VERSION}, {PROC_VERSION}, nvidia-smi or libcuda)"
 
 
 # --------------------------------------------------------------------------- the gate
 
 
-def require(cuda: CudaVersion, found: Driver | None, *, needs: str, older: str) -> str:
+def require(
+    cuda: CudaVersion,
+    found: Driver | None,
+    *,
+    needs: str,
+    older: str,
+    bypass: str | None = "pass --no-driver-check",
+) -> str:
     """The progress line for a ``found`` driver that runs ``cuda`` (or for no driver: a build
     node builds, its envs run elsewhere). A driver too old raises DriverTooOld in one line:
     the driver and where it was read, the minimum, and the ways out. ``needs`` names what
-    asks for ``cuda`` ("envspecs/x.yaml"), ``older`` what to pick instead ("a spec")."""
+    asks for ``cuda`` ("envspecs/x.yaml"), ``older`` what to pick instead ("a spec"),
+    ``bypass`` the last way out (None where there is none: verify runs kernels, it cannot
+    go on without a driver that runs them)."""
     if cuda.major not in MINIMUM_DRIVER:
         return f"no minimum driver known for CUDA {cuda}: the driver is not checked"
     need = minimum_driver(cuda)
@@ -232,8 +251,12 @@ def require(cuda: CudaVersion, found: Driver | None, *, needs: str, older: str) 
         if fits is not None
         else f"{older} for an older CUDA"
     )
+    install = (
+        f"install driver {need} or newer (or cuda-compat-{cuda.major}-{cuda.minor} on a "
+        "datacenter GPU)"
+    )
+    ways = f"use {instead}, {install}, or {bypass}" if bypass else f"use {instead} or {install}"
     raise DriverTooOld(
         f"{needs} needs CUDA {cuda}, which needs NVIDIA driver {need} or newer; this machine "
-        f"has {found.describe()}: use {instead}, install driver {need} or newer (or "
-        f"cuda-compat-{cuda.major}-{cuda.minor} on a datacenter GPU), or pass --no-driver-check"
+        f"has {found.describe()}: {ways}"
     )

@@ -117,6 +117,23 @@ def resolve(name: str) -> Path:
     return path
 
 
+def runnable(name: str) -> Path:
+    """The env called ``name`` (:func:`resolve`) that ``run`` may start: one whose directory
+    lies in the envs dir. A ``.envs/NAME`` link to a directory elsewhere (a checkout can carry
+    one) would run an interpreter nobody built here; UsageError (one line) names where it
+    points."""
+    path = resolve(name)
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(path.parent.resolve()):
+            raise UsageError(
+                f"{shown(name)}: {shown(str(path))} is a link to {shown(str(target))}, outside "
+                f"{shown(str(path.parent))}: `cudaenv run` starts only envs that are there "
+                f"(run {shown(str(target / 'bin' / 'python'))} yourself if you trust it)"
+            )
+    return path
+
+
 def _dirs() -> list[Path]:
     root = envs_dir()
     if not root.is_dir():

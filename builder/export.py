@@ -19,6 +19,7 @@ import json
 import os
 import posixpath
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from builder import interpreters, platforms, proc, project, resolve
 from builder.errors import BuildError, SpecError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
-from builder.paths import cache_dir, jit_store_dir
+from builder.paths import jit_store_dir
 from builder.probe import jit_store
 from builder.spec import EnvSpec
 
@@ -98,23 +99,22 @@ def check_wheelhouse(lock: Lock, wheelhouse: Path, platform: str | None = None) 
     return files
 
 
-def pip_python(python: Path) -> Path:
+def pip_python(python: Path, scratch: Path) -> Path:
     """An interpreter of ``python``'s version that has pip: ``python`` itself, else a venv made
-    from it with the pip its standard library bundles (``ensurepip``: no index needed), kept in
-    cudaenv's cache. A venv made by uv (nox's, for one) has no pip of its own."""
+    from it in ``scratch`` with the pip its standard library bundles (``ensurepip``: no index
+    needed). A venv made by uv (nox's, for one) has no pip of its own.
+
+    The venv is made afresh for each export, never kept in cudaenv's cache: pip is a tree of
+    code that no one hash could vouch for, and a kept copy another user could reach would run
+    as whoever exports next (often root). Making it costs a few seconds of a download of
+    gigabytes."""
     has = proc.run([python, "-m", "pip", "--version"], check=False, timeout=60)
     if has.returncode == 0:
         return python
     version = proc.run(
         [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], timeout=60
     ).stdout.strip()
-    venv = cache_dir() / "tools" / f"pip-python{version}"
-    seeded = venv / "bin" / "python"
-    if (
-        seeded.exists()
-        and proc.run([seeded, "-m", "pip", "--version"], check=False).returncode == 0
-    ):
-        return seeded
+    venv = scratch / f"pip-python{version}"
     made = proc.run([python, "-m", "venv", "--clear", venv], check=False, timeout=300)
     if made.returncode != 0:
         raise ToolMissing(
@@ -122,7 +122,7 @@ def pip_python(python: Path) -> Path:
             f"add pip with `{python} -m ensurepip` or install python{version[:4]}-venv",
             tool="pip",
         )
-    return seeded
+    return venv / "bin" / "python"
 
 
 def _platform_args(platform: platforms.Platform, python: str) -> list[str]:
@@ -150,7 +150,19 @@ def export(
     cluster exported from x86_64) pip is told that machine's tags; a package whose lock has
     no wheel for it is fetched as its sdist."""
     found = interpreters.find(spec.python, allow_download=False)
-    interp = dataclasses.replace(found, path=pip_python(found.path))
+    with tempfile.TemporaryDirectory(prefix="cudaenv-pip-") as scratch:
+        pip = pip_python(found.path, Path(scratch))
+        return _export(spec, lock, wheelhouse, progress, platform, pip)
+
+
+def _export(
+    spec: EnvSpec,
+    lock: Lock,
+    wheelhouse: Path,
+    progress: Callable[[str], None],
+    platform: str | None,
+    pip: Path,
+) -> Path:
     wheelhouse.mkdir(parents=True, exist_ok=True)
     host = platforms.host_name()
     target = platform or host
@@ -161,8 +173,7 @@ def export(
         )
     packages = lock.packages_on(target)
     progress(
-        f"downloading {len(packages)} locked files for {target} into {wheelhouse} with "
-        f"{interp.path} -m pip"
+        f"downloading {len(packages)} locked files for {target} into {wheelhouse} with {pip} -m pip"
     )
     if target == host:
         # This machine's files: pip picks them for the interpreter that runs it.
@@ -176,7 +187,7 @@ def export(
         if source.packages:
             runs.append((["--no-binary=:all:"], source.requirements_txt(target)))
     for extra, text in runs:
-        _download(spec, interp.path, wheelhouse, extra, text)
+        _download(spec, pip, wheelhouse, extra, text)
     files = check_wheelhouse(lock, wheelhouse, target)
     doc = {"spec": spec.name, "lock_hash": lock.content_hash(), "platform": target, "files": files}
     return proc.atomic_write_text(

@@ -37,6 +37,8 @@ from builder.archs import Arch, CodeKind
 __all__ = ["CodeKind", "DeviceCode", "Scan", "is_elf", "scan"]
 
 ELF_MAGIC = b"\x7fELF"
+# Bumped whenever what a scan finds in the same file could change (cached scans are keyed by it).
+READER_VERSION = 2
 CONTAINER_MAGIC = 0xBA55ED50
 CONTAINER_VERSION = 1
 # Where nvcc puts fatbin containers: the code the CUDA runtime loads, and in a relocatable
@@ -373,9 +375,14 @@ def _walk_fatbin(reader: _Reader, section: _Section, name: str, found: set[Devic
             "<IHHQ", reader.read(at, 16, f"{name} container header")
         )
         where = f"{name}+{at - start:#x}"
-        if magic == 0 and version == 0 and header_size == 0 and size == 0:
-            # Alignment padding between containers: skip the zeros (each step moves forward).
-            at = _skip_zeros(reader, at, end, name)
+        if magic == 0:
+            # Alignment padding between containers: zeros up to the next container's magic,
+            # whose first byte (0x50) is never zero. The aarch64 wheels (sglang-kernel 0.4.10,
+            # torch 2.14.1) pad some containers by 8 bytes only, less than a header.
+            nxt = _skip_zeros(reader, at, end, name)
+            if nxt == at:  # pragma: no cover - a zero magic means at least one zero byte
+                raise _Corrupt(f"{where}: not a fatbin container (magic {magic:#010x})")
+            at = nxt
             continue
         if magic != CONTAINER_MAGIC:
             raise _Corrupt(f"{where}: not a fatbin container (magic {magic:#010x})")
@@ -396,12 +403,12 @@ def _walk_fatbin(reader: _Reader, section: _Section, name: str, found: set[Devic
 
 
 def _skip_zeros(reader: _Reader, at: int, end: int, name: str) -> int:
+    """The offset of the first non-zero byte at or after ``at`` (``end`` if none)."""
     while at < end:
         chunk = reader.read(at, min(ZERO_CHUNK, end - at), f"{name} padding")
         stripped = chunk.lstrip(b"\0")
         if stripped:
-            # Containers start 8-aligned: step back to the boundary of the first non-zero byte.
-            return at + ((len(chunk) - len(stripped)) & ~7)
+            return at + len(chunk) - len(stripped)
         at += len(chunk)
     return end
 

@@ -22,7 +22,7 @@ import platform as _platform
 import re
 import shlex
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,11 +31,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import archs, driver, lock, pipeline, platforms, proc, resolve, spec, toolchain
+from builder import targets as targets_mod
 from builder.archs import Arch
 from builder.cudaversion import CudaVersion
-from builder.errors import CudaenvError, ResolveError, SpecError, UsageError
+from builder.errors import CudaenvError, ResolveError, SpecError, UsageError, VerifyFailed
 from builder.lock import LockedPackage
 from builder.reporter import Reporter
+from builder.targets import Target
+from builder.verify.imports import SERVERS
 
 # The CUDA minors torch's PyPI wheels are built for, newest first (each release's own pins:
 # torch 2.15 -> 13.2, 2.11-2.14 -> 13.0, 2.8-2.10 -> 12.8). Only the order of trying comes
@@ -64,6 +67,15 @@ Outcome = Literal["chosen", "skipped", "refused"]
 Probe = Callable[[spec.EnvSpec, Sequence[str], Sequence[str]], Sequence[LockedPackage]]
 # Writes the lock of the spec file at the path (pipeline.write_lock in production).
 Locker = Callable[[Path, Reporter], pipeline.Locked]
+# The newest release of one requirement on the index for a spec's platform and Python, or None
+# where there is none (raises ResolveError with uv's reason for a name no index has).
+Latest = Callable[[spec.EnvSpec, Requirement], "str | None"]
+# The serving stacks whose kernels FlashInfer JIT-compiles at their first requests (the table
+# verify's imports and flashinfer-jit checks read): a spec for one of them holds FlashInfer,
+# asked or not.
+JIT_COMPANIONS: dict[str, str] = {
+    s.distribution: "flashinfer-python" for s in SERVERS if s.needs_flashinfer
+}
 
 
 # --------------------------------------------------------------------------- the box
@@ -188,6 +200,7 @@ class Request:
     name: str | None = None
     out: Path | None = None
     argv: tuple[str, ...] = ()  # the command line, for the spec's first comment
+    targets: tuple[Target, ...] = ()  # --targets: the fleet the stack must run on
 
 
 def _check_name(name: str) -> None:
@@ -208,8 +221,10 @@ def make_request(
     name: str | None = None,
     out: str | None = None,
     argv: Sequence[str] = (),
+    targets_file: str | None = None,
 ) -> Request:
-    """The arguments, each refused in one line naming it (UsageError, exit 2)."""
+    """The arguments, each refused in one line naming it (UsageError, exit 2); a fleet file's
+    problems located in it (SpecError, exit 2)."""
     packages: list[Requirement] = []
     torch: Requirement | None = None
     seen: set[str] = set()
@@ -238,6 +253,9 @@ def make_request(
                 arch = Arch.parse(part)
             except ValueError as exc:
                 raise UsageError(f"--gpu {text!r}: {exc}") from None
+            unknown = archs.known_capability(arch)
+            if unknown is not None:
+                raise UsageError(f"--gpu {text!r}: {unknown}")
             if arch not in gpus:
                 gpus.append(arch)
     version: CudaVersion | None = None
@@ -261,6 +279,7 @@ def make_request(
         name=name,
         out=path,
         argv=tuple(argv),
+        targets=targets_mod.load_file(Path(targets_file)) if targets_file else (),
     )
 
 
@@ -319,6 +338,8 @@ def archs_for(request: Request, box: Box, cuda: CudaVersion) -> tuple[Arch, ...]
     """``--gpu`` (a bare capability spelled as FlashInfer spells it for ``cuda``; a suffix
     given is kept), else each visible GPU's arch for ``cuda``."""
     out: list[Arch] = []
+    if request.targets and not request.gpus:
+        return targets_mod.archs_for(request.targets, cuda)
     if request.gpus:
         for a in request.gpus:
             arch = a if a.suffix else archs.normalise(a.major, a.minor, cuda)
@@ -403,10 +424,62 @@ def _spec_packages(
     return out, notes
 
 
-def choose(request: Request, box: Box, probe: Probe, say: Reporter, source: Path) -> Choice:
-    """The newest CUDA candidate whose set resolves here. Each candidate tried is reported
-    through ``say`` as it is decided. Raises ResolveError (one line) when none does."""
-    if not request.gpus and not box.gpus:
+def _exact(req: Requirement) -> str | None:
+    """The version ``req`` pins exactly (``==1.2``, no wildcard), else None."""
+    pins = [sp.version for sp in req.specifier if sp.operator in ("==", "===")]
+    return pins[0] if len(pins) == 1 and "*" not in pins[0] else None
+
+
+def companions(request: Request) -> list[str]:
+    """The JIT companions the asked stacks need and the request does not name."""
+    asked = {canonicalize_name(r.name) for r in request.packages}
+    out: list[str] = []
+    for name in sorted(asked):
+        want = JIT_COMPANIONS.get(name)
+        if want is not None and want not in asked and want not in out:
+            out.append(want)
+    return out
+
+
+def newest_releases(
+    request: Request, box: Box, latest: Latest, source: Path
+) -> dict[str, str | None]:
+    """Each asked package's newest release on the index for this box (its exact pin when it
+    has one), by canonical name."""
+    base = spec.EnvSpec(
+        name=request.name or "init", python=PYTHON, cuda=str(request.cuda or CUDA_CANDIDATES[0]),
+        source=source,
+        platforms=(box.platform,),
+    )  # fmt: skip
+    out: dict[str, str | None] = {}
+    for req in request.packages:
+        try:
+            out[canonicalize_name(req.name)] = _exact(req) or latest(base, req)
+        except ResolveError as exc:
+            # An unknown name, or no index: the same answer on every candidate.
+            raise ResolveError(f"uv: {_uv_reason(exc)}") from None
+    return out
+
+
+def _at(req: Requirement, version: str | None) -> str:
+    """``req`` held to ``version`` (the phase that tries the newest release)."""
+    return _pin(req, version) if version is not None and _exact(req) is None else str(req)
+
+
+def choose(
+    request: Request,
+    box: Box,
+    probe: Probe,
+    say: Reporter,
+    source: Path,
+    latest: Latest | None = None,
+) -> Choice:
+    """What the user asked comes first: the newest release of each asked package (``latest``
+    finds it), on the newest CUDA candidate that release resolves with here; only when no
+    candidate takes the newest releases, the newest CUDA whose set resolves with any release,
+    saying why the newest was passed over. Each candidate tried is reported through ``say``
+    as it is decided. Raises ResolveError (one line) when none does."""
+    if not request.gpus and not box.gpus and not request.targets:
         raise UsageError(
             f"no NVIDIA GPU is visible here ({box.gpu_note or 'none listed'}): name the GPUs "
             "the env is for with --gpu ARCH (e.g. --gpu 12.0 --gpu 9.0)"
@@ -415,6 +488,85 @@ def choose(request: Request, box: Box, probe: Probe, say: Reporter, source: Path
         raise ResolveError(
             f"this box is {box.platform}: cudaenv locks {', '.join(platforms.KNOWN)} only"
         )
+    newest = newest_releases(request, box, latest, source) if latest is not None else {}
+    extra = companions(request)
+    torch_req = str(request.torch) if request.torch is not None else "torch"
+    held = [_at(r, newest.get(canonicalize_name(r.name))) for r in request.packages]
+    loose = [str(r) for r in request.packages]
+    if newest:
+        shown = ", ".join(
+            f"{n} {v or '(none for ' + box.platform + ')'}" for n, v in newest.items()
+        )
+        say(f"newest releases for {box.platform}: {shown}")
+    phases = [held] if held == loose else [held, loose]
+    failed: list[Tried] = []
+    for reqs in phases:
+        if reqs is loose and reqs is not held:
+            say("no CUDA takes the newest releases here; trying every release, newest CUDA first:")
+        try:
+            choice = _choose_cuda(request, box, probe, say, source, [*reqs, *extra, torch_req])
+        except _NoneFits as exc:
+            failed += exc.tried
+            continue
+        return _with_versions(choice, request, newest, failed, extra, say)
+    why = "; ".join(t.line() for t in failed)
+    asked = ", ".join([*loose, *extra, torch_req])
+    raise ResolveError(f"no CUDA fits [{asked}] on this box: {why}")
+
+
+class _NoneFits(Exception):
+    def __init__(self, tried: Sequence[Tried]) -> None:
+        super().__init__("no candidate")
+        self.tried = tuple(tried)
+
+
+def _with_versions(
+    choice: Choice,
+    request: Request,
+    newest: dict[str, str | None],
+    passed_over: Sequence[Tried],
+    extra: Sequence[str],
+    say: Reporter,
+) -> Choice:
+    """Say each asked package's chosen release beside the newest one, and why they differ;
+    note the JIT companion added, or missing."""
+    notes = list(choice.notes)
+    chosen = {str(canonicalize_name(Requirement(p).name)): p for p in choice.packages if "==" in p}
+    for req in request.packages:
+        cname = str(canonicalize_name(req.name))
+        got = chosen.get(cname, str(req)).partition("==")[2] or "(as asked)"
+        top = newest.get(cname)
+        if top is None or got == top:
+            say(f"{req.name}: {got}" + (" (the newest release)" if top is not None else ""))
+            continue
+        why = "; ".join(t.line() for t in passed_over) or "not chosen by uv"
+        line = f"{req.name}: {got}, not the newest {top}: {top} does not resolve here ({why})"
+        say(line)
+        notes.append(line)
+    for want in extra:
+        if not any(p.startswith(f"{want}==") for p in choice.packages):
+            needing = [
+                r.name
+                for r in request.packages
+                if JIT_COMPANIONS.get(canonicalize_name(r.name)) == want
+            ]
+            notes.append(
+                f"{want} is not in the set uv chose: {', '.join(needing)} JIT-builds its kernels "
+                "with it, so verify's flashinfer-jit check of this env will fail"
+            )
+    return replace(choice, notes=tuple(notes))
+
+
+def _choose_cuda(
+    request: Request,
+    box: Box,
+    probe: Probe,
+    say: Reporter,
+    source: Path,
+    requirements: list[str],
+) -> Choice:
+    """The newest CUDA candidate on which ``requirements`` resolve here; _NoneFits with the
+    candidates tried when none does."""
     candidates = (request.cuda,) if request.cuda is not None else CUDA_CANDIDATES
     tried: list[Tried] = []
 
@@ -422,8 +574,6 @@ def choose(request: Request, box: Box, probe: Probe, say: Reporter, source: Path
         tried.append(t)
         say(f"  {t.line()}")
 
-    torch_req = str(request.torch) if request.torch is not None else "torch"
-    requirements = [str(r) for r in request.packages] + [torch_req]
     say(f"choosing a CUDA for [{', '.join(requirements)}], newest first:")
     for cuda in candidates:
         found_archs = archs_for(request, box, cuda)
@@ -492,9 +642,7 @@ def choose(request: Request, box: Box, probe: Probe, say: Reporter, source: Path
             tried=tuple(tried),
             notes=tuple(notes),
         )
-    why = "; ".join(t.line() for t in tried)
-    asked = ", ".join(requirements)
-    raise ResolveError(f"no CUDA fits [{asked}] on this box: {why}")
+    raise _NoneFits(tried)
 
 
 # --------------------------------------------------------------------------- writing
@@ -520,6 +668,7 @@ def render(choice: Choice, request: Request, box: Box) -> str:
         f"# Written by `{command}`",
         f"# on {box.platform} ({made}); CUDA {choice.cuda} is the newest that resolved:",
         *(f"#   {t.line()}" for t in choice.tried),
+        *(f"# note: {n}" for n in choice.notes),
         f"name: {q(choice.name)}",
         f"summary: {q(f'{asked} on torch {choice.torch} (CUDA {choice.cuda})')}",
         f"python: {q(PYTHON)}",
@@ -529,6 +678,9 @@ def render(choice: Choice, request: Request, box: Box) -> str:
         f"toolchain: {chain}",
         f"archs: {seq(archs.texts(choice.archs))}",
     ]
+    if request.targets:
+        lines.append("targets:")
+        lines += [f"  - {t.yaml()}" for t in request.targets]
     return "\n".join(lines) + "\n"
 
 
@@ -548,8 +700,73 @@ def _default_locker(path: Path, say: Reporter) -> pipeline.Locked:
 def uv_probe(
     s: spec.EnvSpec, requirements: Sequence[str], constraints: Sequence[str]
 ) -> Sequence[LockedPackage]:
-    """One ``uv pip compile`` for the candidate's one platform; not kept as a re-lock seed."""
-    return resolve.uv_compile(s, requirements, constraints, remember=False).packages
+    """One ``uv pip compile`` for the candidate's one platform."""
+    return resolve.uv_compile(s, requirements, constraints).packages
+
+
+def uv_latest(s: spec.EnvSpec, req: Requirement) -> str | None:
+    """The newest release of ``req`` uv finds for the spec's platform and Python, its
+    dependencies left out (one index page, a second or two)."""
+    bare = Requirement(str(req))
+    bare.marker = None  # the release, wherever the marker would apply
+    got = resolve.uv_compile(s, [str(bare)], extra_args=["--no-deps"]).packages
+    want = canonicalize_name(req.name)
+    return next((p.version for p in got if canonicalize_name(p.name) == want), None)
+
+
+def asked_gpus(request: Request, box: Box, cuda: CudaVersion) -> tuple[Target, ...]:
+    """The GPUs init chose for (``--gpu``, else the visible ones) as targets on this box's
+    platform and driver (a driver not found: the oldest that runs ``cuda``, so only the
+    binaries are judged)."""
+    caps: list[tuple[int, int]] = []
+    sources: Sequence[Arch | archs.Gpu] = request.gpus or box.gpus
+    for a in sources:
+        cap = a.capability
+        if cap is not None and cap not in caps:
+            caps.append(cap)
+    found = box.driver.version if box.driver is not None else None
+    version = found or (
+        driver.minimum_driver(cuda) if cuda.major in driver.MINIMUM_DRIVER else "580"
+    )
+    return tuple(
+        Target(
+            name=f"gpu-{major}.{minor}",
+            cc=Arch(major=major, minor=minor),
+            platform=box.platform,
+            driver=version,
+        )
+        for major, minor in caps
+    )
+
+
+def _every_target_runs(
+    written: spec.EnvSpec, locked: pipeline.Locked, fleet: Sequence[Target], say: Reporter
+) -> None:
+    """The fleet's verdicts from the new lock's wheels: a stack that cannot run on a target
+    is never written (VerifyFailed naming the target and what blocks)."""
+    done = pipeline.judge_targets(written, locked.lock, fleet, say)
+    for v in done.verdicts:
+        say(f"  {v.line()}")
+    if done.failures:
+        raise VerifyFailed(
+            f"{written.name} (the newest stack that resolves here) cannot run on "
+            + "; ".join(v.line() for v in done.failures)
+            + ": nothing written; drop or change that target, or ask for another stack "
+            "(--with, --cuda)"
+        )
+
+
+def _check_free(out: Path, request: Request, name: str) -> Path:
+    """Refuse a spec file or a lock that exists already (UsageError); the lock's path."""
+    what = "--out " + str(out) if request.out else f"{out} (named by --name or the packages)"
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"{what}: the file exists; init never overwrites a spec")
+    lock_file = lock.lock_path(out, name)
+    if lock_file.exists() or lock_file.is_symlink():
+        raise UsageError(
+            f"{lock_file} exists already: remove it, or pick another --name than {name!r}"
+        )
+    return lock_file
 
 
 def _made_dirs(path: Path) -> list[Path]:
@@ -569,25 +786,22 @@ def init(
     box: Box | None = None,
     probe: Probe = uv_probe,
     locker: Locker = _default_locker,
+    latest: Latest | None = uv_latest,
 ) -> Done:
     """Detect the box, choose the env, write its spec and lock it. On any failure the spec
     (and any directory made for it) is removed again: nothing is left written."""
+    if request.out is None and request.name is not None:
+        # Known before any resolution: refuse an existing file now, not after uv's minutes.
+        _check_free(Path("envspecs") / f"{request.name}.yaml", request, request.name)
     box = box if box is not None else detect_box()
     for line in box.lines():
         say(line)
     out = request.out or Path("envspecs") / f"{request.name or 'init'}.yaml"
-    choice = choose(request, box, probe, say, out.absolute())
+    choice = choose(request, box, probe, say, out.absolute(), latest)
     for note in choice.notes:
         say(f"note: {note}")
     out = request.out or Path("envspecs") / f"{choice.name}.yaml"
-    what = "--out " + str(out) if request.out else f"{out} (named by --name or the packages)"
-    if out.exists() or out.is_symlink():
-        raise UsageError(f"{what}: the file exists; init never overwrites a spec")
-    lock_file = lock.lock_path(out, choice.name)
-    if lock_file.exists():
-        raise UsageError(
-            f"{lock_file} exists already: remove it, or pick another --name than {choice.name!r}"
-        )
+    lock_file = _check_free(out, request, choice.name)
     text = render(choice, request, box)
     try:
         written = spec.load(out, text=text)  # refused here, before anything is written
@@ -598,9 +812,15 @@ def init(
         proc.atomic_write_text(out, text)
         say(f"wrote {out}; locking it for {', '.join(written.platforms)}")
         locked = locker(out, say)
+        fleet = request.targets or asked_gpus(request, box, choice.cuda)
+        if fleet and locked.lock.packages:
+            _every_target_runs(written, locked, fleet, say)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             out.unlink()
+        if "locked" in locals():
+            with contextlib.suppress(OSError):
+                locked.path.unlink()  # a lock init wrote (it refused one that existed)
         for d in made:
             with contextlib.suppress(OSError):
                 d.rmdir()  # only if empty: never a directory that holds anything else

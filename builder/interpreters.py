@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import proc
+from builder import cachefiles, proc
 from builder.errors import ToolMissing, UsageError
 from builder.paths import cache_dir
 
@@ -131,8 +131,9 @@ def _cache_file() -> Path:
 def _cached(minor: str) -> Interpreter | None:
     """The last interpreter found for ``minor``, if its executable is unchanged (same inode,
     size, mtime): discovery runs uv and pyenv shims (~0.5 s) and a build should not pay it."""
+    # A build runs the interpreter this names: taken only under the cache's trust rules.
+    doc = cachefiles.read_json(_cache_file())
     try:
-        doc = json.loads(_cache_file().read_text())
         entry = doc[minor]
         st = Path(entry["path"]).stat()
     except (OSError, ValueError, KeyError, TypeError):
@@ -146,18 +147,20 @@ def _cached(minor: str) -> Interpreter | None:
 
 def _remember(found: Interpreter) -> None:
     path = _cache_file()
+    doc = cachefiles.read_json(path)
+    if not isinstance(doc, dict):
+        doc = {}
     try:
-        doc = json.loads(path.read_text()) if path.exists() else {}
         st = found.path.stat()
-        doc[found.version.rsplit(".", 1)[0]] = {
-            "path": str(found.path),
-            "version": found.version,
-            "found_by": found.found_by,
-            "stat": [st.st_ino, st.st_size, st.st_mtime_ns],
-        }
-        proc.atomic_write_text(path, json.dumps(doc, indent=1))
-    except (OSError, ValueError):
-        pass  # only a cache
+    except OSError:
+        return  # only a cache
+    doc[found.version.rsplit(".", 1)[0]] = {
+        "path": str(found.path),
+        "version": found.version,
+        "found_by": found.found_by,
+        "stat": [st.st_ino, st.st_size, st.st_mtime_ns],
+    }
+    cachefiles.write_text(path, json.dumps(doc, indent=1))
 
 
 def find(minor: str, *, allow_download: bool = True) -> Interpreter:

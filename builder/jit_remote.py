@@ -5,11 +5,14 @@ with its auth, quotas, replication and garbage collection; machines that build t
 can share compiled JIT results through it instead of through a new service. An entry of the
 local store (a JSON content doc plus named files) travels as an OCI artifact: the doc is the
 config blob, each file a layer titled with its name, the whole tagged with the entry's key.
-The registry is trusted for availability only, never for content: every blob fetched is
-hashed while it streams to disk and checked against its descriptor's digest and size, names
-are checked to be plain file names, and the total is bounded, so a corrupt or hostile
-registry yields a RemoteError, never a wrong file. The local store checks each file again
-against the doc when it places it.
+What is fetched is checked to be what the manifest says: every blob is hashed while it
+streams to disk and checked against its descriptor's digest and size, names are checked to be
+plain file names, and the total is bounded, so a corrupt registry, or one that changes a blob,
+yields a RemoteError; the local store checks each file again against the doc when it places
+it. What these checks cannot tell is who made an entry: a self-consistent entry (a doc whose
+records match its files) pushed by anyone with push rights to the repository passes them
+all. So the trust boundary is the repository's push rights, or, on nodes that require them,
+signatures by a key the node trusts (``builder/jit_signing.py``).
 
 Manifests are built here byte for byte (canonical JSON, layers sorted by name, no time or
 host in them), so two machines that publish the same entry produce the same manifest digest:
@@ -17,11 +20,13 @@ a tag that already holds it is left alone ("present"), and one that holds anythi
 never overwritten (RemoteConflict).
 
 The protocol and the credentials come from the ``oras`` library (``oras.provider.Registry``,
-its token auth and its reading of the docker config), with three changes: every request
-carries a timeout, nothing is retried (oras's ``do_request`` retries five times with growing
-sleeps, over two minutes against a dead registry), and a Basic challenge is answered from
-the docker config as ``docker`` does. Failures are RemoteError with a one-line message naming
-the remote and the cause; no credential is ever put in one.
+its token auth and its reading of the docker config), with these changes: every request
+carries a timeout and every transfer a deadline; nothing goes in plain http to a machine
+other than this one (a redirect, a token realm) unless the remote allows plain http; nothing
+is retried (oras's ``do_request`` retries five times with growing sleeps, over two minutes
+against a dead registry); and a Basic challenge is answered from the docker config as
+``docker`` does. Failures are RemoteError with a one-line message naming the remote and the
+cause; no credential is ever put in one.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import json
 import logging
 import os
 import re
-import subprocess
+import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from http.client import responses as http_reasons
 from http.cookiejar import DefaultCookiePolicy
 from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
+from urllib.parse import urljoin, urlsplit
 
 import oras.auth.token
 import oras.auth.utils
@@ -48,12 +55,18 @@ import oras.defaults
 import oras.provider
 import oras.utils
 import requests
+import urllib3
+import urllib3.connection
+import urllib3.connectionpool
+from requests.adapters import HTTPAdapter
 
+from builder import proc
 from builder.errors import CudaenvError
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ENTRY_MEDIA_TYPE = "application/vnd.cudaenv.jit-entry.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.cudaenv.jit-index.v1+json"
+SIGNATURES_MEDIA_TYPE = "application/vnd.cudaenv.jit-signatures.v1+json"
 FILE_MEDIA_TYPE = "application/octet-stream"
 TITLE = "org.opencontainers.image.title"
 
@@ -81,7 +94,8 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 class RemoteError(CudaenvError):
     """The JIT remote could not be used. ``cause`` says why, as one of: ``invalid`` (the URL),
     ``unreachable``, ``refused`` (401/403), ``timeout``, ``bad-content`` (a blob or manifest
-    that is not what it should be), ``conflict``, ``protocol`` (any other unexpected answer).
+    that is not what it should be), ``conflict``, ``insecure`` (a redirect or a token realm
+    in plain http to another machine), ``protocol`` (any other unexpected answer).
     The caller warns with the message and goes on without the remote."""
 
     cause: ClassVar[str] = "protocol"
@@ -117,6 +131,13 @@ class _InvalidRemote(RemoteError):
     cause = "invalid"
 
 
+class RemoteInsecure(RemoteError):
+    """The registry sent the client to plain http on another machine (a redirect, a token
+    realm): the credentials and the request would cross the network in clear."""
+
+    cause = "insecure"
+
+
 # --------------------------------------------------------------------------- the remote
 
 
@@ -127,7 +148,9 @@ class Remote:
     url: str
     host: str
     repository: str
-    insecure: bool
+    insecure: bool  # the registry itself is spoken to in plain http (loopback, or allow_http)
+    # CUDAENV_JIT_REMOTE_INSECURE=1: plain http to any host, wherever the registry sends us.
+    allow_http: bool = False
 
     @classmethod
     def parse(cls, url: str, *, allow_http: bool = False) -> Remote:
@@ -160,7 +183,7 @@ class Remote:
             )
         if len(host) + 1 + len(repository) > 255:
             raise bad("the name is longer than 255 characters")
-        return cls(url, host, repository, _is_loopback(name) or allow_http)
+        return cls(url, host, repository, _is_loopback(name) or allow_http, allow_http)
 
 
 def _split_port(host: str) -> tuple[str | None, str | None]:
@@ -211,22 +234,132 @@ class _Sink(Protocol):
     def write(self, chunk: bytes, /) -> int: ...
 
 
-class _TimeoutSession(requests.Session):
-    """A session whose every request is bounded: requests waits forever by default, and
-    oras issues its requests (auth tokens included) without a timeout."""
+# A transfer may take the timeout plus this long per MiB it carries (at least 1 MiB/s).
+SECONDS_PER_MIB = 1.0
 
-    def __init__(self, timeout: float) -> None:
+
+class _TimeoutSession(requests.Session):
+    """A session whose every request is bounded twice: each wait on the registry by
+    ``timeout`` (requests waits forever by default, and oras issues its requests, auth tokens
+    included, without one), and each whole transfer by :meth:`bounded`, since a registry that
+    sends one byte a second never lets a read wait long. It also refuses to send anything in
+    plain http to another machine than this one, wherever the registry points it (a redirect,
+    a token realm), unless the remote allows plain http."""
+
+    def __init__(self, timeout: float, remote: Remote) -> None:
         super().__init__()
         self.default_timeout = timeout
+        self.remote = remote
         # As oras does: registries that set cookies take it for a browser (CSRF dances).
         self.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        self._sockets: set[socket.socket] = set()
+        self._sockets_lock = threading.Lock()
+        adapter = _WatchedAdapter(self)
+        self.mount("http://", adapter)
+        self.mount("https://", adapter)
 
     def request(
         self, method: str, url: str | bytes, *args: Any, **kwargs: Any
     ) -> requests.Response:
+        self._check_url(url if isinstance(url, str) else url.decode(), "a request")
         if kwargs.get("timeout") is None:
             kwargs["timeout"] = self.default_timeout
         return super().request(method, url, *args, **kwargs)
+
+    def get_redirect_target(self, resp: requests.Response) -> str | None:
+        """Where a redirect leads, checked before requests follows it."""
+        target = super().get_redirect_target(resp)
+        if target:
+            self._check_url(urljoin(resp.url, target), "a redirect")
+        return target
+
+    def _check_url(self, url: str, what: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme == "https" or self.remote.allow_http:
+            return
+        if parts.scheme == "http" and _is_loopback(parts.hostname or ""):
+            return
+        raise RemoteInsecure(
+            f"{self.remote.url}: the registry sent {what} to {parts.scheme}://{parts.netloc} in "
+            "plain http, which would carry the credentials in clear; refused (set "
+            "CUDAENV_JIT_REMOTE_INSECURE=1 on a network where plain http is intended)"
+        )
+
+    def track(self, sock: socket.socket) -> None:
+        with self._sockets_lock:
+            self._sockets = {s for s in self._sockets if s.fileno() >= 0}
+            self._sockets.add(sock)
+
+    def _cut(self, fired: threading.Event) -> None:
+        """The deadline passed: shut every connection down, which ends a read blocked in
+        another thread (closing the socket would not)."""
+        fired.set()
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    @contextmanager
+    def bounded(self, size: int) -> Iterator[None]:
+        """One transfer of about ``size`` bytes, request and body: RemoteTimeout when it
+        is not over after the timeout plus 1 s per MiB."""
+        seconds = self.default_timeout + SECONDS_PER_MIB * size / (1 << 20)
+        fired = threading.Event()
+        timer = threading.Timer(seconds, self._cut, args=(fired,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except Exception:
+            if fired.is_set():
+                raise self._timed_out(seconds) from None
+            raise
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            raise self._timed_out(seconds)
+
+    def _timed_out(self, seconds: float) -> RemoteTimeout:
+        return RemoteTimeout(
+            f"{self.remote.url}: a transfer was not over after {seconds:g}s (at least 1 MiB/s "
+            f"after the first {self.default_timeout:g}s, CUDAENV_JIT_REMOTE_TIMEOUT)"
+        )
+
+
+class _WatchedAdapter(HTTPAdapter):
+    """requests' adapter whose connections hand their sockets to the session, so that
+    :meth:`_TimeoutSession.bounded` can end a transfer that runs past its deadline (through
+    an http(s) proxy too; a SOCKS proxy's connections are its own, and only timed out)."""
+
+    def __init__(self, session: _TimeoutSession) -> None:
+        def watched(base: type[urllib3.connection.HTTPConnection]) -> Any:
+            class Watched(base):  # type: ignore[misc,valid-type]
+                def _new_conn(self) -> socket.socket:
+                    sock: socket.socket = super()._new_conn()
+                    session.track(sock)
+                    return sock
+
+            return Watched
+
+        class HTTPPool(urllib3.connectionpool.HTTPConnectionPool):
+            ConnectionCls = watched(urllib3.connection.HTTPConnection)
+
+        class HTTPSPool(urllib3.connectionpool.HTTPSConnectionPool):
+            ConnectionCls = watched(urllib3.connection.HTTPSConnection)
+
+        self._pools = {"http": HTTPPool, "https": HTTPSPool}
+        super().__init__(max_retries=0)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self._pools
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> urllib3.PoolManager:
+        manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **kwargs)
+        if isinstance(manager, urllib3.ProxyManager):
+            manager.pool_classes_by_scheme = self._pools
+        return manager
 
 
 class _TokenAuth(oras.auth.token.TokenAuth):  # type: ignore[misc]
@@ -236,16 +369,15 @@ class _TokenAuth(oras.auth.token.TokenAuth):  # type: ignore[misc]
 
     def _get_auth_from_creds_store(self, suffix: str, hostname: str) -> str | None:
         try:
-            done = subprocess.run(
+            done = proc.run(
                 [f"docker-credential-{suffix}", "get"],
-                input=hostname.encode(),
-                capture_output=True,
+                input_text=hostname,
                 check=True,
                 timeout=self.timeout,
             )
             payload = json.loads(done.stdout)
             return str(oras.auth.utils.get_basic_auth(payload["Username"], payload["Secret"]))
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        except (OSError, CudaenvError, ValueError, KeyError, TypeError):
             # No credential is no error: the registry may allow anonymous use, and says
             # 401 when it does not.
             return None
@@ -257,7 +389,7 @@ class _Client(oras.provider.Registry):  # type: ignore[misc]
     def __init__(self, remote: Remote, timeout: float) -> None:
         super().__init__(hostname=remote.host, insecure=remote.insecure)
         self.remote = remote
-        self.session = _TimeoutSession(timeout)
+        self.session = _TimeoutSession(timeout, remote)
         auth = _TokenAuth()
         auth.timeout = timeout
         auth.session, auth.prefix, auth._tls_verify = self.session, self.prefix, True
@@ -339,7 +471,10 @@ class _Client(oras.provider.Registry):  # type: ignore[misc]
         # Every kind is accepted, so that a tag holding an image index or a docker manifest is
         # seen (and refused), where a registry would answer 404 to "OCI manifest only".
         accept = ", ".join(oras.defaults.default_manifest_accepted_media_types)
-        with self.do_request(url, "GET", headers={"Accept": accept}, stream=True) as r:
+        with (
+            self.session.bounded(MAX_MANIFEST_BYTES),
+            self.do_request(url, "GET", headers={"Accept": accept}, stream=True) as r,
+        ):
             if r.status_code == 404:
                 return None
             _expect(self.remote, r, (200,), f"manifest {reference}")
@@ -353,7 +488,7 @@ class _Client(oras.provider.Registry):  # type: ignore[misc]
 
     def has_blob(self, digest: str) -> bool:
         url = f"{self.prefix}://{self.container.get_blob_url(digest)}"
-        with self.do_request(url, "HEAD") as r:
+        with self.session.bounded(0), self.do_request(url, "HEAD") as r:
             if r.status_code == 404:
                 return False
             _expect(self.remote, r, (200,), f"blob {digest}")
@@ -365,20 +500,29 @@ class _Client(oras.provider.Registry):  # type: ignore[misc]
         if self.has_blob(digest):
             return
         url = f"{self.prefix}://{self.container.upload_blob_url()}"
-        with self.do_request(url, "POST", headers={"Content-Length": "0"}) as r:
+        with (
+            self.session.bounded(0),
+            self.do_request(url, "POST", headers={"Content-Length": "0"}) as r,
+        ):
             _expect(self.remote, r, (202,), "a blob upload")
             location = self._get_location(r, self.container)
         if not location:
             raise RemoteError(f"{self.remote.url}: the registry gave no upload location")
         url = oras.utils.append_url_params(location, {"digest": digest})
         headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
-        with self.do_request(url, "PUT", data=data, headers=headers) as r:
+        with (
+            self.session.bounded(size),
+            self.do_request(url, "PUT", data=data, headers=headers) as r,
+        ):
             _expect(self.remote, r, (201,), f"blob {digest}")
 
     def put_manifest(self, tag: str, raw: bytes) -> None:
         url = f"{self.prefix}://{self.container.manifest_url(tag)}"
         headers = {"Content-Type": MANIFEST_MEDIA_TYPE}
-        with self.do_request(url, "PUT", data=raw, headers=headers) as r:
+        with (
+            self.session.bounded(len(raw)),
+            self.do_request(url, "PUT", data=raw, headers=headers) as r,
+        ):
             _expect(self.remote, r, (201,), f"manifest {tag}")
             stored = r.headers.get("Docker-Content-Digest")
         if stored and stored != _sha256(raw):
@@ -393,7 +537,10 @@ class _Client(oras.provider.Registry):  # type: ignore[misc]
         url = f"{self.prefix}://{self.container.get_blob_url(descriptor.digest)}"
         digest = hashlib.sha256()
         got = 0
-        with self.do_request(url, "GET", stream=True) as r:
+        with (
+            self.session.bounded(descriptor.size),
+            self.do_request(url, "GET", stream=True) as r,
+        ):
             if r.status_code == 404:
                 raise RemoteBadContent(
                     f"{self.remote.url}: blob {descriptor.digest} is missing from the registry"
@@ -476,13 +623,18 @@ def _is_timeout(exc: BaseException) -> bool:
     return any("Timeout" in type(arg).__name__ for arg in exc.args)
 
 
+_QUIET_LOGGERS = ("oras.logger", "urllib3.connectionpool", "urllib3.connection", "urllib3.response")
+
+
 @contextmanager
 def _remote_errors(remote: Remote, timeout: float) -> Iterator[None]:
-    """Transport failures as RemoteError, and oras kept quiet: cudaenv's logging prints
-    warnings, and the caller warns once with the error."""
-    oras_log = logging.getLogger("oras.logger")
-    was = oras_log.disabled
-    oras_log.disabled = True
+    """Transport failures as RemoteError, and oras and urllib3 kept quiet: cudaenv's logging
+    prints warnings (urllib3 warns of headers a transfer cut at its deadline left half-read),
+    and the caller warns once with the error."""
+    quiet = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    was = [log.disabled for log in quiet]
+    for log in quiet:
+        log.disabled = True
     try:
         yield
     except RemoteError:
@@ -496,7 +648,8 @@ def _remote_errors(remote: Remote, timeout: float) -> Iterator[None]:
             raise RemoteUnreachable(f"{remote.url}: unreachable ({_reason(exc)})") from None
         raise RemoteError(f"{remote.url}: {type(exc).__name__}") from None
     finally:
-        oras_log.disabled = was
+        for log, disabled in zip(quiet, was, strict=True):
+            log.disabled = disabled
 
 
 # --------------------------------------------------------------------------- manifests
@@ -617,9 +770,7 @@ def _fetch_config(
     if config.size > MAX_CONFIG_BYTES:
         raise RemoteBadContent(f"{remote.url}: manifest {tag}: the config is {config.size} bytes")
     if config.size + sum(layer.size for layer in layers) > budget[0]:
-        raise RemoteBadContent(
-            f"{remote.url}: entry {tag} is larger than the limit of {budget[0]} bytes"
-        )
+        raise RemoteBadContent(f"{remote.url}: {tag} is larger than the limit of {budget[0]} bytes")
     sink = _Buffer()
     client.download(config, sink, budget)
     try:
@@ -655,7 +806,7 @@ def fetch(
     name (a layer's title) must be one plain path component, and unique. Anything else is a
     RemoteError, after the files written so far are removed (an OSError writing into
     ``dest`` is raised as it is). ``timeout`` bounds each wait on the registry (connecting,
-    and each read), not a whole transfer."""
+    and each read); each transfer must be over after ``timeout`` plus 1 s per MiB."""
     _check_tag(tag)
     written: list[Path] = []
     try:
@@ -741,56 +892,140 @@ def _hash_file(path: Path) -> tuple[str, int]:
     return f"sha256:{digest.hexdigest()}", size
 
 
-# --------------------------------------------------------------------------- indexes
+# --------------------------------------------------------------------------- lists
+#
+# An index (the keys one env used) and a key's signatures are both a list that only grows,
+# kept as a config-only artifact: ``{FIELD: [...]}`` in canonical JSON, no layers.
+
+# An env uses tens to hundreds of entries; an index that lists more than this is not one
+# (pulling 20,000 keys one by one took minutes), and a list is read with a bounded budget.
+MAX_INDEX_KEYS = 4096
+MAX_LIST_BYTES = 4 << 20
+MAX_SIGNATURES = 16
+MAX_SIGNATURE_BYTES = 16 << 10
+SIGNATURE_PREFIX = "-----BEGIN SSH SIGNATURE-----"
 
 
-def fetch_index(remote: Remote, tag: str, *, timeout: float = 30.0) -> list[str] | None:
-    """The entry keys of the index tagged ``tag`` (sorted), None when there is no such tag."""
-    _check_tag(tag)
-    with _remote_errors(remote, timeout):
-        return _read_index(_Client(remote, timeout), remote, tag)
+@dataclass(frozen=True)
+class _ListKind:
+    media_type: str
+    field: str
+    what: str  # "index", "signatures"
+    items: str  # what each item is, for messages
+    limit: int
+    valid: Callable[[object], bool]
 
 
-def _read_index(client: _Client, remote: Remote, tag: str) -> list[str] | None:
-    found = _fetch_config(client, remote, tag, INDEX_MEDIA_TYPE, [MAX_CONFIG_BYTES])
+_INDEX = _ListKind(
+    INDEX_MEDIA_TYPE,
+    "keys",
+    "index",
+    "entry keys",
+    MAX_INDEX_KEYS,
+    lambda k: isinstance(k, str) and _KEY.fullmatch(k) is not None,
+)
+_SIGNATURES = _ListKind(
+    SIGNATURES_MEDIA_TYPE,
+    "signatures",
+    "signatures",
+    "SSH signatures",
+    MAX_SIGNATURES,
+    lambda s: (
+        isinstance(s, str) and s.startswith(SIGNATURE_PREFIX) and len(s) <= MAX_SIGNATURE_BYTES
+    ),
+)
+
+
+def _read_list(client: _Client, remote: Remote, tag: str, kind: _ListKind) -> list[str] | None:
+    found = _fetch_config(client, remote, tag, kind.media_type, [MAX_LIST_BYTES])
     if found is None:
         return None
     doc, layers = found
-    keys = doc.get("keys") if isinstance(doc, dict) else None
-    if (
-        layers
-        or not isinstance(keys, list)
-        or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)
-    ):
-        raise RemoteBadContent(f"{remote.url}: index {tag} is not a list of entry keys")
-    return sorted(set(keys))
+    items = doc.get(kind.field) if isinstance(doc, dict) else None
+    if layers or not isinstance(items, list) or not all(kind.valid(i) for i in items):
+        raise RemoteBadContent(f"{remote.url}: {kind.what} {tag} is not a list of {kind.items}")
+    unique = sorted(set(items))
+    if len(unique) > kind.limit:
+        raise RemoteBadContent(
+            f"{remote.url}: {kind.what} {tag} lists {len(unique)} {kind.items}, more than the "
+            f"{kind.limit} it may hold; it is not read"
+        )
+    return unique
 
 
-def publish_index(remote: Remote, tag: str, keys: Iterable[str], *, timeout: float = 30.0) -> str:
-    """Record ``keys`` in the index tagged ``tag``: "pushed", or "present" when it already
-    lists them all. An index only grows: when the tag holds one, the sorted union of both is
-    pushed, so envs that share a tag (one spec built on several machines) add to each other's
-    lists and never drop an entry. A tag holding something that is not an index is left
-    alone (RemoteBadContent). The read and the write are not one atomic step, so after
-    writing the index is read again, and merged again (up to three times) when another
-    machine's write replaced this one's in between. Deterministic as entries are: the config
-    is ``{"keys": [...]}`` in canonical JSON, and there are no layers."""
-    _check_tag(tag)
-    wanted = set(keys)
-    for key in wanted:
-        tag_for(key)
+def _publish_list(
+    remote: Remote, tag: str, items: Iterable[str], kind: _ListKind, timeout: float
+) -> str:
+    """Add ``items`` to the list tagged ``tag``: "pushed", or "present" when it holds them
+    all already. When the tag holds a list, the sorted union of both is pushed, so machines
+    that share a tag add to each other's lists and never drop an item; a tag holding
+    anything else is left alone (RemoteBadContent). The read and the write are not one
+    atomic step, so after writing the list is read again, and merged again (up to three
+    times) when another machine's write replaced this one's in between."""
+    wanted = set(items)
     result = "present"
     with _remote_errors(remote, timeout):
         client = _Client(remote, timeout)
         for _ in range(3):
-            existing = _read_index(client, remote, tag)
+            existing = _read_list(client, remote, tag, kind)
             have = set(existing or [])
             if existing is not None and wanted <= have:
                 return result
             union = sorted(wanted | have)
-            config_raw = _canonical({"keys": union})
-            config = _Descriptor(INDEX_MEDIA_TYPE, _sha256(config_raw), len(config_raw))
+            if len(union) > kind.limit:
+                raise RemoteError(
+                    f"{remote.url}: {kind.what} {tag} would list {len(union)} {kind.items}, "
+                    f"more than the {kind.limit} it may hold; it is left as it is"
+                )
+            config_raw = _canonical({kind.field: union})
+            config = _Descriptor(kind.media_type, _sha256(config_raw), len(config_raw))
             client.upload(config.digest, config.size, config_raw)
             client.put_manifest(tag, _manifest(config, []))
             result = "pushed"
         return result
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+def fetch_index(remote: Remote, tag: str, *, timeout: float = 30.0) -> list[str] | None:
+    """The entry keys of the index tagged ``tag`` (sorted), None when there is no such tag;
+    RemoteBadContent for one that lists more than :data:`MAX_INDEX_KEYS`."""
+    _check_tag(tag)
+    with _remote_errors(remote, timeout):
+        return _read_list(_Client(remote, timeout), remote, tag, _INDEX)
+
+
+def publish_index(remote: Remote, tag: str, keys: Iterable[str], *, timeout: float = 30.0) -> str:
+    """Record ``keys`` in the index tagged ``tag``: "pushed", or "present" when it already
+    lists them all. An index only grows (:func:`_publish_list`), so envs that share a tag
+    (one spec built on several machines) add to each other's lists and never drop an entry.
+    Deterministic as entries are: the config is ``{"keys": [...]}`` in canonical JSON."""
+    _check_tag(tag)
+    wanted = set(keys)
+    for key in wanted:
+        tag_for(key)
+    return _publish_list(remote, tag, wanted, _INDEX, timeout)
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def signature_tag(key: str) -> str:
+    """The tag of the signatures of the entry ``key``: ``KEY.sig``, beside the entry."""
+    return f"{tag_for(key)}.sig"
+
+
+def fetch_signatures(remote: Remote, key: str, *, timeout: float = 30.0) -> list[str]:
+    """The SSH signatures pushed for the entry ``key`` (none when there are none)."""
+    with _remote_errors(remote, timeout):
+        found = _read_list(_Client(remote, timeout), remote, signature_tag(key), _SIGNATURES)
+    return found or []
+
+
+def publish_signature(remote: Remote, key: str, signature: str, *, timeout: float = 30.0) -> str:
+    """Add ``signature`` to the signatures of the entry ``key``: "pushed" or "present".
+    Several warmers' signatures stand side by side; a node needs one it trusts."""
+    if not _SIGNATURES.valid(signature):
+        raise ValueError("not an armored SSH signature")
+    return _publish_list(remote, signature_tag(key), [signature], _SIGNATURES, timeout)

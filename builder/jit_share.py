@@ -11,6 +11,11 @@ warmer pushes, serving nodes pull.
 A remote that is down, refuses, times out or serves other content never fails a build: the
 result is compiled locally and the caller prints the one warning this module returns.
 
+What a remote serves is checked to be self-consistent, which anyone with push rights can
+make an entry be: where that is not boundary enough, warmers sign what they push
+(``CUDAENV_JIT_SIGNING_KEY``) and nodes take only entries signed by a key of their
+allowed-signers file (``CUDAENV_JIT_ALLOWED_SIGNERS``; ``builder/jit_signing.py``).
+
 ``python -m builder.jit_share pull KEY PREFIX`` and ``... push KEY VARIANT`` are what the probe
 inside a target env runs (it imports nothing of cudaenv, so it cannot speak to a registry):
 each prints one JSON line.
@@ -26,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from builder import jit_signing
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
 
@@ -71,11 +77,17 @@ def pushing(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def timeout(environ: Mapping[str, str] | None = None) -> float:
+    """CUDAENV_JIT_REMOTE_TIMEOUT. The CLI refuses a bad value at start-up
+    (variables.check_numbers); this process may have been started by another (the probe's
+    ``python -m builder.jit_share``), so a bad value here is the default, never a crash."""
+    from builder import variables
+
     text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, "")
-    try:
-        return float(text) if text else DEFAULT_TIMEOUT
-    except ValueError:
+    row = next(v for v in variables.TABLE if v.name == TIMEOUT_VAR)
+    assert row.number is not None
+    if not text or variables.number_problem(row.number, text) is not None:
         return DEFAULT_TIMEOUT
+    return float(text)
 
 
 def pull(
@@ -87,16 +99,23 @@ def pull(
     from builder import jit_remote
 
     store.ready()
+    signing = jit_signing.policy()
+    if signing.refusal is not None:
+        return (
+            None,
+            f"the JIT remote {remote.url} was not used: {signing.refusal}; compiled locally",
+        )
     try:
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=store.root) as tmp:
             got = jit_remote.fetch(remote, jit_remote.tag_for(key), Path(tmp), timeout=timeout())
             if got is None:
                 return None, None
             doc, files = got
+            _vouched(remote, key, doc, signing)
             store.import_entry(key, doc, files, {"origin": remote.url})
     except jit_remote.RemoteError as exc:
         return None, f"the JIT remote {remote.url} was not used: {exc}; compiled locally"
-    except jit_store.EntryError as exc:
+    except (jit_store.EntryError, jit_signing.SigningError) as exc:
         return None, (
             f"the JIT remote {remote.url} served an entry for {key[:16]} the store refuses "
             f"({exc}); compiled locally"
@@ -104,19 +123,50 @@ def pull(
     return store.find(key, prefix), None
 
 
+def _vouched(
+    remote: Remote, key: str, doc: Mapping[str, object], signing: jit_signing.Policy
+) -> None:
+    """Nothing when this node takes entries on push rights alone, or ``doc`` (the entry's
+    content) is signed by a signer it trusts; SigningError saying why otherwise."""
+    from builder import jit_remote
+
+    if not signing.checks:
+        return
+    if signing.refusal is not None or signing.allowed is None:
+        raise jit_signing.SigningError(signing.refusal or "no allowed-signers file")
+    content = {k: v for k, v in doc.items() if k not in jit_store.PROVENANCE}
+    signatures = jit_remote.fetch_signatures(remote, key, timeout=timeout())
+    try:
+        jit_signing.verify(signing.allowed, jit_signing.statement(key, content), signatures)
+    except jit_signing.SigningError as exc:
+        raise jit_signing.SigningError(
+            f"{jit_signing.SIGNERS_VAR} requires a trusted signature and {exc}"
+        ) from None
+
+
 def push(store: jit_store.Store, entry: jit_store.Entry, remote: Remote) -> str | None:
     """``entry`` pushed to the remote under its key; a warning when it was not."""
     from builder import jit_remote
 
+    signing = jit_signing.policy()
     try:
         content, files = store.export_entry(entry)
+        # Signed before anything is pushed: a warmer that cannot sign pushes nothing that
+        # nodes requiring signatures would refuse anyway.
+        signature = (
+            jit_signing.sign(signing.key, jit_signing.statement(entry.key, content))
+            if signing.key is not None
+            else None
+        )
         jit_remote.publish(remote, jit_remote.tag_for(entry.key), content, files, timeout=timeout())
+        if signature is not None:
+            jit_remote.publish_signature(remote, entry.key, signature, timeout=timeout())
     except jit_remote.RemoteConflict:
         return (
             f"{remote.url} holds another build of {entry.key[:16]} (compiled from other "
             "inputs); an existing tag is never overwritten"
         )
-    except (jit_remote.RemoteError, jit_store.EntryError, OSError) as exc:
+    except (jit_remote.RemoteError, jit_store.EntryError, jit_signing.SigningError, OSError) as exc:
         return f"pushing {entry.key[:16]} to the JIT remote {remote.url} failed: {exc}"
     return None
 
@@ -154,13 +204,16 @@ def push_env(
             jit_remote.publish_index(remote, tag, keys, timeout=timeout())
         except jit_remote.RemoteError as exc:
             warnings.append(f"the list of keys ({tag}) was not pushed: {exc}")
-    return pushed, warnings
+    return pushed, summarised(warnings)
 
 
 def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, list[str]]:
     """Every entry the index ``tag`` lists added to ``store``; (added, warnings)."""
     from builder import jit_remote
 
+    signing = jit_signing.policy()
+    if signing.refusal is not None:
+        return 0, [signing.refusal]
     try:
         keys = jit_remote.fetch_index(remote, tag, timeout=timeout())
     except jit_remote.RemoteError as exc:
@@ -180,11 +233,23 @@ def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, lis
                 if got is None:
                     warnings.append(f"{key[:16]}: listed but not in {remote.url}")
                     continue
+                _vouched(remote, key, got[0], signing)
                 store.import_entry(key, got[0], got[1], {"origin": remote.url})
                 added += 1
-        except (jit_remote.RemoteError, jit_store.EntryError) as exc:
+        except (jit_remote.RemoteError, jit_store.EntryError, jit_signing.SigningError) as exc:
             warnings.append(f"{key[:16]}: {exc}")
-    return added, warnings
+    return added, summarised(warnings)
+
+
+# Past this many, a command's warnings are summed up in one line.
+MAX_WARNINGS = 10
+
+
+def summarised(warnings: list[str], limit: int = MAX_WARNINGS) -> list[str]:
+    """``warnings`` as they are, or the first ``limit`` and one line counting the rest."""
+    if len(warnings) <= limit:
+        return warnings
+    return [*warnings[:limit], f"... and {len(warnings) - limit} more warnings like these"]
 
 
 def main(argv: list[str]) -> int:

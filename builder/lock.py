@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import stat
 import sys
 from collections.abc import Iterable
@@ -219,9 +220,36 @@ def parse_packages(doc: dict[str, Any], where: str) -> tuple[LockedPackage, ...]
     return tuple(sorted(out, key=lambda p: p.name))
 
 
-def _s(value: str) -> str:
-    """A TOML basic string: JSON's string escapes are all valid TOML escapes."""
-    return json.dumps(value, ensure_ascii=False)
+_TOML_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
+# TOML 1.0 basic strings: '"', '\' and every control character but tab must be escaped, DEL
+# (U+007F) included, which JSON's escapes leave raw (tomllib then rejects the file).
+_TOML_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string that tomllib reads back equal. A lone surrogate has
+    no UTF-8 form and no TOML escape: ValueError."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{value!r} cannot be written to TOML: {exc.reason}") from None
+
+    def escape(m: re.Match[str]) -> str:
+        c = m.group()
+        return _TOML_ESCAPES.get(c) or f"\\u{ord(c):04X}"
+
+    return '"' + _TOML_NEEDS_ESCAPE.sub(escape, value) + '"'
+
+
+_s = toml_string
 
 
 def _file_inline(f: LockedFile) -> str:

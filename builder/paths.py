@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from builder import cachefiles
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -65,12 +67,10 @@ def matrix_dir(start: Path | None = None) -> Path:
 
 
 def cache_dir() -> Path:
-    """``$CUDAENV_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudaenv``, else ``~/.cache/cudaenv``."""
-    own = os.environ.get("CUDAENV_CACHE_DIR")
-    if own:
-        return Path(own)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaenv"
+    """``$CUDAENV_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudaenv``, else ``~/.cache/cudaenv``,
+    where no other user can write it; else a private one for this run (cachefiles: what is
+    read back or run from the cache follows the JIT store's trust rules)."""
+    return cachefiles.cache_dir()
 
 
 def jit_store_dir() -> Path | None:

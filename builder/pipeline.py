@@ -15,6 +15,7 @@ setup (proc.py) is only safe to run from a single-threaded process.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import os
 import shlex
@@ -35,12 +36,15 @@ from builder.errors import (
     UsageError,
     VerifyFailed,
 )
+from builder.paths import project_root
 from builder.probe import jit_store
-from builder.reporter import Reporter, run_main, silent
+from builder.reporter import NOTHING_BUILT, Reporter, run_main, silent
 
 if TYPE_CHECKING:
     from builder import audit as audit_
+    from builder import fleet as fleet_
     from builder import jit_remote, report, verify
+    from builder import targets as targets_
     from builder.manifest import Manifest
 
 # resolve, build, verify, report and export are imported where used: a warm `cudaenv build`
@@ -57,17 +61,46 @@ def load_spec(arg: Path | str, *, write: bool = False) -> spec.EnvSpec:
     """A spec path, or MATRIX.yaml:CELL for one cell of a matrix (what CI runners get). A
     cell's generated spec is written to its path only with ``write`` (by what builds it)."""
     if ":" not in str(arg):
+        _spec_file_is_there(Path(arg))
         return spec.load(arg)  # the matrix module (and its imports) only for FILE:CELL
     from builder import matrix
 
     found = matrix.split_cell_arg(str(arg))
     if found is None:
+        _spec_file_is_there(Path(arg))
         return spec.load(arg)
     mx = matrix.load(found[0])
     cell = mx.cell(found[1])
     if write:
         matrix.write_cell_spec(cell)
     return mx.spec_of(cell)
+
+
+def _spec_file_is_there(path: Path) -> None:
+    """A spec argument that names no file is refused with the specs there are (in its
+    directory, else the project's envspecs/) and the closest name (UsageError, exit 2)."""
+    try:
+        if path.exists() or path.is_symlink():
+            return  # spec.load says what is wrong with anything that is there
+    except (OSError, ValueError):
+        return
+    root = project_root()
+    names: list[str] = []
+    where: Path | None = None
+    for d in (path.parent, root / "envspecs" if root is not None else None):
+        if d is not None and d.is_dir():
+            where, names = d, sorted(p.name for p in d.glob("*.y*ml") if p.is_file())
+            if names:
+                break
+    stems = {Path(n).stem: n for n in names}
+    close = [stems[c] for c in difflib.get_close_matches(path.stem, stems, n=1, cutoff=0.6)]
+    said = f"{path}: no such spec file"
+    if close:
+        said += f"; did you mean {where / close[0] if where else close[0]}?"
+    if names:
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        said += f" (specs in {where}: {shown})"
+    raise UsageError(said)
 
 
 def lock_file(s: spec.EnvSpec) -> Path:
@@ -100,9 +133,16 @@ class Locked:
     seconds: float
 
 
-def write_lock(spec_arg: Path | str, *, upgrade: bool, reporter: Reporter) -> Locked:
-    """Resolve one spec and write its lock (preferring the current lock's versions unless
-    ``upgrade``). Refuses to overwrite the lock of another spec whose name maps there."""
+def write_lock(
+    spec_arg: Path | str,
+    *,
+    upgrade: bool,
+    reporter: Reporter,
+    upgrade_packages: Sequence[str] = (),
+) -> Locked:
+    """Resolve one spec and write its lock, preferring every version of the current lock
+    (transitive ones too) but those of ``upgrade_packages``, or none with ``upgrade``.
+    Refuses to overwrite the lock of another spec whose name maps there."""
     s = load_spec(spec_arg, write=True)
     out = lock_file(s)
     owner = lock.owner(out)
@@ -112,7 +152,10 @@ def write_lock(spec_arg: Path | str, *, upgrade: bool, reporter: Reporter) -> Lo
     from builder import resolve
 
     plan = resolve.resolve(
-        s, command=command_line(["lock", str(spec_arg)]), previous=None if upgrade else out
+        s,
+        command=command_line(["lock", str(spec_arg)]),
+        previous=None if upgrade else out,
+        upgrade_packages=upgrade_packages,
     )
     lock.write(plan.lock, out)
     for note in plan.lock.notes:
@@ -230,6 +273,8 @@ class BuildRequest:
     offline: bool = False
     platform: str | None = None  # another machine's (assemble only); None: this one's
     no_driver_check: bool = False  # build even where this machine's driver cannot run the CUDA
+    keep_going: bool = False  # with verify: run every check after a cheap one failed
+    no_target_check: bool = False  # build even where a required fleet target cannot run it
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -258,6 +303,8 @@ class BuildRequest:
             offline=r.flag("offline"),
             platform=r.opt_text("platform"),
             no_driver_check=r.opt_flag("no_driver_check"),
+            keep_going=r.opt_flag("keep_going"),
+            no_target_check=r.opt_flag("no_target_check"),
         )
 
 
@@ -348,6 +395,13 @@ class Run:
         from builder import build
 
         request, say = self.request, self.reporter
+        if request.wheelhouse is not None and not request.wheelhouse.is_dir():
+            # Before the lock or the driver is looked at: a mistyped argument, said as one.
+            what = "does not exist" if not request.wheelhouse.exists() else "is not a directory"
+            raise UsageError(
+                f"--wheelhouse {request.wheelhouse}: {what}; name the directory "
+                "`cudaenv export --wheelhouse DIR` filled"
+            )
         self.stage = "resolve"
         cross = cross_platform(request)
         s = load_spec(request.spec, write=True)
@@ -358,6 +412,19 @@ class Run:
         lk = ensure_lock(
             s, request.spec, offline=request.offline, relock=request.relock, reporter=say
         )
+        required = [t for t in s.targets if t.required]
+        if required and not request.no_target_check:
+            # Before anything is installed: a stack that cannot run on a class the spec must
+            # serve is refused here, not found out at that class's first request.
+            done = judge_targets(s, lk, required, say)
+            if done.failures:
+                raise VerifyFailed(
+                    f"{s.name} cannot run on {len(done.failures)} required target(s), nothing "
+                    "was installed: "
+                    + "; ".join(v.line() for v in done.failures)
+                    + " (--no-target-check builds anyway)"
+                )
+            say(f"every required target runs it: {', '.join(t.name for t in required)}")
         self.stage = "build"
         started = time.monotonic()
         say(
@@ -406,7 +473,13 @@ class Run:
         """Verify the env just built; the report is written (``request.report``, else the
         env's own), the verdict is the caller's (:func:`verdict`)."""
         self.stage = "verify"
-        target = spec_target(built.spec, built.path, built.lock, built.manifest)
+        target = spec_target(
+            built.spec,
+            built.path,
+            built.lock,
+            built.manifest,
+            keep_going=self.request.keep_going,
+        )
         self.verified = verify_and_report(
             target, built.manifest, self.reporter, report_path=self.request.report
         )
@@ -450,6 +523,7 @@ def spec_target(
     checks: tuple[str, ...] | None = None,
     archs_override: tuple[archs.Arch, ...] | None = None,
     fresh: bool = False,
+    keep_going: bool = False,
 ) -> verify.Target:
     """What verifying the env of ``s`` at ``env_dir`` means. The env must be the one this spec
     (and its current lock) describes: an env built from another spec of the same name, or
@@ -487,6 +561,8 @@ def spec_target(
         extra_env=extra,
         fresh=fresh,
         jit_remote=jit_remote_for(s.source),
+        packages=(*(("torch",) if s.torch else ()), *s.packages),
+        keep_going=keep_going,
     )
 
 
@@ -513,6 +589,7 @@ class VerifyRequest:
     checks: tuple[str, ...] | None = None
     archs: tuple[archs.Arch, ...] | None = None
     fresh: bool = False
+    keep_going: bool = False  # run every check after a cheap one failed
 
 
 def built_env(spec_arg: str, env_dir: Path | None) -> tuple[spec.EnvSpec, Path]:
@@ -555,16 +632,18 @@ def verify_target(request: VerifyRequest) -> tuple[verify.Target, Manifest | Non
             checks=request.checks,
             archs_override=request.archs,
             fresh=request.fresh,
+            keep_going=request.keep_going,
         )
         return target, found
     assert request.python is not None
-    return python_target(
+    plain, manifest_found = python_target(
         interpreters.python_arg(request.python),
         checks=request.checks,
         archs_override=request.archs,
         fresh=request.fresh,
         work_root=cache_dir() / "verify",
     )
+    return dataclasses.replace(plain, keep_going=request.keep_going), manifest_found
 
 
 def python_target(
@@ -623,6 +702,15 @@ def verify_and_report(
     from builder.proc import atomic_write_text
 
     started = time.monotonic()
+    # An interrupt now stops a verify: the env is as it was (a build before it said what it
+    # left), and no report is written.
+    left = reporter.interrupt_note
+    stopped = "verify stopped before its report was written"
+    reporter.leaves(
+        f"{stopped}; {target.env_dir or target.python} is unchanged"
+        if left == NOTHING_BUILT
+        else f"{left}; {stopped}"
+    )
     facts, results = verify.run_checks(target, target.checks, reporter)
     rep = report.verify_report(target, facts, results, time.monotonic() - started, found)
     out = report_path
@@ -833,6 +921,62 @@ def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
     return auditing.run(
         env, targets, driver_cuda=driver_cuda, cache=cache, major=major, probe=probe
     )
+
+
+# --------------------------------------------------------------------------- fleet targets
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judged:
+    """A stack judged for its fleet targets from its lock (no env needed)."""
+
+    spec: spec.EnvSpec
+    lock: lock.Lock
+    verdicts: tuple[fleet_.Verdict, ...]
+
+    @property
+    def failures(self) -> list[fleet_.Verdict]:
+        return [v for v in self.verdicts if not v.ok]
+
+
+def fleet_of(s: spec.EnvSpec, targets_file: Path | None) -> tuple[targets_.Target, ...]:
+    """The targets a command judges: ``--targets FILE``, else the spec's own."""
+    from builder import targets
+
+    return targets.load_file(targets_file) if targets_file is not None else s.targets
+
+
+def judge_targets(
+    s: spec.EnvSpec,
+    lk: lock.Lock,
+    fleet: Sequence[targets_.Target],
+    reporter: Reporter,
+) -> Judged:
+    """Each target's verdict from the lock's wheels of its platform: the exported wheelhouse
+    of an index-neutral lock when it holds files, else the index uv is configured with."""
+    from builder import fleet as fleet_mod
+
+    house = None
+    if lk.wheelhouse is not None:
+        d = lock_file(s).parent / lk.wheelhouse
+        house = d if d.is_dir() and any(d.glob("*.whl")) else None
+    verdicts = fleet_mod.judge(s, lk, fleet, reporter, wheelhouse=house)
+    return Judged(spec=s, lock=lk, verdicts=tuple(verdicts))
+
+
+def audit_targets(spec_arg: Path | str, targets_file: Path | None, reporter: Reporter) -> Judged:
+    """`cudaenv audit SPEC` with targets: every target judged from the spec's current lock."""
+    s = load_spec(spec_arg)
+    fleet = fleet_of(s, targets_file)
+    if not fleet:
+        raise UsageError(f"{spec_arg}: no targets: give --targets FILE or a `targets:` key")
+    path = lock_file(s)
+    if not path.exists():
+        raise BuildError(f"{path} does not exist: `cudaenv lock {spec_arg}` first")
+    lk = lock.read(path, spec=s)
+    if lk.fingerprint != s.fingerprint():
+        raise BuildError(f"{path} is stale for {spec_arg}: re-lock with `cudaenv lock {spec_arg}`")
+    return judge_targets(s, lk, fleet, reporter)
 
 
 # --------------------------------------------------------------------------- a matrix cell

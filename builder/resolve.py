@@ -8,12 +8,11 @@ sides.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import posixpath
-import shutil
+import re
 import sys
 import tempfile
 import time
@@ -25,9 +24,9 @@ from typing import Protocol
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, channels, interpreters, platforms, policy, proc, project
+from builder import archs, cachefiles, channels, interpreters, platforms, policy, proc, project
 from builder.cudaversion import CudaVersion
-from builder.errors import ResolveError, ToolMissing
+from builder.errors import BuildError, ResolveError, ToolMissing
 from builder.lock import (
     Lock,
     LockedFile,
@@ -36,6 +35,8 @@ from builder.lock import (
     packages_to_json,
     parse_packages,
 )
+from builder.lock import read as read_lock
+from builder.lock import toml_string as lock_toml_string
 from builder.paths import cache_dir
 from builder.spec import EnvSpec
 
@@ -182,22 +183,20 @@ def uv_compile(
     *,
     extra_args: Sequence[str] = (),
     python: Path | None = None,
-    seed: Path | None = None,
-    remember: bool = True,
+    seed: bytes | None = None,
 ) -> Resolution:
     """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words.
-    ``extra_args``: more uv flags. ``remember``: keep uv's output as the next re-lock's
-    preference file (not for lookups that resolve less than the spec, such as
-    :func:`index_files`)."""
+    ``extra_args``: more uv flags. ``seed``: a PEP 751 file of preferred versions
+    (:func:`preferences`): a re-lock's are the current lock's own, never a file of the cache."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
         d = Path(tmp)
         source = _request_file(d, spec, requirements)
         out = d / "pylock.resolved.toml"
-        if seed is not None and seed.is_file():
+        if seed is not None:
             # uv prefers the versions already in its output file (as `uv pip compile -o` on an
             # existing lock does): a re-lock keeps pins stable and resolves ~1.5x faster.
-            shutil.copyfile(seed, out)
+            out.write_bytes(seed)
         argv: list[str] = [
             proc.uv_bin(),
             "pip",
@@ -246,8 +245,6 @@ def uv_compile(
             ) from exc
         raw = out.read_bytes()
     packages = _parsed(raw)
-    if remember:
-        _remember_output(spec, raw)
     return Resolution(packages=packages, seconds=time.monotonic() - started)
 
 
@@ -260,30 +257,34 @@ def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
     """uv's PEP 751 output, parsed; memoised by content (TOML in pure Python costs ~40 ms for
     the default stack, JSON ~3 ms), so an unchanged re-lock is as fast as raw uv."""
     memo = cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.{_MEMO}.json"
+    # The lock takes its URLs and hashes from here: a memo is used only under the cache's
+    # trust rules, and only where every URL, path and hash it names is in uv's output.
+    doc = cachefiles.read_json(memo)
     try:
-        return packages_from_json(json.loads(memo.read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
+        kept = packages_from_json(doc) if isinstance(doc, list) else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        kept = None
+    if kept is not None and _from_output(kept, raw):
+        return kept
     packages = parse_packages(tomllib.loads(raw.decode()), "uv pip compile output")
-    with contextlib.suppress(OSError):
-        proc.atomic_write_text(memo, json.dumps(packages_to_json(packages)))
+    cachefiles.write_text(memo, json.dumps(packages_to_json(packages)))
     return packages
 
 
-def _seed_file(spec: EnvSpec) -> Path:
-    tag = platform_of(spec).uv_tag
-    return cache_dir() / "resolutions" / f"last-{spec.name}-{tag}.pylock.toml"
+def _from_output(packages: Sequence[LockedPackage], raw: bytes) -> bool:
+    """Every URL, path and sha256 of ``packages`` is a string of uv's output ``raw`` (a
+    memo can leave out nothing a lock needs without failing elsewhere, but could add them)."""
+    quoted = set(_TOML_STRING.findall(raw))
+    for p in packages:
+        for f in p.files:
+            for text in (f.url, f.path, f.sha256):
+                if text is not None and (not isinstance(text, str) or text.encode() not in quoted):
+                    return False
+    return True
 
 
-def _remember_output(spec: EnvSpec, raw: bytes) -> None:
-    """Keep uv's own last output for this spec: the best preference file for the next re-lock
-    (an index-neutral lock has no URLs; uv's has everything it wrote)."""
-    try:
-        path = _seed_file(spec)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(raw)
-    except OSError:
-        pass
+# A basic TOML string without escapes: uv writes URLs, paths and hashes so.
+_TOML_STRING = re.compile(rb'"([^"\\\n]*)"')
 
 
 _NETWORK_MARKERS = (
@@ -455,9 +456,11 @@ def resolve(
     command: str = "",
     compile_: Compiler | None = None,
     previous: Path | None = None,
+    upgrade_packages: Sequence[str] = (),
 ) -> Plan:
     """Resolve ``spec`` under the policy, once per platform, into one lock covering them
-    all. ``compile_`` replaces the uv call in unit tests."""
+    all. With ``previous`` (the spec's current lock), every version it holds is preferred
+    but those of ``upgrade_packages``. ``compile_`` replaces the uv call in unit tests."""
     started = time.monotonic()
     problems = spec_problems(spec)
     if problems:
@@ -467,7 +470,7 @@ def resolve(
     if compile_ is None:
         py = _spec_python(spec)
         compile_ = _uv_compiler(py, None)
-        final_compile = _uv_compiler(py, previous)
+        final_compile = _uv_compiler(py, previous_versions(previous, spec), upgrade_packages)
     else:
         final_compile = compile_
 
@@ -676,14 +679,39 @@ def index_files(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[Locke
         [f"{p.name}=={p.version}" for p in packages],
         extra_args=("--no-deps",),
         python=_spec_python(spec),
-        remember=False,
     ).packages
 
 
-def _uv_compiler(python: Path | None, previous: Path | None) -> Compiler:
+def preferences(previous: Lock, platform: str) -> bytes:
+    """The versions ``previous`` installs on ``platform``, as the PEP 751 file uv reads back
+    as its preferences when it is the output file (names and versions are all uv takes from
+    it). One platform's entries only: where a lock holds two versions of a package, one per
+    platform, uv would prefer whichever came last."""
+    lines = ['lock-version = "1.0"', 'created-by = "cudaenv"']
+    for p in previous.packages:
+        if p.on(platform):
+            lines += ["", "[[packages]]", f"name = {lock_toml_string(p.name)}"]
+            lines.append(f"version = {lock_toml_string(p.version)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def previous_versions(previous: Path | None, spec: EnvSpec) -> Lock | None:
+    """The lock a re-lock keeps the versions of: ``previous`` when it exists and parses (a
+    lock that does not parse holds no versions worth keeping; the re-lock replaces it)."""
+    if previous is None or not previous.is_file():
+        return None
+    try:
+        return read_lock(previous, spec=spec)
+    except BuildError:
+        return None
+
+
+def _uv_compiler(
+    python: Path | None, previous: Lock | None, upgrade_packages: Sequence[str] = ()
+) -> Compiler:
     """:func:`uv_compile` with the spec's Python; with ``previous`` (a re-lock), seeded with
-    uv's own last output for the spec and platform: the previous lock itself may hold two
-    platforms' entries, which is no preference file for one."""
+    that lock's versions for the platform at hand, every one preferred (transitive ones too)
+    but those named in ``upgrade_packages``."""
 
     def compile_(
         s: EnvSpec,
@@ -694,8 +722,9 @@ def _uv_compiler(python: Path | None, previous: Path | None) -> Compiler:
         *,
         extra_args: Sequence[str] = (),
     ) -> Resolution:
-        seed = _seed_file(s) if previous is not None and previous.exists() else None
-        return uv_compile(s, r, c, o, extra_args=extra_args, python=python, seed=seed)
+        seed = preferences(previous, s.platforms[0]) if previous is not None else None
+        upgrade = [a for name in upgrade_packages for a in ("--upgrade-package", name)]
+        return uv_compile(s, r, c, o, extra_args=[*extra_args, *upgrade], python=python, seed=seed)
 
     return compile_
 

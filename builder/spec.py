@@ -22,10 +22,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import platforms as platforms_mod
+from builder import targets as targets_mod
 from builder import variables
-from builder.archs import DEFAULT_ARCHS, Arch
+from builder.archs import DEFAULT_ARCHS, Arch, cuda_problems
 from builder.cudaversion import CudaVersion
 from builder.errors import SpecError
+from builder.targets import Target
 from builder.yamldoc import Item, Mark, Problems, compose, display, kind, string, strings, suggest
 
 MAX_SPEC_BYTES = 256 * 1024
@@ -54,7 +56,15 @@ COMPONENTS = (
     "cuobjdump",
     "nvdisasm",
 )
-CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "binaries", "sampling")
+CHECKS = (
+    "imports",
+    "toolchain",
+    "binaries",
+    "kernel-compile",
+    "flashinfer-jit",
+    "cubin",
+    "sampling",
+)
 DEFAULT_COMPONENTS = ("nvcc", "cudart", "crt", "nvvm", "cccl")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
@@ -92,6 +102,9 @@ class EnvSpec:
     indexes: tuple[tuple[str, str], ...] = ()
     # Where the lock must install (platforms.py); each is resolved and policy-checked apart.
     platforms: tuple[str, ...] = platforms_mod.DEFAULT
+    # The GPU classes the stack must serve (targets.py): judged from the lock's wheels of each
+    # target's platform; the arch list follows from them when `archs:` is left out.
+    targets: tuple[Target, ...] = ()
 
     @property
     def cuda_version(self) -> CudaVersion:
@@ -171,6 +184,19 @@ def _load_merged(
     if base is None:
         problems.extends_failed = True
         return data
+    strange = [item for key, item in base.items() if key not in TOP_KEYS]
+    if strange:
+        first = strange[0]  # the base's own keys, in the file's order
+        # `extends: /etc/shadow` reads as a mapping whose keys are its lines: the file is not
+        # a spec, and no key or value of it is echoed into a log.
+        problems.add(
+            ext.mark,
+            "extends",
+            f"{ext.value} is not a spec: it has {len(strange)} key(s) no spec has, the first "
+            f"at {first.key_mark or first.mark} (its text is not shown)",
+        )
+        problems.extends_failed = True
+        return data
     merged = dict(base)
     for key, item in data.items():
         old = merged.get(key)
@@ -215,8 +241,22 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: Problems) 
     fields: dict[str, Any] = {
         key: check(data[key], problems) for key, check in _VALIDATORS.items() if key in data
     }
+    fleet = data.get("targets")
+    if fleet is not None and isinstance(fleet.value, str):
+        # A fleet file's path, relative to this spec: its problems are located in it.
+        text = string(fleet, "targets", problems, "a fleet file path")
+        if text is not None:
+            fields["targets"] = targets_mod.read_file(path.parent / text, problems)
     if problems or any(key not in fields for key in _REQUIRED):
         return None
+    if fields.get("targets") and "archs" not in data:
+        fields["archs"] = targets_mod.archs_for(
+            fields["targets"], CudaVersion.parse(fields["cuda"])
+        )
+        for problem in cuda_problems(CudaVersion.parse(fields["cuda"]), fields["archs"]):
+            problems.add(data["targets"].mark, "targets", problem)
+        if problems:
+            return None
     return EnvSpec(source=path, **fields)
 
 
@@ -494,6 +534,14 @@ def _platforms(item: Item, problems: Problems) -> tuple[str, ...] | None:
     return tuple(found)
 
 
+def _targets(item: Item, problems: Problems) -> tuple[Target, ...] | None:
+    """An inline list of targets. A fleet file's path (a string) is read by _validate, which
+    knows the spec's directory."""
+    if isinstance(item.value, str):
+        return None
+    return targets_mod.parse(item, "targets", problems)
+
+
 # Keyed by the EnvSpec field each fills; the order is the one "expected one of: ..." lists.
 _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "name": _name,
@@ -508,6 +556,7 @@ _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "verify": _verify,
     "indexes": _indexes,
     "platforms": _platforms,
+    "targets": _targets,
 }
 _REQUIRED = ("name", "python", "cuda")
 # `extends` is the loader's: _load_merged consumes it while merging the base, before validation.

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, caches, channels, proc, variables
+from builder import archs, cachefiles, caches, channels, proc, variables
 from builder.archs import Arch
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ToolMissing
@@ -68,8 +68,9 @@ def _nvcc_release(nvcc: Path) -> str:
     key = ":".join(map(str, identity)) if identity else None
     memo: dict[str, str] = {}
     if key is not None:
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            memo = {str(k): str(v) for k, v in json.loads(_nvcc_memo().read_text()).items()}
+        doc = cachefiles.read_json(_nvcc_memo())
+        if isinstance(doc, dict):
+            memo = {str(k): str(v) for k, v in doc.items()}
         if key in memo:
             return memo[key]
     release = _run_nvcc_version(nvcc)
@@ -77,8 +78,7 @@ def _nvcc_release(nvcc: Path) -> str:
         memo.pop(key, None)
         memo[key] = release
         kept = dict(list(memo.items())[-_NVCC_MEMO_ENTRIES:])
-        with contextlib.suppress(OSError):
-            proc.atomic_write_text(_nvcc_memo(), json.dumps(kept, indent=1))
+        cachefiles.write_text(_nvcc_memo(), json.dumps(kept, indent=1))
     return release
 
 
@@ -174,11 +174,13 @@ def _render(name: str, values: Mapping[str, object]) -> str:
     except OSError:  # no source beside the module (a .pyc-only install): no memo
         return templates().get_template(name).render(values)
     memo = cache_dir() / "rendered" / f"{hashlib.sha256(material.encode()).hexdigest()}.txt"
-    with contextlib.suppress(OSError):
-        return memo.read_text()
+    # The hook runs in every interpreter start of the env, as whoever starts it: a memo is
+    # taken only under the cache's trust rules (cachefiles), else rendered afresh.
+    kept = cachefiles.read_text(memo)
+    if kept is not None:
+        return kept
     text = templates().get_template(name).render(values)
-    with contextlib.suppress(OSError):
-        proc.atomic_write_text(memo, text)
+    cachefiles.write_text(memo, text)
     return text
 
 
@@ -210,6 +212,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 # The stub's source and flags; part of the cache key, so a change here builds a new stub.
 _STUB_SOURCE = "/* link-time stand-in for the driver's libcuda.so.1 */\n"
 _STUB_FLAGS = ("-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1")
+# The stub is ~14 KB; a cached file far larger is not one cudaenv compiled.
+_STUB_MAX = 1 << 20
 
 
 def _c_compiler() -> str:
@@ -239,47 +243,29 @@ def _stub_cache(cc: str) -> Path | None:
     return cache_dir() / "stubs" / digest / "libcuda.so"
 
 
-def _is_elf(path: Path) -> bool:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(4) == b"\x7fELF"
-    except OSError:
-        return False
-
-
 def build_libcuda_stub(stubs: Path) -> Path:
     """An empty shared object with soname ``libcuda.so.1``: links fine, the real driver
     library is found at run time.
 
     Compiled once per C compiler and kept in cudaenv's cache: running ``cc`` costs ~25 ms of
     a ~3 s warm build, and the object depends on nothing but the compiler, the flags and the
-    source. Each env gets a hard link (or a copy across filesystems) of the cached file."""
+    source. Each env gets a copy of the cached file, taken only under the cache's trust rules
+    (cachefiles)."""
     cc = _c_compiler()
     stubs.mkdir(parents=True, exist_ok=True)
     out = stubs / "libcuda.so"
     cached = _stub_cache(cc)
-    if cached is not None and _is_elf(cached):
-        _link_or_copy(cached, out)
+    kept = cachefiles.read_bytes(cached, _STUB_MAX) if cached is not None else None
+    if kept is not None and kept[:4] == b"\x7fELF":
+        out.unlink(missing_ok=True)
+        out.write_bytes(kept)
+        out.chmod(0o755)
         return out
     _compile_stub(cc, out)
     if cached is not None:
         with contextlib.suppress(OSError):  # only a cache
-            _keep(out, cached)
+            cachefiles.write_bytes(cached, out.read_bytes(), mode=0o755)
     return out
-
-
-def _keep(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` under a temporary name, then rename: a concurrent build (a
-    matrix runs several) sees the whole file or none."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        shutil.copy2(src, tmp)
-        tmp.replace(dst)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _compile_stub(cc: str, out: Path) -> None:

@@ -17,8 +17,11 @@ with :data:`SET_BY_HOOK`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from builder.errors import UsageError
 
 
 class Kind(enum.Enum):
@@ -47,6 +50,26 @@ class Hook(enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Number:
+    """What the value of a numeric variable must be, checked once at start-up
+    (:func:`check_numbers`): a value that is not one would crash a check deep inside a
+    verify (``float("nan")`` passes ``float()``; requests refuses a timeout of 0, a socket one
+    of ``inf``) or wait forever (``nan`` compares false to every deadline)."""
+
+    unit: str  # "seconds" (a finite number) or "size" (10G, 500M or bytes)
+    zero: bool = False  # whether 0 is a value (a lock wait of 0: do not wait)
+    example: str = ""
+
+
+SECONDS_MAX = 1_000_000.0  # ~11 days: past it a socket or a timer refuses the value
+
+# The kinds of value the numeric rows below take.
+_SECONDS = Number(unit="seconds", example="30")
+_SECONDS_OR_ZERO = Number(unit="seconds", zero=True, example="900")
+_SIZE = Number(unit="size", example="10G, 500M or 1048576")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Variable:
     name: str
     kind: Kind
@@ -60,6 +83,7 @@ class Variable:
     reserved: bool = False  # a spec's `env:` may not set it
     doctor: bool = False  # doctor's probe reports it (the fingerprint reads those facts)
     verify: bool = False  # verify's probe reports it
+    number: Number | None = None  # a numeric value, checked at start-up
 
 
 def _cache(
@@ -158,10 +182,11 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="CUDAENV_JIT_STORE", kind=Kind.CUDAENV,
              reader="cudaenv (the JIT store's directory; `off`: no store)", reserved=True),
     Variable(name="CUDAENV_JIT_STORE_MAX", kind=Kind.CUDAENV,
-             reader="cudaenv (the store's size cap, like 10G; default 10G)", reserved=True),
+             reader="cudaenv (the store's size cap, like 10G; default 10G)", reserved=True,
+             number=_SIZE),
     Variable(name="CUDAENV_JIT_LOCK_TIMEOUT", kind=Kind.CUDAENV,
              reader="cudaenv (seconds to wait for another builder of one key; default 900)",
-             reserved=True),
+             reserved=True, number=_SECONDS_OR_ZERO),
     Variable(name="CUDAENV_JIT_REMOTE", kind=Kind.CUDAENV,
              reader="cudaenv (oci://HOST[:PORT]/REPO: the store's registry tier; `off`: none)",
              reserved=True),
@@ -171,8 +196,21 @@ TABLE: tuple[Variable, ...] = (
              reader="cudaenv (1: plain http to a remote that is not on loopback)",
              reserved=True),
     Variable(name="CUDAENV_JIT_REMOTE_TIMEOUT", kind=Kind.CUDAENV,
-             reader="cudaenv (seconds one registry request may take; default 30)",
-             reserved=True),
+             reader="cudaenv (seconds one registry request may wait for an answer; a whole "
+             "transfer may take that plus 1 s per MiB it carries; default 30)",
+             reserved=True, number=_SECONDS),
+    # Signed entries (builder/jit_signing.py): off unless one is set.
+    Variable(name="CUDAENV_JIT_SIGNING_KEY", kind=Kind.CUDAENV,
+             reader="cudaenv (an SSH private key: a warmer signs each entry it pushes with it)",
+             read_at="builder/jit_signing.py", reserved=True),
+    Variable(name="CUDAENV_JIT_ALLOWED_SIGNERS", kind=Kind.CUDAENV,
+             reader="cudaenv (an ssh-keygen allowed-signers file: an entry pulled from the "
+             "remote is placed only if one of its principals signed it)",
+             read_at="builder/jit_signing.py", reserved=True),
+    Variable(name="CUDAENV_JIT_REQUIRE_SIGNED", kind=Kind.CUDAENV,
+             reader="cudaenv (1: take nothing from the remote unless "
+             "CUDAENV_JIT_ALLOWED_SIGNERS names the signers to check)",
+             read_at="builder/jit_signing.py", reserved=True),
     Variable(name="CUDAENV_JIT_SHARE", kind=Kind.CUDAENV,
              reader="verify's probe (the command that reaches the remote; set by cudaenv)",
              reserved=True),
@@ -186,16 +224,21 @@ TABLE: tuple[Variable, ...] = (
              reserved=True),
     Variable(name="CUDAENV_PROBE_TIMEOUT", kind=Kind.CUDAENV,
              reader="doctor's probe (seconds one `nvcc --version` may take; default 10)",
-             read_at="builder/probe/doctor_probe.py", reserved=True),
+             read_at="builder/probe/doctor_probe.py", reserved=True, number=_SECONDS),
     Variable(name="CUDAENV_HEARTBEAT_SECONDS", kind=Kind.CUDAENV,
              reader="verify (seconds between its \"still probing\" lines; default 15)",
-             read_at="builder/verify/__init__.py", reserved=True),
+             read_at="builder/verify/__init__.py", reserved=True, number=_SECONDS),
+    Variable(name="CUDAENV_GPU_CHECK", kind=Kind.CUDAENV,
+             reader="verify's sampling check (1: no GPU, or a half that did not run, fails "
+             "instead of skipping; the GPU check sets it)",
+             read_at="builder/verify/sampling.py", reserved=True),
     Variable(name="CUDAENV_FAULT_PAUSE", kind=Kind.CUDAENV,
              reader="build (tests only: hold the build at the named stage, to interrupt it)",
              read_at="builder/build.py", reserved=True),
     Variable(name="CUDAENV_FAULT_PAUSE_SECONDS", kind=Kind.CUDAENV,
              reader="build (tests only: how long CUDAENV_FAULT_PAUSE holds; default 30)",
-             read_at="builder/build.py", reserved=True),
+             read_at="builder/build.py", reserved=True,
+             number=Number(unit="seconds", zero=True, example="30")),
     Variable(name="CUDA_DEVICE_ORDER", kind=Kind.RUNTIME,
              reader="the CUDA runtime (the sampling check sets PCI_BUS_ID, as nvidia-smi "
              "numbers GPUs)", read_at="builder/verify/sampling.py"),
@@ -230,6 +273,40 @@ NVCC = names(v for v in TABLE if v.kind is Kind.NVCC)
 # What the activation scripts keep for deactivate: the venv's (_OLD_VIRTUAL_PATH, ...) and
 # ours (_CUDAENV_OLD_CUDA_HOME, ...). A spec value there would be restored in their place.
 RESERVED_PREFIXES = ("_OLD_VIRTUAL_", "_CUDAENV_")
+
+
+def number_problem(number: Number, text: str) -> str | None:
+    """Why ``text`` is not a value of ``number``, or None when it is one."""
+    if number.unit == "size":
+        from builder.probe.jit_store import parse_size
+
+        try:
+            parse_size(text)
+        except ValueError:
+            return f"not a size (like {number.example})"
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low = "0 or more" if number.zero else "above 0"
+    if not (math.isfinite(value) and (value >= 0 if number.zero else value > 0)) or (
+        value > SECONDS_MAX
+    ):
+        return f"not a number of seconds (a finite number {low} and at most {SECONDS_MAX:.0f}, like {number.example})"
+    return None
+
+
+def check_numbers(environ: Mapping[str, str]) -> None:
+    """Every numeric variable that is set holds a value of its kind; else UsageError (exit 2)
+    naming the variable and the value, before any command starts work."""
+    for v in TABLE:
+        text = environ.get(v.name, "")
+        if v.number is None or text == "":
+            continue
+        why = number_problem(v.number, text)
+        if why is not None:
+            raise UsageError(f"{v.name}={text}: {why}")
 
 
 def probe_arg(variables: Iterable[str]) -> str:

@@ -12,7 +12,9 @@ a device.
 A message quotes a file's text only once the file has read as a YAML mapping (a spec or matrix
 file, however wrong): ``extends: /etc/passwd``, or a spec path a pull request points at an SSH
 key, must not print that file into a CI log. Until then a message names the file, the position
-and the problem, never the text there.
+and the problem, never the text there. A mapping is not enough for a file another names
+(``extends:``): ``/etc/shadow`` reads as one whose keys are its lines, so the loader calls a base
+with a key no spec has "not a spec" and shows none of it (``spec.py``).
 """
 
 from __future__ import annotations
@@ -182,6 +184,21 @@ def suggest(word: str, known: Sequence[str], what: str = "key") -> str:
     if close:
         return f"{head}; did you mean '{close[0]}'?"
     return f"{head}; expected one of: {', '.join(known)}"
+
+
+def plain_reads_back(text: str) -> bool:
+    """Whether ``text`` written as a plain YAML scalar is read back as that string: ``yes``,
+    ``on``, ``null``, ``1_000`` and ``0x10`` are not (YAML 1.1 resolves them to a boolean, null
+    or a number), so a writer quotes them. Composed only, never constructed."""
+    try:
+        node = yaml.compose(text, Loader=_LOADER)
+    except (yaml.YAMLError, ValueError):
+        return False
+    return (
+        isinstance(node, yaml.ScalarNode)
+        and node.tag == "tag:yaml.org,2002:str"
+        and node.value == text
+    )
 
 
 def string(item: Item, path: str, problems: Problems, what: str) -> str | None:

@@ -12,25 +12,21 @@ import pytest
 
 
 def gpu_reason() -> str | None:
-    """Why GPU tests cannot run here, or None when an NVIDIA GPU is visible."""
-    if not Path("/proc/driver/nvidia/version").exists():
-        return "no NVIDIA driver (/proc/driver/nvidia/version is absent)"
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "no nvidia-smi"
-    done = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    if done.returncode != 0 or "GPU" not in done.stdout:
-        return "no visible NVIDIA GPU"
-    return None
+    """Why GPU tests cannot run here, or None when an NVIDIA GPU is visible: the product's
+    own answer (archs.visible_gpus, whose driver is driver.detect's, the gate's)."""
+    from builder import archs
+
+    gpus, why = archs.visible_gpus()
+    return None if gpus else why or "no visible NVIDIA GPU"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = gpu_reason()
+    marked = [item for item in items if "gpu" in item.keywords]
+    reason = gpu_reason() if marked else None
     if reason is None:
         return
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

@@ -167,6 +167,34 @@ def served_index(root: Path) -> Iterator[str]:
         yield f"{base}/simple"
 
 
+@contextlib.contextmanager
+def the_only_index(root: Path, uv_cache: Path) -> Iterator[str]:
+    """``root/simple`` served (:func:`served_index`) and made the one index of uv and pip, in
+    this process and every child (their config files and extra indexes off, uv's cache at
+    ``uv_cache``): an index frozen for the test, nothing reaches the internet. Yields its URL."""
+    saved = dict(os.environ)
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS"):
+        os.environ.pop(name, None)
+    try:
+        with served_index(root) as url:
+            os.environ.update(
+                {
+                    "UV_DEFAULT_INDEX": url,
+                    "UV_INDEX_URL": url,
+                    "UV_NO_CONFIG": "1",
+                    "UV_CACHE_DIR": str(uv_cache),
+                    "UV_PYTHON_DOWNLOADS": "never",
+                    "PIP_INDEX_URL": url,
+                    "PIP_CONFIG_FILE": os.devnull,  # the machine's pip.conf names other indexes
+                    "PIP_NO_CACHE_DIR": "1",
+                }
+            )
+            yield url
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 # --------------------------------------------------------------------------- fresh venvs
 
 

@@ -107,3 +107,15 @@ def test_add_locks_rebuilds_and_verifies_in_one_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     listed = (env / "bin" / "pip").exists()
     assert listed
+
+
+@pytest.mark.parametrize("name", ["yes", "null", "on", "No", "true", "1_000", "0x10", "12"])
+def test_a_package_whose_name_yaml_would_read_as_no_string_is_quoted(
+    tmp_path: Path, name: str
+) -> None:
+    """Valid package names that YAML 1.1 reads, unquoted, as a boolean, null or a number."""
+    out = edited(tmp_path, BLOCK, name)
+    assert f'  - "{name}"\n' in out
+    assert spec.load(write(tmp_path / "s.yaml", out)).packages[-1] == name
+    flow = 'name: demo\npython: "3.12"\ncuda: "13.0"\npackages: [six]\n'
+    assert edited(tmp_path, flow, name).splitlines()[3] == f'packages: [six, "{name}"]'

@@ -324,15 +324,27 @@ def test_the_journal_reads_back_what_was_written(tmp_path: Path) -> None:
     for journal in (
         a_journal(),
         a_journal(state="done", before=None),
-        a_journal(state="undoing", broken_before=("/v/x-1.dist-info",), site_before=("nvidia",)),
-    ):
+        a_journal(state="undoing", broken_before=("/v/x-1.dist-info",), site_before=("nvidia",),
+                  nvidia_before=("nvidia/cu13/lib/libcudart.so.13",)),
+    ):  # fmt: skip
         adopt._write_journal(tmp_path, journal)
         assert adopt.read_journal(tmp_path) == journal
     # The file's keys are the ones adopt has always written.
     assert set(json.loads((tmp_path / adopt.JOURNAL).read_text())) == {
         "state", "python", "before", "changes", "activation", "var_before", "var_existed",
-        "started_at", "broken_before", "site_before",
+        "started_at", "broken_before", "site_before", "nvidia_before",
     }  # fmt: skip
+
+
+def test_a_journal_where_earlier_releases_kept_it_is_read_and_moved(tmp_path: Path) -> None:
+    """var/cudaenv/adopt.json (its directory made first, which a kill could leave behind) is
+    still read; the next write puts the journal at the env's top and removes the old file."""
+    old = write(tmp_path / adopt.OLD_JOURNAL, json.dumps(a_journal().to_json()))
+    assert adopt.read_journal(tmp_path) == a_journal()
+    adopt._write_journal(tmp_path, a_journal(state="undoing"))
+    assert not old.exists()
+    assert adopt.read_journal(tmp_path) == a_journal(state="undoing")
+    assert (tmp_path / adopt.JOURNAL).is_file()
 
 
 def test_an_old_journal_with_bin_activate_alone_still_reads(tmp_path: Path) -> None:

@@ -9,14 +9,19 @@ process that takes about a second."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
+import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -312,13 +317,34 @@ def test_an_undo_killed_midway_is_finished_by_the_next(
     assert f"nothing to undo: {venv} has no adopt journal" in again.stderr
 
 
+def test_files_no_package_names_that_adopt_left_are_removed(venv: Path, cuda_home: Path) -> None:
+    """A half-removed distribution whose RECORD is gone too: its remaining files are named by
+    nothing, but they were not below nvidia/ before adopt (the journal lists what was): undo
+    removes them; a file that was there before adopt, named by nothing, stays."""
+    site = toolchain.site_packages(venv)
+    write(site / "nvidia" / "mine" / "notes.txt", "the user's own, named by no RECORD\n")
+    site = adopted_with_packages(venv, cuda_home)
+    half_uninstall(site, "nvidia_cuda_cccl-13.0.85", keep_record=False)
+    done = run(venv, cuda_home, "--undo")
+    assert done.returncode == 0, done.stderr
+    assert "file(s) below nvidia/ no package names" in done.stderr
+    assert sorted(p.relative_to(site).as_posix() for p in (site / "nvidia").rglob("*")) == [
+        "nvidia/mine", "nvidia/mine/notes.txt"
+    ]  # fmt: skip
+    assert adopt.read_journal(venv) is None
+
+
 def test_an_undo_says_what_it_could_not_put_back_and_keeps_the_journal(
     venv: Path, cuda_home: Path
 ) -> None:
-    """A half-removed distribution whose RECORD is gone too: its remaining files are named by
-    nothing, so undo cannot tell they are adopt's; it names the tree, exits 4, keeps the
-    journal."""
+    """A journal from before the files below nvidia/ were listed: the files a half-removed
+    distribution without RECORD left are named by nothing, so undo cannot tell they are
+    adopt's; it names the tree, exits 4, keeps the journal."""
     site = adopted_with_packages(venv, cuda_home)
+    journal = venv / adopt.JOURNAL
+    doc = json.loads(journal.read_text())
+    del doc["nvidia_before"]
+    journal.write_text(json.dumps(doc))
     half_uninstall(site, "nvidia_cuda_cccl-13.0.85", keep_record=False)
     done = run(venv, cuda_home, "--undo")
     assert (done.returncode, errors(done)) == (4, [
@@ -381,3 +407,297 @@ def test_a_read_only_env_is_one_line_naming_the_path(venv: Path, cuda_home: Path
         "env?); nothing was changed"
     ]), done.stderr  # fmt: skip
     assert snapshot(venv) == before
+
+
+# --------------------------------------------------------------------------- kill points, CUDA 13
+#
+# A CUDA 13 env adopt installs packages into: a stand-in torch 2.11.0 pinning
+# cuda-toolkit[cudart]==13.0.2 (its runtime installed, as torch's own dependency), and stand-in
+# toolkit wheels on a find-links directory (uv asks no index): nvcc prints its release, cccl
+# unpacks enough headers that uv takes a moment. Every run is a real `cudaenv` and a real uv.
+
+TOOLKIT = "13.0.2"
+NVCC_13 = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+CCCL_HEADERS = 600
+
+
+def a_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    files: dict[str, str],
+    requires: Sequence[str] = (),
+    extras: Sequence[str] = (),
+) -> Path:
+    """A wheel of ``name`` holding ``files`` (those below a ``bin/`` executable)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}"]
+    meta += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
+    files = {**files, f"{dist}.dist-info/METADATA": "\n".join(meta) + "\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: cudaenv-tests\n"
+                                        "Root-Is-Purelib: true\nTag: py3-none-any\n"}  # fmt: skip
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    wheel = directory / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            info = zipfile.ZipInfo(path)
+            info.external_attr = (0o755 if "/bin/" in path else 0o644) << 16
+            zf.writestr(info, text)
+    return wheel
+
+
+def toolkit_wheels(directory: Path) -> Path:
+    directory.mkdir()
+    parts = {
+        "cccl": ("nvidia-cuda-cccl", "13.0.85", {
+            f"nvidia/cu13/include/cccl/cuda/std/h{i}.h": f"// {i}\n" for i in range(CCCL_HEADERS)
+        }),
+        "crt": ("nvidia-cuda-crt", "13.0.88", {"nvidia/cu13/include/crt/host_config.h": "//\n"}),
+        "cudart": ("nvidia-cuda-runtime", "13.0.96", {
+            "nvidia/cu13/lib/libcudart.so.13": "stand-in\n",
+            "nvidia/cu13/include/cuda_runtime.h": "#pragma once\n",
+        }),
+        "nvcc": ("nvidia-cuda-nvcc", "13.0.88", {
+            "nvidia/cu13/bin/nvcc": NVCC_13, "nvidia/cu13/bin/ptxas": NVCC_13,
+            "nvidia/cu13/bin/nvcc.profile": "TOP = $(_HERE_)/..\n",
+            **{f"nvidia/cu13/.metadata/nvcc-{i}.json": "{}\n" for i in range(20)},
+        }),
+        "nvvm": ("nvidia-nvvm", "13.0.88", {"nvidia/cu13/nvvm/bin/cicc": NVCC_13}),
+    }  # fmt: skip
+    for name, version, files in parts.values():
+        a_wheel(directory, name, version, files)
+    requires = [f'{n}=={v}; extra == "{e}"' for e, (n, v, _) in parts.items()]
+    a_wheel(directory, "cuda-toolkit", TOOLKIT, {}, requires, extras=list(parts))
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class Cu13:
+    venv: Path
+    env: dict[str, str]  # what every cudaenv and uv of the test runs with
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "builder.cli", "adopt", "--python", str(self.python), *args]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), cwd=self.venv.parent, capture_output=True,
+                              text=True, check=False, env=self.env, timeout=300)  # fmt: skip
+
+    def adopt(self) -> subprocess.CompletedProcess[str]:
+        return self.run("--no-verify", "--no-driver-check")
+
+
+@pytest.fixture
+def cu13(tmp_path: Path) -> Cu13:
+    wheels = toolkit_wheels(tmp_path / "wheels")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "UV_FIND_LINKS": str(wheels), "UV_NO_INDEX": "true", "UV_OFFLINE": "true",
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
+    env.pop("CUDA_HOME", None)
+    v = tmp_path / "v"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(v)], env=env)
+    site = toolchain.site_packages(v)
+    write(site / "torch" / "__init__.py", "")
+    write(site / "torch" / "version.py", "cuda = '13.0'\n")
+    info = site / "torch-2.11.0.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\nRequires-Dist: "
+          f'cuda-toolkit[cudart]=={TOOLKIT}; platform_system == "Linux"\n')  # fmt: skip
+    write(info / "RECORD", "torch/__init__.py,,\ntorch/version.py,,\n")
+    # torch's own CUDA dependency, as a real cu130 torch env has it: nvidia/cu13/ is there first.
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--python", str(v / "bin" / "python"),
+              f"cuda-toolkit[cudart]=={TOOLKIT}"], env=env)  # fmt: skip
+    assert (site / "nvidia" / "cu13" / "lib" / "libcudart.so.13").is_file()
+    return Cu13(venv=v, env=env)
+
+
+def clean(venv: Path) -> dict[str, str]:
+    """The env's files as a snapshot compares them, uv's own lock file (``.lock``, made by any
+    uv run on the env, adopt's dry run included) left out."""
+    return {k: v for k, v in snapshot(venv).items() if k != ".lock"}
+
+
+def is_adopted(cu13: Cu13) -> None:
+    journal = adopt.read_journal(cu13.venv)
+    assert journal is not None and journal.state == "done"
+    assert (cu13.venv / "cuda-home" / "bin" / "nvcc").is_file()
+    site = toolchain.site_packages(cu13.venv)
+    assert len(list((site / "nvidia" / "cu13" / "include" / "cccl").rglob("*.h"))) == CCCL_HEADERS
+
+
+def test_the_cu13_stand_in_adopts_and_undoes(cu13: Cu13) -> None:
+    before = clean(cu13.venv)
+    done = cu13.adopt()
+    assert done.returncode == 0, done.stderr
+    assert "install nvidia-cuda-nvcc 13.0.88" in done.stdout + done.stderr
+    is_adopted(cu13)
+    undone = cu13.run("--undo")
+    assert undone.returncode == 0, undone.stderr
+    assert clean(cu13.venv) == before
+
+
+# The uv adopt and undo run, with one difference where STAND_IN_UV_KILL says: after the real
+# uv has run, the state a uv killed midway leaves is made, and cudaenv (its parent) is
+# SIGKILLed, as if the kill had come while uv ran. "install": uv copies a wheel's files
+# before its .dist-info, and writes RECORD last: cccl's files are there with no .dist-info,
+# nvcc's .dist-info has no RECORD, nvvm's has lost METADATA. "uninstall": the first package
+# named is half removed (RECORD's first half, METADATA), the others are gone.
+KILLING_UV = """\
+import os, pathlib, shutil, signal, subprocess, sys
+real, args = {real!r}, sys.argv[1:]
+kill = os.environ.get("STAND_IN_UV_KILL")
+if kill is None or args[:2] != ["pip", kill] or "--dry-run" in args:
+    os.execv(real, [real, *args])
+python = pathlib.Path(args[args.index("--python") + 1])
+site = next(python.parent.parent.glob("lib/python3.*/site-packages"))
+if kill == "uninstall":
+    first = args[args.index("--python") + 2]
+    subprocess.run([real, *args[:-len(args) + args.index("--python") + 2], *args[args.index("--python") + 3:]], check=True)
+    info = next(site.glob(first.replace("-", "_") + "-*.dist-info"))
+    rows = (info / "RECORD").read_text().splitlines()
+    for row in rows[: len(rows) // 2]:
+        (site / row.split(",")[0]).unlink(missing_ok=True)
+    (info / "METADATA").unlink()
+else:
+    subprocess.run([real, *args], check=True)
+    shutil.rmtree(next(site.glob("nvidia_cuda_cccl-*.dist-info")))
+    (next(site.glob("nvidia_cuda_nvcc-*.dist-info")) / "RECORD").unlink()
+    (next(site.glob("nvidia_nvvm-*.dist-info")) / "METADATA").unlink()
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+
+def killing_uv(cu13: Cu13, when: str) -> Cu13:
+    uv = cu13.venv.parent / "killing-uv"
+    uv.write_text(f"#!{sys.executable}\n" + KILLING_UV.format(real=proc.uv_bin()))
+    uv.chmod(0o755)
+    return dataclasses.replace(cu13, env={**cu13.env, "CUDAENV_UV": str(uv),
+                                           "STAND_IN_UV_KILL": when})  # fmt: skip
+
+
+def killed_at(cu13: Cu13, args: Sequence[str], point: str) -> None:
+    """Run ``cudaenv adopt ARGS`` and SIGKILL it at ``point``: a fault point, or inside uv's
+    ``install`` or ``uninstall`` (:data:`KILLING_UV`)."""
+    if point in ("install", "uninstall"):
+        done = killing_uv(cu13, point).run(*args)
+        assert done.returncode == -signal.SIGKILL, done.stderr
+        return
+    env = {**cu13.env, "CUDAENV_FAULT_PAUSE": point, "CUDAENV_FAULT_PAUSE_SECONDS": "60"}
+    child = subprocess.Popen(cu13.argv(*args), cwd=cu13.venv.parent, env=env,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stderr is not None
+    for line in child.stderr:
+        if f"fault point {point}" in line:
+            break
+    else:
+        child.wait()
+        raise AssertionError(f"adopt {args} ended (exit {child.returncode}) before {point}")
+    child.kill()
+    child.wait(timeout=30)
+
+
+ADOPT_POINTS = ["adopt-start", "adopt-journal", "install", "adopt-overlay", "adopt-hooks", "adopt-manifest",
+                "adopt-done"]  # fmt: skip
+UNDO_POINTS = ["undo-files", "undo-packages", "uninstall", "undo-sweep", "undo-journal",
+               "undo-done"]  # fmt: skip
+
+
+@pytest.mark.parametrize("then", ["undo", "adopt"])
+@pytest.mark.parametrize("point", ADOPT_POINTS)
+def test_an_adopt_killed_at_any_point_is_set_right_by_one_more_run(
+    cu13: Cu13, point: str, then: str
+) -> None:
+    """SIGKILL at each step of adopt (uv's install included): one `adopt --undo` gives the env
+    back as it was, or one `adopt` undoes and adopts, after which `--undo` gives it back."""
+    before = clean(cu13.venv)
+    killed_at(cu13, ["--no-verify", "--no-driver-check"], point)
+    if then == "undo":
+        done = cu13.run("--undo")
+        assert done.returncode == 0, done.stderr
+    else:
+        done = cu13.adopt()
+        assert done.returncode == 0, done.stderr
+        # Killed before its journal was written, adopt had changed nothing to undo.
+        undid = "did not finish: undoing it first" in done.stderr
+        assert undid is (point != "adopt-start"), done.stderr
+        is_adopted(cu13)
+        done = cu13.run("--undo")
+        assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert clean(cu13.venv) == before
+
+
+@pytest.mark.parametrize("then", ["undo", "adopt"])
+@pytest.mark.parametrize("point", UNDO_POINTS)
+def test_an_undo_killed_at_any_point_is_finished_by_one_more_run(
+    cu13: Cu13, point: str, then: str
+) -> None:
+    before = clean(cu13.venv)
+    assert cu13.adopt().returncode == 0
+    killed_at(cu13, ["--undo"], point)
+    done = cu13.run("--undo") if then == "undo" else cu13.adopt()
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    if then == "adopt":
+        is_adopted(cu13)
+        assert cu13.run("--undo").returncode == 0
+    assert clean(cu13.venv) == before
+
+
+def test_kills_at_random_points_under_load_are_each_set_right_by_one_more_run(cu13: Cu13) -> None:
+    """adopt and undo SIGKILLed at random moments while the CPUs are busy: after each kill, one
+    more `adopt --undo` gives the env back as it was, or one more `adopt` leaves it adopted.
+    The seed is in every failure's message (ADOPT_KILL_SEED replays it)."""
+    seed = int(os.environ.get("ADOPT_KILL_SEED") or random.randrange(2**32))  # noqa: S311 - when to kill, not a secret
+    rng = random.Random(seed)  # noqa: S311 - when to kill, not a secret
+    before = clean(cu13.venv)
+    started = time.monotonic()
+    assert cu13.adopt().returncode == 0
+    took = {"adopt": time.monotonic() - started}
+    started = time.monotonic()
+    assert cu13.run("--undo").returncode == 0
+    took["undo"] = time.monotonic() - started
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for i in range(6):
+            op = "undo" if adopt.read_journal(cu13.venv) is not None else "adopt"
+            args = ["--undo"] if op == "undo" else ["--no-verify", "--no-driver-check"]
+            delay = rng.uniform(0, took[op])
+            child = subprocess.Popen(cu13.argv(*args), cwd=cu13.venv.parent, env=cu13.env,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            time.sleep(delay)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)  # cudaenv alone; uv dies with it
+            child.wait(timeout=30)
+            gone_within(child.pid, 10)
+            then = rng.choice(["undo", "adopt"])
+            done = cu13.run("--undo") if then == "undo" else cu13.adopt()
+            where = f"seed {seed}, kill {i}: {op} killed after {delay:.2f} s, then {then}"
+            assert done.returncode == 0, f"{where}\n{done.stderr}"
+            if then == "undo":
+                assert clean(cu13.venv) == before, where
+            else:
+                is_adopted(cu13)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert cu13.run("--undo").returncode == 0
+    assert clean(cu13.venv) == before
+
+
+def gone_within(session: int, seconds: float) -> None:
+    """Wait until every process of ``session`` (a killed cudaenv's uv, say) has exited."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes of session {session} still running after {seconds} s")

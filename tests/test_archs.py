@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, proc
+from builder import archs, driver, proc
 from builder.archs import Arch, Gpu
 from builder.cudaversion import CudaVersion
 
@@ -117,11 +117,10 @@ def test_gpu_query_output_is_parsed_without_crashing() -> None:
 def test_visible_gpus_says_why_there_are_none(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", tmp_path / "absent")
-    assert archs.visible_gpus() == ([], f"no NVIDIA driver ({tmp_path / 'absent'} is absent)")
-    driver = tmp_path / "version"
-    driver.write_text("NVRM version: 580\n")
-    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", driver)
+    monkeypatch.setattr(driver, "detect", lambda: None)
+    assert archs.visible_gpus() == ([], driver.not_found())
+    monkeypatch.undo()
+    monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "580.65.06")
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
     smi.write_text("#!/bin/sh\necho '0, GPU-x, NVIDIA H200, 9.0, Disabled'\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, interpreters
+from builder import build, interpreters, lock, platforms, proc
 
 
 def make_tree(path: Path, marker: str) -> Path:
@@ -146,3 +149,153 @@ def test_an_install_that_is_offline_or_from_a_wheelhouse_is_left_as_asked(tmp_pa
     for extra in (["--offline"], ["--no-index", "--find-links", "/w"]):
         assert not build._sync_from_cache([str(uv), "pip", "sync", *extra], tmp_path / "r.txt")
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- proof of install
+
+
+def installed_dist(site: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A distribution as an installer leaves it: its files, a dist-info, a RECORD with the
+    sha256 (urlsafe base64, no padding) and size of each."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    files = {**files, f"{info.name}/METADATA": f"Name: {name}\nVersion: {version}\n".encode()}
+    rows = []
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{rel},sha256={digest},{len(data)}")
+    (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,"]) + "\n")
+    return info
+
+
+def a_site(tmp_path: Path) -> Path:
+    site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
+    installed_dist(
+        site,
+        "nvidia-cuda-nvcc",
+        "13.0.88",
+        {"nvidia/cu13/bin/nvcc": b"nvcc" * 100, "nvidia/cu13/bin/ptxas": b"ptxas"},
+    )
+    installed_dist(site, "cuda-toolkit", "13.0.3.0", {})
+    return site  # fmt: skip
+
+
+LOCKED = (
+    lock.LockedPackage(name="nvidia-cuda-nvcc", version="13.0.88"),
+    lock.LockedPackage(name="cuda-toolkit", version="13.0.3"),  # 13.0.3 == 13.0.3.0
+)
+
+
+def test_a_complete_install_has_no_problems(tmp_path: Path) -> None:
+    site = a_site(tmp_path)
+    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
+    assert build.record_problems(site, tmp_path / "env", LOCKED, hash_linked=True) == []
+
+
+def test_what_a_full_disk_leaves_is_named(tmp_path: Path) -> None:
+    site = a_site(tmp_path)
+    bin_dir = site / "nvidia" / "cu13" / "bin"
+    (bin_dir / "ptxas").unlink()
+    (bin_dir / "nvcc").write_bytes(b"nvcc")  # cut short
+    (site / "cuda_toolkit-13.0.3.0.dist-info" / "RECORD").unlink()
+    locked = (*LOCKED, lock.LockedPackage(name="nvidia-nvvm", version="13.0.88"))
+    assert build.record_problems(site, tmp_path / "env", locked) == [
+        "nvidia-nvvm 13.0.88: not installed (no .dist-info)",
+        "cuda_toolkit-13.0.3.0.dist-info/RECORD: No such file or directory",
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: 4 bytes, RECORD says 400",
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/ptxas: missing",
+    ]
+
+
+def test_another_version_or_a_path_outside_the_env_is_a_problem(tmp_path: Path) -> None:
+    site = a_site(tmp_path)
+    record = site / "nvidia_cuda_nvcc-13.0.88.dist-info" / "RECORD"
+    record.write_text(record.read_text() + "../../../../outside,,\n")
+    locked = (lock.LockedPackage(name="nvidia-cuda-nvcc", version="13.0.96"),)
+    assert build.record_problems(site, tmp_path / "env", locked) == [
+        "nvidia-cuda-nvcc: 13.0.88 installed, the lock says 13.0.96",
+        "nvidia_cuda_nvcc-13.0.88.dist-info: ../../../../outside: outside the env",
+    ]
+
+
+def test_a_copied_file_is_hashed_a_hard_linked_one_only_when_asked(tmp_path: Path) -> None:
+    """Same size, other bytes: a copy (one link) is caught by its hash; a file hard-linked
+    from uv's cache is taken as the cache's (its size is still checked) unless hash_linked."""
+    site = a_site(tmp_path)
+    ptxas = site / "nvidia" / "cu13" / "bin" / "ptxas"
+    ptxas.write_bytes(b"PTXAS")
+    wrong = (
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/ptxas: sha256 differs from RECORD's"
+    )
+    assert build.record_problems(site, tmp_path / "env", LOCKED) == [wrong]
+    os.link(ptxas, tmp_path / "cache-copy")  # now two links, as uv's hard-link install makes
+    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
+    assert build.record_problems(site, tmp_path / "env", LOCKED, hash_linked=True) == [wrong]
+
+
+def test_many_bytes_are_hashed_by_a_pool_with_the_same_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build, "_POOL_BYTES", 1)
+    site = a_site(tmp_path)
+    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
+    (site / "nvidia" / "cu13" / "bin" / "nvcc").write_bytes(b"x" * 400)
+    assert build.record_problems(site, tmp_path / "env", LOCKED) == [
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: sha256 differs from RECORD's"
+    ]
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.mark.parametrize(
+    ("output", "quota"),
+    [
+        ("  cause: failed to copy file from a to b: No space left on device (os error 28)", False),
+        ("error: Failed to write: Disk quota exceeded (os error 122)", True),
+    ],
+)
+def test_an_offline_install_that_met_a_full_disk_is_not_a_cache_miss(
+    tmp_path: Path, output: str, quota: bool
+) -> None:
+    uv = write_uv(tmp_path, f"import sys\nsys.stderr.write({output!r})\nsys.exit(2)\n")
+    with pytest.raises(proc.CommandFailed) as info:
+        build._sync_from_cache([str(uv), "pip", "sync"], tmp_path / "req.txt")
+    assert build._out_of_space(info.value.output)
+    assert build._over_quota(info.value.output) is quota
+
+
+def write_uv(tmp_path: Path, body: str) -> Path:
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!{sys.executable}\n{body}")
+    uv.chmod(0o755)
+    return uv
+
+
+def test_a_package_whose_marker_does_not_hold_is_not_required() -> None:
+    here = {
+        **platforms.get("linux-x86_64").marker_environment("3.12"),
+        "python_full_version": "3.12.1",
+    }
+    only_old = lock.LockedPackage(name="x", version="1", marker="python_full_version < '3.12'")
+    unreadable = lock.LockedPackage(name="y", version="1", marker="nonsense ==")
+    plain = lock.LockedPackage(name="z", version="1")
+    assert not build._applies(only_old, here)
+    assert build._applies(unreadable, here)  # required: uv's reading is not guessed
+    assert build._applies(plain, here)
+
+
+def test_a_full_disk_is_said_with_uvs_line_naming_the_file(tmp_path: Path) -> None:
+    tmp = tmp_path / ".env.tmp-1"
+    tmp.mkdir()
+    said = "Resolved 6 packages\n  cause: failed to copy file from /c/a to /e/b: Disk quota exceeded (os error 122)\n"
+    message = build._no_space(tmp, tmp_path / "env", said=said)
+    assert message.startswith(
+        f"the disk quota was exceeded while building in {tmp_path} (the build had "
+    )
+    assert message.endswith(
+        " MiB; uv: cause: failed to copy file from /c/a to /e/b: Disk quota exceeded (os error "
+        "122)); free space there or pass --env-dir on a larger filesystem. Nothing was replaced: "
+        "the previous env, if any, is intact"
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, cli, lock, manifest, pipeline, platforms, resolve, spec, verify
+from builder import archs, cli, cliargs, lock, manifest, pipeline, platforms, resolve, spec, verify
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.manifest import Manifest
 from builder.report import VerifyReport
@@ -683,9 +683,44 @@ def test_an_empty_argument_is_a_usage_error_naming_it(
 def test_an_unknown_option_shows_the_usage_of_its_command(tmp_path: Path) -> None:
     done = cudaenv("lock", "--bogus", "X", cwd=tmp_path, check=False)
     assert done.returncode == 2
-    assert done.stderr.startswith("usage: cudaenv lock [-h] [--upgrade] SPEC [SPEC ...]\n")
+    assert done.stderr.startswith(
+        "usage: cudaenv lock [-h] [--upgrade] [--upgrade-package NAME] SPEC [SPEC ...]\n"
+    )
     assert one_error_line(done) == "error: cudaenv lock: unrecognized arguments: --bogus"
     nested = cudaenv("store", "gc", "--bogus", cwd=tmp_path, check=False)
     assert nested.returncode == 2
     assert nested.stderr.startswith("usage: cudaenv store gc ")
     assert one_error_line(nested) == "error: cudaenv store gc: unrecognized arguments: --bogus"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["biuld", "x.yaml"], "unknown command 'biuld': did you mean 'build'?"),
+        (["--debug", "verfy"], "unknown command 'verfy': did you mean 'verify'?"),
+        (["zzz"], "unknown command 'zzz': see `cudaenv --help` for the commands"),
+    ],
+)
+def test_a_mistyped_command_gets_the_closest_one(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cliargs.parse(cliargs.make_parser(), argv)
+    assert exc.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_spec_that_is_not_there_lists_the_specs_that_are(tmp_path: Path) -> None:
+    write(tmp_path / "envspecs" / "default.yaml", 'name: d\npython: "3.12"\ncuda: "13.0"\n')
+    write(tmp_path / "envspecs" / "vllm.yaml", 'name: v\npython: "3.12"\ncuda: "13.0"\n')
+    done = cudaenv("build", "envspecs/defualt.yaml", cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: envspecs/defualt.yaml: no such spec file; did you mean envspecs/default.yaml? "
+        "(specs in envspecs: default.yaml, vllm.yaml)"
+    )
+    # From a directory without specs, the project's envspecs/ are the ones listed.
+    (tmp_path / "sub").mkdir()
+    done = cudaenv("plan", "nope.yaml", cwd=tmp_path / "sub", check=False)
+    assert done.returncode == 2
+    assert f"(specs in {tmp_path / 'envspecs'}: default.yaml, vllm.yaml)" in done.stderr

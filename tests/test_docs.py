@@ -179,6 +179,11 @@ def test_the_readme_is_the_front_door() -> None:
     assert len(lines) <= 90
     first = readme.split("```sh\n", 1)[1].split("```", 1)[0]
     assert first.splitlines() == ["sh tools/nox.sh -s build-env", "sh tools/nox.sh -s tests"]
+    # Right after them: how long each takes, and the quick path.
+    after = readme.split("```", 2)[2].split("## ", 1)[0]
+    assert re.search(r"about \d+ minutes on 2 cores", after)
+    assert re.search(r"\d+ minutes or more", after)
+    assert "sh tools/nox.sh -s fast" in after
     assert "SM 12.x requires CUDA >= 12.9" in readme
     # Every link goes into the repository, to a file that exists.
     links = re.findall(r"\]\(([^)]+)\)", readme)

@@ -249,7 +249,9 @@ def test_more_than_one_cuda_major(env: FakeEnv) -> None:
     env.dist("nvidia-cutlass-dsl-libs-cu12", "4.8.0")  # by design: not counted
     findings, _ = run(env)
     assert codes(findings, doctor.ERROR) == ["multiple-cuda-majors"]
-    assert findings[0].fix[0] == "pip uninstall nvidia-cublas-cu12"
+    # The fake env has no pip: uv, with this env's interpreter.
+    assert findings[0].fix[0].startswith("uv pip uninstall --python ")
+    assert findings[0].fix[0].endswith("/bin/python nvidia-cublas-cu12")
 
 
 def test_flashinfer_companion_mismatch(env: FakeEnv) -> None:
@@ -744,3 +746,42 @@ def test_sm12_intent_reads_every_arch_list_as_archs(
 ) -> None:
     facts = doctor.Facts.from_json({"env": {variable: value}}, None)
     assert doctor.sm12_intent(facts) == (f"{variable}={value}" if intent else "")
+
+
+OLD_NVCC = [
+    {
+        "source": "/usr/local/cuda",
+        "path": "/usr/local/cuda",
+        "nvcc": "/usr/local/cuda/bin/nvcc",
+        "exists": True,
+        "release": "12.8",
+    }
+]
+
+
+def test_sm12_leads_when_the_env_or_the_user_names_12x_on_a_box_without_gpu() -> None:
+    """The seed's split (torch cu130, nvcc 12.8) diagnosed where no GPU is visible: the SM 12.x
+    cause leads when the env's arch list (its manifest) or --archs names 12.x."""
+    doc = facts_doc(cuda_homes=OLD_NVCC)
+    assert diagnose(doc) == ["jit-toolkit-mismatch"]  # nothing says 12.x: the major mismatch
+    assert diagnose(doc, a_manifest("12.0f"))[0] == "sm12x-nvcc-too-old"
+    facts = doctor.Facts.from_json(doc, None, target_archs=archs.parse_list("12.0"))
+    found = doctor.diagnose(facts)
+    assert [f.code for f in found] == ["sm12x-nvcc-too-old"]
+    assert "--archs 12.0" in " ".join(found[0].evidence)
+    assert [s.code for s in found[0].symptoms] == ["jit-toolkit-mismatch"]
+    assert diagnose(facts_doc(cuda_homes=OLD_NVCC), a_manifest("9.0a")) == ["jit-toolkit-mismatch"]
+
+
+def test_install_fixes_work_in_the_env_they_name() -> None:
+    """A uv venv has no pip: the fix goes through uv with that interpreter; an env with pip
+    gets its own pip, never a bare `pip` (some other env's)."""
+    dists = {k: v for k, v in HEALTHY_DISTS.items() if k != "pip"} | {"flashinfer-cubin": "0.6.0"}
+    facts = doctor.Facts.from_json(facts_doc(distributions=dists), None)
+    found = next(f for f in doctor.diagnose(facts) if f.code == "flashinfer-companion-mismatch")
+    fi = HEALTHY_DISTS["flashinfer-python"]
+    assert found.fix == (f"uv pip install --python /p flashinfer-cubin=={fi}",)
+    with_pip = doctor.Facts.from_json(facts_doc(distributions={**dists, "pip": "25.3"}), None)
+    found = next(f for f in doctor.diagnose(with_pip) if f.code == "flashinfer-companion-mismatch")
+    assert found.fix == (f"/p -m pip install flashinfer-cubin=={fi}",)
+    assert not any(fix.startswith("pip ") for f in doctor.diagnose(facts) for fix in f.fix)

@@ -248,6 +248,57 @@ def test_a_garbage_override_is_refused_before_any_other_source(tmp_path: Path) -
         driver.detect(environ={"CUDAENV_DRIVER_VERSION": "x"}, sys_file=sys_file)
 
 
+def test_detect_reads_the_module_paths_when_called(
+    tmp_path: Path, no_smi: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the driver is read is set once (module constants) and read at each call, so the
+    GPU listing and the test suite's gpu marker ask the very same places as the gate."""
+    monkeypatch.setattr(driver, "SYS_VERSION", write(tmp_path / "sys", "580.65.06\n"))
+    assert driver.detect(environ={}) == driver.Driver(
+        version="580.65.06", cuda=None, source=str(tmp_path / "sys")
+    )
+    monkeypatch.setattr(driver, "SYS_VERSION", tmp_path / "absent-sys")
+    monkeypatch.setattr(driver, "PROC_VERSION", tmp_path / "absent-proc")
+    assert driver.not_found() == (
+        f"no NVIDIA driver (none at {tmp_path / 'absent-sys'}, {tmp_path / 'absent-proc'}, "
+        "nvidia-smi or libcuda)"
+    )
+
+
+def smi_of_a_sandbox(bin_dir: Path) -> Path:
+    """nvidia-smi of a GPU sandbox: both queries cudaenv asks answered."""
+    return program(
+        bin_dir / "nvidia-smi",
+        'case "$1" in\n'
+        "  --query-gpu=driver_version) echo 580.65.06 ;;\n"
+        "  --query-gpu=index,uuid,name,compute_cap,mig.mode.current)\n"
+        '    echo "0, GPU-aaaa, NVIDIA H200, 9.0, Disabled" ;;\n'
+        "  *) exit 2 ;;\nesac\n",
+    )
+
+
+def test_a_sandbox_without_the_driver_files_still_has_its_gpus(
+    tmp_path: Path, no_smi: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No /sys/module/nvidia and no /proc/driver/nvidia, but nvidia-smi answers: the GPUs are
+    seen by the sampling check's listing and by the gpu marker, as the gate sees the driver."""
+    from tests.conftest import gpu_reason
+
+    monkeypatch.setattr(driver, "SYS_VERSION", tmp_path / "absent-sys")
+    monkeypatch.setattr(driver, "PROC_VERSION", tmp_path / "absent-proc")
+    monkeypatch.delenv("CUDAENV_DRIVER_VERSION", raising=False)
+    smi_of_a_sandbox(no_smi)
+    assert driver.detect() == driver.Driver(version="580.65.06", cuda=None, source="nvidia-smi")
+    gpus, why = archs.visible_gpus()
+    assert why is None and [(g.name, g.capability) for g in gpus] == [("NVIDIA H200", (9, 0))]
+    assert gpu_reason() is None
+    # Where nothing answers, both say so with the gate's reason.
+    (no_smi / "nvidia-smi").unlink()
+    monkeypatch.setattr(driver, "from_libcuda", lambda python=sys.executable: None)
+    assert archs.visible_gpus() == ([], driver.not_found())
+    assert gpu_reason() == driver.not_found()
+
+
 # --------------------------------------------------------------------------- the gate
 
 
@@ -274,6 +325,13 @@ def test_require_refuses_a_driver_too_old_in_one_line() -> None:
         "on a datacenter GPU), or pass --no-driver-check"
     )
     assert DriverTooOld.exit_code == 7 and STATUS_OF_EXIT[7] == "refused"
+    # verify has no --no-driver-check: it cannot run kernels on a driver that cannot.
+    with pytest.raises(DriverTooOld) as info:
+        driver.require(CU130, old, needs="torch 2.14.1", older="a torch built", bypass=None)
+    assert str(info.value).endswith(
+        "use a torch built for CUDA 12.x (which it runs) or install driver 580 or newer (or "
+        "cuda-compat-13-0 on a datacenter GPU)"
+    )
     ancient = driver.Driver(version="418.87.01", cuda=None, source="nvidia-smi")
     with pytest.raises(DriverTooOld, match="use a spec for an older CUDA, install driver 525"):
         driver.require(CudaVersion(major=12, minor=4), ancient, needs="x", older="a spec")

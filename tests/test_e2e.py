@@ -303,6 +303,7 @@ def test_vllm_env_builds_verifies_and_imports_vllm(tmp_path: Path) -> None:
     status = {c["name"]: c["status"] for c in doc["checks"]}
     # sampling runs on a GPU (`passed`) and is `skipped` without a driver; build exits 5 on a fail.
     assert status == {
+        "imports": "passed",
         "toolchain": "passed",
         "kernel-compile": "passed",
         "flashinfer-jit": "passed",
@@ -635,6 +636,7 @@ def test_verify_default_env(default_env: Path) -> None:
     doc = json.loads((default_env / "var" / "cudaenv" / "verify.json").read_text())
     status = {c["name"]: c["status"] for c in doc["checks"]}
     assert status == {
+        "imports": "passed",
         "toolchain": "passed",
         "kernel-compile": "passed",
         "flashinfer-jit": "passed",
@@ -642,6 +644,8 @@ def test_verify_default_env(default_env: Path) -> None:
         "binaries": "passed",
         "sampling": "skipped",
     }, done.stdout
+    imports = next(c for c in doc["checks"] if c["name"] == "imports")
+    assert "sglang.srt.entrypoints.engine" in json.dumps(imports["evidence"]), imports
     cubin = next(c for c in doc["checks"] if c["name"] == "cubin")
     assert cubin["evidence"]["flashinfer sampling"].endswith(": sm_120"), cubin
     toolchain = next(c for c in doc["checks"] if c["name"] == "toolchain")

@@ -124,6 +124,30 @@ def test_remove_of_a_linked_env_removes_the_link_not_what_it_points_to(tmp_path:
     assert list((root / ".envs").iterdir()) == []
 
 
+def test_run_never_starts_an_env_a_link_points_to_outside_the_envs_dir(tmp_path: Path) -> None:
+    """A checkout can carry `.envs/NAME` as a link to a directory anywhere, with a manifest
+    and a bin/python of its author's: `run NAME` started that interpreter. A link to an env
+    in the same envs dir is that env."""
+    root = project(tmp_path)
+    marker = tmp_path / "ran"
+    elsewhere = an_env(tmp_path / "elsewhere" / "evil")
+    python = write(elsewhere / "bin" / "python", f"#!/bin/sh\ntouch {marker}\n")
+    python.chmod(0o755)
+    (root / ".envs" / "evil").symlink_to(elsewhere)
+    done = cudaenv("run", "evil", "--", "true", cwd=root, check=False)
+    assert done.returncode == 2
+    assert one_error_line(done) == (
+        f"error: evil: {root / '.envs' / 'evil'} is a link to {elsewhere}, outside "
+        f"{root / '.envs'}: `cudaenv run` starts only envs that are there (run "
+        f"{elsewhere / 'bin' / 'python'} yourself if you trust it)"
+    )
+    assert not marker.exists()
+    a_venv_env(root / ".envs" / "real")
+    (root / ".envs" / "alias").symlink_to("real")
+    ok = cudaenv("run", "alias", "--", "sh", "-c", "echo ok", cwd=root)
+    assert ok.stdout.strip() == "ok"
+
+
 def test_remove_checks_every_name_before_deleting_any(tmp_path: Path) -> None:
     root = project(tmp_path)
     env = an_env(root / ".envs" / "demo")

@@ -30,7 +30,7 @@ from tests.helpers import (
     installed,
     lock_of,
     pip_venv,
-    served_index,
+    the_only_index,
     uv_venv,
     workspace,
     write,
@@ -59,27 +59,14 @@ class Index:
 
 
 @pytest.fixture
-def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Index]:
+def index(tmp_path: Path) -> Iterator[Index]:
     """The local index, and uv and pip (ours and every child's) configured with it alone."""
     root = tmp_path / "index"
     add_to_index(root, "cudaenv-tiny-beta", "1.0", "WHO = 'beta'\n")
     add_to_index(
         root, "cudaenv-tiny-alpha", "1.0", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
     )
-    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS"):
-        monkeypatch.delenv(name, raising=False)
-    with served_index(root) as url:
-        for name, value in {
-            "UV_DEFAULT_INDEX": url,
-            "UV_INDEX_URL": url,
-            "UV_NO_CONFIG": "1",
-            "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
-            "UV_PYTHON_DOWNLOADS": "never",
-            "PIP_INDEX_URL": url,
-            "PIP_CONFIG_FILE": os.devnull,  # the machine's pip.conf names other indexes
-            "PIP_NO_CACHE_DIR": "1",
-        }.items():
-            monkeypatch.setenv(name, value)
+    with the_only_index(root, tmp_path / "uv-cache") as url:
         yield Index(root=root, url=url)
 
 

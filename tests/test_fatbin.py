@@ -260,6 +260,16 @@ def test_padding_between_containers_is_skipped(tmp_path: Path) -> None:
     assert found.codes == (sass("8.0"), sass("9.0"))
 
 
+@pytest.mark.parametrize("pad", [4, 8, 12])
+def test_padding_shorter_than_a_header_is_skipped(tmp_path: Path, pad: int) -> None:
+    """The aarch64 wheels (sglang-kernel 0.4.10's common_ops, torch 2.14.1's libtorch_cuda)
+    pad some containers by 8 bytes: a 16-byte read there is zeros, then the next magic."""
+    fatbin = container(entry(2, 90)) + b"\0" * pad + container(entry(2, 121, flags=0x100000))
+    found = scan_bytes(tmp_path, elf64({".nv_fatbin": fatbin}))
+    assert found.error is None
+    assert found.codes == (sass("9.0"), sass("12.1a"))
+
+
 def test_relocatable_fatbin_of_a_linked_library_is_not_counted(tmp_path: Path) -> None:
     sections = {".nv_fatbin": container(entry(2, 90)), "__nv_relfatbin": container(entry(2, 120))}
     assert scan_bytes(tmp_path, elf64(sections, e_type=ET_DYN)).codes == (sass("9.0"),)

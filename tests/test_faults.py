@@ -6,17 +6,19 @@ leaves either no env or the previous one, working.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from builder import lock, spec
+from builder import lock, proc, spec
 from tests.helpers import ENVSPECS, REPO, cudaenv, local_index, lock_of, workspace, write
 
 TOOLCHAIN = "envspecs/toolchain-cu130.yaml"
@@ -186,6 +188,59 @@ def test_a_symlinked_env_path_is_refused(tmp_path: Path) -> None:
     assert (precious / "data").read_text() == "keep"
 
 
+def test_a_missing_wheelhouse_is_one_line_exit_2(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    write(tmp_path / "a-file", "")
+    for given, what in ((tmp_path / "nonexistent", "does not exist"),
+                        (tmp_path / "a-file", "is not a directory")):  # fmt: skip
+        done = cudaenv("build", TOOLCHAIN, "--wheelhouse", str(given), cwd=ws, check=False)
+        assert (done.returncode, error_lines(done.stderr)) == (2, [
+            f"error: --wheelhouse {given}: {what}; name the directory `cudaenv export "
+            "--wheelhouse DIR` filled"
+        ]), done.stderr  # fmt: skip
+        assert "Traceback" not in done.stderr
+    assert not (ws / ".envs").exists()
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path) -> Iterator[Path]:
+    """``path``, a directory this process cannot write: a read-only tmpfs for root (whom
+    permissions do not stop; skipped where mount is refused), mode 0555 for anyone else."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield path
+        finally:
+            path.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"root cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.mark.parametrize("where", ["env", "sub/env"])
+def test_a_read_only_env_dir_is_one_line_exit_4(tmp_path: Path, where: str) -> None:
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    with read_only_dir(tmp_path / "ro") as ro:
+        target = ro / where
+        done = cudaenv("build", TOOLCHAIN, "--env-dir", str(target), cwd=ws, check=False,
+                       env={"CUDAENV_DRIVER_VERSION": "580.65"})  # fmt: skip
+        named = ro / ".env.lock" if where == "env" else ro / "sub"
+        reason = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+        assert (done.returncode, error_lines(done.stderr)) == (4, [
+            f"error: {named}: cannot take the lock of {target} ({reason}); the env's directory "
+            "must be writable by this user: pass --env-dir on a writable filesystem. Nothing "
+            "was changed"
+        ]), done.stderr  # fmt: skip
+        assert "Traceback" not in done.stderr
+
+
 # --------------------------------------------------------------------------- real builds
 
 
@@ -231,6 +286,57 @@ def test_a_full_disk_is_one_line_exit_4(tmp_path: Path) -> None:
         assert [p.name for p in mnt.iterdir()] == [".toolchain-cu130.lock"]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, mib: int) -> Iterator[Path]:
+    """A tmpfs of ``mib`` MiB mounted at ``path`` (root only; skipped where mount is refused)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("mib", [200, 260])
+def test_a_full_tmpfs_never_exits_0(tmp_path: Path, mib: int) -> None:
+    """The toolchain env (~270 MiB, copied: uv's cache is on another filesystem) into a
+    tmpfs too small for it: exit 4 naming the full disk, no env, nothing left behind."""
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    with small_tmpfs(tmp_path / "small", mib) as mnt:
+        target = mnt / "toolchain-cu130"
+        done = cudaenv("build", TOOLCHAIN, "--env-dir", str(target), cwd=ws, check=False)
+        assert done.returncode == 4, done.stderr
+        [line] = error_lines(done.stderr)
+        assert line.startswith(f"error: no space left on device while building in {mnt} ("), line
+        assert not target.exists()
+        assert [p.name for p in mnt.iterdir()] == [".toolchain-cu130.lock"]
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_forced_rebuild_into_a_full_tmpfs_keeps_the_complete_env(tmp_path: Path) -> None:
+    """Room for one env, not two: --force fails with exit 4 and the env there still works."""
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    with small_tmpfs(tmp_path / "small", 300) as mnt:
+        target = mnt / "toolchain-cu130"
+        cudaenv("build", TOOLCHAIN, "--env-dir", str(target), cwd=ws)
+        before = (target / "cudaenv.json").read_text()
+        done = cudaenv("build", TOOLCHAIN, "--env-dir", str(target), "--force", cwd=ws,
+                       check=False)  # fmt: skip
+        assert done.returncode == 4, done.stderr
+        [line] = error_lines(done.stderr)
+        assert line.startswith(f"error: no space left on device while building in {mnt} ("), line
+        assert "; the env there now holds 2" in line  # ~270 MiB
+        assert works(target)
+        assert (target / "cudaenv.json").read_text() == before
+        assert sorted(p.name for p in mnt.iterdir()) == [".toolchain-cu130.lock", "toolchain-cu130"]
 
 
 @pytest.mark.network
@@ -491,3 +597,142 @@ def test_a_package_pinned_to_an_index_comes_only_from_it(tmp_path: Path) -> None
     done = cudaenv("build", "envspecs/pinned.yaml", "--force", cwd=ws, check=False)
     assert done.returncode == 4, done.stderr
     assert "six" in done.stderr and "hash" in done.stderr.lower()
+
+
+# --------------------------------------------------------------------------- a full disk, offline
+
+# uv's words for a full disk (uv 0.13, copying from a cache on another filesystem).
+UV_ENOSPC = (
+    "error: Failed to install: nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64."
+    "manylinux_2_17_x86_64.whl (nvidia-cuda-nvcc==13.0.88)\n"
+    "  cause: Failed to copy to `{site}/nvidia/cu13/bin/ptxas`\n"
+    "  cause: failed to copy file from /cache/archive-v0/x/nvidia/cu13/bin/ptxas to "
+    "{site}/nvidia/cu13/bin/.tmpNKR72p: No space left on device (os error 28)\n"
+)
+NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+# What each package of the toolchain lock puts below site-packages in the stand-in.
+STAND_IN_FILES = {
+    "nvidia-cuda-nvcc": {"nvidia/cu13/bin/nvcc": NVCC, "nvidia/cu13/bin/ptxas": NVCC,
+                         "nvidia/cu13/bin/nvcc.profile": "TOP = $(_HERE_)/..\n"},
+    "nvidia-cuda-runtime": {"nvidia/cu13/include/cuda_runtime.h": "#pragma once\n",
+                            "nvidia/cu13/lib/libcudart.so.13": "not an ELF file\n"},
+}  # fmt: skip
+FAKE_UV = """\
+import base64, hashlib, json, os, sys, pathlib
+conf = json.loads(pathlib.Path({conf!r}).read_text())
+args = sys.argv[1:]
+if args[:1] == ["venv"]:
+    os.execv(conf["uv"], [conf["uv"], *args])
+python = pathlib.Path(args[args.index("--python") + 1])
+site = next(python.parent.parent.glob("lib/python3.*/site-packages"))
+offline = "--offline" in args
+
+def install(left_out):
+    for name, version in conf["packages"]:
+        files = dict(conf["files"].get(name, {{}}))
+        info = name.replace("-", "_") + "-" + version + ".dist-info"
+        files[info + "/METADATA"] = f"Metadata-Version: 2.1\\nName: {{name}}\\nVersion: {{version}}\\n"
+        rows = []
+        for rel, text in files.items():
+            data = text.encode()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append(f"{{rel}},sha256={{digest.decode()}},{{len(data)}}")
+            if rel in left_out:
+                continue
+            path = site / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if "/bin/" in rel:
+                path.chmod(0o755)
+        (site / info / "RECORD").write_text("\\n".join([*rows, info + "/RECORD,,"]) + "\\n")
+
+PTXAS = "nvidia/cu13/bin/ptxas"
+if conf["mode"] == "complete" and offline:
+    install(left_out=set())
+elif conf["mode"] == "enospc" and offline:
+    install(left_out={{PTXAS}})  # copied until the disk was full
+    sys.exit(sys.stderr.write(conf["enospc"].format(site=site)) and 2)
+elif conf["mode"] == "cache-miss" and offline:
+    sys.exit("error: Network connectivity is disabled, but the requested data wasn't found")
+elif conf["mode"] == "cache-miss":
+    install(left_out={{PTXAS}})
+else:  # online after a failed offline run: uv finds every package "installed" and exits 0
+    sys.stderr.write("Audited 6 packages\\n")
+"""
+
+
+def stand_in_uv(tmp_path: Path, ws: Path, mode: str) -> dict[str, str]:
+    """A uv that makes real venvs (the real uv) and installs the toolchain lock as a stand-in
+    (an nvcc that prints its release), leaving out nvidia/cu13/bin/ptxas, which RECORD names:
+    ``enospc``, the offline install fails as uv does on a full disk and the online one finds
+    the packages installed (exit 0); ``cache-miss``, offline finds nothing in the cache and
+    online "installs" without ptxas (exit 0)."""
+    locked = lock.read(lock_of(ws / TOOLCHAIN)).packages
+    conf = write(tmp_path / "uv.json", json.dumps({
+        "uv": proc.uv_bin(), "mode": mode, "enospc": UV_ENOSPC, "files": STAND_IN_FILES,
+        "packages": [(p.name, p.version) for p in locked],
+    }))  # fmt: skip
+    uv = write(tmp_path / "uv", f"#!{sys.executable}\n" + FAKE_UV.format(conf=str(conf)))
+    uv.chmod(0o755)
+    return {"CUDAENV_UV": str(uv), "CUDAENV_DRIVER_VERSION": "580.65"}
+
+
+def good_env(ws: Path) -> Path:
+    """An env dir standing for a working env that a failed rebuild must leave alone."""
+    env = ws / ENV
+    write(env / "bin" / "marker", "the previous env")
+    return env
+
+
+def test_the_stand_in_builds_when_nothing_is_missing(tmp_path: Path) -> None:
+    """The stand-in is complete enough that only the file it leaves out can fail a build."""
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    done = cudaenv("build", TOOLCHAIN, cwd=ws, env=stand_in_uv(tmp_path, ws, "complete"))
+    assert "every file of 6 packages' RECORD in place" in done.stderr
+    assert (ws / ENV / "cudaenv.json").is_file()
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["first", "force"])
+def test_a_full_disk_never_exits_0_nor_replaces_the_env(tmp_path: Path, force: bool) -> None:
+    """uv's offline install meets a full disk: that is said as such (not taken for a cache
+    miss and retried online, where uv counts the half-copied packages as installed and exits
+    0), exit 4, and the env there stays."""
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    env = good_env(ws)
+    done = cudaenv("build", TOOLCHAIN, *(["--force"] if force else []), cwd=ws,
+                   env=stand_in_uv(tmp_path, ws, "enospc"), check=False)  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = error_lines(done.stderr)
+    assert line.startswith(f"error: no space left on device while building in {ws / '.envs'} ("), (
+        line
+    )
+    site = next((ws / ".envs").glob(".toolchain-cu130.tmp-*/lib/python3.*/site-packages"), None)
+    assert site is None  # the half-built tree is gone
+    # uv's line naming the file it could not write (the full filesystem may be uv's cache's).
+    assert (
+        "; the env there now holds 0 MiB of files; uv: cause: failed to copy file from "
+        "/cache/archive-v0/x/nvidia/cu13/bin/ptxas to "
+    ) in line
+    assert ": No space left on device (os error 28)); free space there or pass --env-dir" in line
+    assert line.endswith("Nothing was replaced: the previous env, if any, is intact")
+    assert (env / "bin" / "marker").read_text() == "the previous env"
+    assert no_leftovers(ws)
+
+
+def test_an_install_missing_a_recorded_file_is_refused_before_the_swap(tmp_path: Path) -> None:
+    """uv exits 0, yet a file nvcc's RECORD names is not there (ptxas, as a full disk left
+    it): the build proves the install against RECORD and keeps the previous env."""
+    ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
+    env = good_env(ws)
+    done = cudaenv("build", TOOLCHAIN, "--force", cwd=ws,
+                   env=stand_in_uv(tmp_path, ws, "cache-miss"), check=False)  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    [line] = error_lines(done.stderr)
+    assert line.startswith(
+        "error: toolchain-cu130: the install is incomplete: 1 file(s) or package(s) are not as "
+        "their RECORD says (nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/ptxas: missing); "
+    ), line
+    assert line.endswith("Nothing was replaced: the previous env, if any, is intact")
+    assert (env / "bin" / "marker").read_text() == "the previous env"
+    assert no_leftovers(ws)

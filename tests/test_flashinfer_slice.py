@@ -99,3 +99,24 @@ def test_the_archive_unpacks_to_the_same_tree(tmp_path: Path) -> None:
     for path, name in members:
         assert (tmp_path / "out" / name).read_bytes() == path.read_bytes()
     assert not (tmp_path / "out" / "flashinfer" / "data").exists()  # nothing read, none kept
+
+
+def test_the_archive_is_written_with_its_sha256_beside_it(tmp_path: Path) -> None:
+    """``sha256sum -c`` format: the GPU check compares it before unpacking (a slice copied
+    short fails there by name: tests/test_gpu_check.py)."""
+    import hashlib
+
+    site = fake_site(tmp_path)
+    mod = slicer()
+    info = {"flashinfer": str(site / "flashinfer"), "tvm_ffi": str(site / "tvm_ffi")}
+    out = tmp_path / "carry" / "flashinfer-slice.tar.gz"
+    sums = mod.write_archive(mod.slice_members(info, set()), out)
+    assert sums == tmp_path / "carry" / "flashinfer-slice.tar.gz.sha256"
+    assert sums.read_text() == (
+        f"{hashlib.sha256(out.read_bytes()).hexdigest()}  flashinfer-slice.tar.gz\n"
+    )
+    done = subprocess.run(["sha256sum", "-c", sums.name], cwd=sums.parent, check=False,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    with tarfile.open(out) as tar:
+        assert "flashinfer/__init__.py" in tar.getnames()

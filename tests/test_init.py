@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from builder import init, lock, pipeline, spec
 from builder.archs import Arch, Gpu
@@ -66,7 +67,11 @@ class FakeUv:
                 LockedPackage(name=dep, version=version),
                 LockedPackage(name="flashinfer-python", version="0.7.2.post1"),
                 LockedPackage(name="cuda-python", version="12.6.2.post1"),
-                *(LockedPackage(name=n, version="0.33.0") for n in names if n != "torch"),
+                *(
+                    LockedPackage(name=n, version="0.33.0")
+                    for n in names
+                    if n not in ("torch", "flashinfer-python")
+                ),
             ]
         raise ResolveError(
             f"{s.name} ({s.source}): uv could not resolve [x] for linux-x86_64:\n"
@@ -74,6 +79,20 @@ class FakeUv:
             f"  \u2570\u2500\u25b6 Because torch=={wanted[0] if wanted else '2.15.0'} depends on "
             f"{constraints[0].split('>=')[0]} and you require {constraints[0]}, unsatisfiable."
         )
+
+
+# The newest release of each package on the fake index.
+NEWEST = {"vllm": "0.33.0", "sglang": "0.5.23", "old-thing": "1.0"}
+
+
+def fake_latest(s: spec.EnvSpec, req: Requirement) -> str | None:
+    if req.name == "nosuchpackage-xyz":
+        raise ResolveError(
+            f"{s.name} ({s.source}): uv could not resolve [{req}] for linux-x86_64:\n"
+            "  cause: Because nosuchpackage-xyz was not found in the package registry and you "
+            "require nosuchpackage-xyz, we can conclude that your requirements are unsatisfiable."
+        )
+    return NEWEST.get(req.name)
 
 
 def _v(text: str) -> tuple[int, ...]:
@@ -187,7 +206,10 @@ def test_all_refused_is_one_line() -> None:
         choose(with_=["vllm==0.33.0"], gpu=["12.0"], cuda="13.2")
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith("no CUDA fits [vllm==0.33.0, torch] on this box: CUDA 13.2: refused: uv:")
+    # FlashInfer is asked beside vLLM: it JIT-builds vLLM's kernels.
+    assert msg.startswith(
+        "no CUDA fits [vllm==0.33.0, flashinfer-python, torch] on this box: CUDA 13.2: refused: uv:"
+    )
 
 
 def test_an_unknown_package_stops_at_the_first_answer() -> None:
@@ -254,6 +276,117 @@ def test_existing_out_is_refused(tmp_path: Path) -> None:
     assert out.read_text() == "keep me\n"
 
 
+class SglangUv:
+    """uv over sglang's real history: 0.5.23 pins torch 2.14.1 (CUDA 13.0) and FlashInfer
+    0.7.2; 0.5.2 pins no torch, so an unpinned `sglang` on CUDA 13.2 resolves to it (with
+    torch 2.15.0) and to no FlashInfer unless FlashInfer is asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def __call__(
+        self, s: spec.EnvSpec, requirements: Sequence[str], constraints: Sequence[str]
+    ) -> Sequence[LockedPackage]:
+        self.calls.append((s.cuda, tuple(requirements)))
+        newest = "sglang==0.5.23" in requirements
+        fi = "flashinfer-python" in requirements
+        if s.cuda == "13.2":
+            if newest:
+                raise ResolveError(
+                    f"{s.name} ({s.source}): uv could not resolve [x] for linux-x86_64:\n"
+                    "  \u2570\u2500\u25b6 Because sglang==0.5.23 depends on torch==2.14.1 and "
+                    "torch==2.14.1 depends on cuda-toolkit==13.0.3.0, unsatisfiable."
+                )
+            return [
+                LockedPackage(name="torch", version="2.15.0"),
+                LockedPackage(name="cuda-toolkit", version="13.2.2"),
+                LockedPackage(name="sglang", version="0.5.2"),
+                *([LockedPackage(name="flashinfer-python", version="0.6.1")] if fi else []),
+            ]
+        return [
+            LockedPackage(name="torch", version="2.14.1"),
+            LockedPackage(name="cuda-toolkit", version="13.0.3.0"),
+            LockedPackage(name="sglang", version="0.5.23"),
+            LockedPackage(name="flashinfer-python", version="0.7.2"),
+        ]
+
+
+DRIVER_580 = init.Box(
+    platform="linux-x86_64",
+    glibc="2.36",
+    gpu_note="no NVIDIA driver",
+    driver=Driver(version="580.95.05", cuda=None, source="CUDAENV_DRIVER_VERSION"),
+)
+
+
+def test_the_newest_asked_release_comes_before_the_newest_cuda() -> None:
+    """`init --with sglang --gpu 12.0` on a 580 driver: sglang 0.5.23 on CUDA 13.0 with its
+    FlashInfer, not sglang 0.5.2 on CUDA 13.2 (which `import sglang` fails on)."""
+    uv = SglangUv()
+    say = Lines()
+    request = init.make_request(with_=["sglang"], gpu=["12.0"])
+    choice = init.choose(request, DRIVER_580, uv, say, Path("envspecs/x.yaml"), fake_latest)
+    assert (choice.cuda, choice.torch) == (CU130, "2.14.1")
+    assert choice.packages[:2] == ("sglang==0.5.23", "flashinfer-python==0.7.2")
+    assert choice.name == "sglang-0.5.23-cu130"
+    assert "newest releases for linux-x86_64: sglang 0.5.23" in say.lines
+    assert "sglang: 0.5.23 (the newest release)" in say.lines
+    # The newest release held, FlashInfer asked beside it, CUDA 13.2 tried first.
+    assert uv.calls[0] == ("13.2", ("sglang==0.5.23", "flashinfer-python", "torch"))
+    assert [c[0] for c in uv.calls] == ["13.2", "13.0"]
+
+
+def test_a_release_older_than_the_newest_says_why() -> None:
+    """Where no candidate takes the newest release (here CUDA 13.2 is fixed), an older one is
+    chosen and the choice says which, beside the newest, and why."""
+    say = Lines()
+    request = init.make_request(with_=["sglang"], gpu=["12.0"], cuda="13.2")
+    choice = init.choose(request, DRIVER_580, SglangUv(), say, Path("envspecs/x.yaml"), fake_latest)
+    assert choice.packages[:2] == ("sglang==0.5.2", "flashinfer-python==0.6.1")
+    said = [ln for ln in say.lines if ln.startswith("sglang: ")]
+    assert len(said) == 1
+    assert said[0].startswith(
+        "sglang: 0.5.2, not the newest 0.5.23: 0.5.23 does not resolve here (CUDA 13.2: refused: "
+        "uv: Because sglang==0.5.23 depends on torch==2.14.1"
+    )
+    assert said[0] in choice.notes  # and the spec's comments carry it
+    assert "# note: " + said[0] in init.render(choice, request, DRIVER_580)
+
+
+def test_a_stack_without_its_jit_companion_is_never_silent() -> None:
+    class NoFlashInfer(SglangUv):
+        def __call__(
+            self, s: spec.EnvSpec, requirements: Sequence[str], constraints: Sequence[str]
+        ) -> Sequence[LockedPackage]:
+            got = super().__call__(s, requirements, constraints)
+            return [p for p in got if p.name != "flashinfer-python"]
+
+    say = Lines()
+    request = init.make_request(with_=["sglang"], gpu=["12.0"])
+    choice = init.choose(request, DRIVER_580, NoFlashInfer(), say, Path("e/x.yaml"), fake_latest)
+    assert not any(p.startswith("flashinfer-python") for p in choice.packages)
+    assert any(
+        n.startswith("flashinfer-python is not in the set uv chose: sglang JIT-builds")
+        for n in choice.notes
+    )
+
+
+def test_a_named_spec_that_exists_is_refused_before_any_resolution(in_tmp: Path) -> None:
+    (in_tmp / "envspecs").mkdir()
+    (in_tmp / "envspecs" / "mine.yaml").write_text("keep\n")
+    uv = FakeUv()
+    request = init.make_request(with_=["vllm"], gpu=["12.0"], name="mine")
+    calls: list[str] = []
+
+    def latest(s: spec.EnvSpec, req: Requirement) -> str | None:
+        calls.append(req.name)
+        return "0.33.0"
+
+    with pytest.raises(UsageError, match="the file exists; init never overwrites"):
+        init.init(request, silent(), box=NO_GPU, probe=uv, latest=latest, locker=_fake_locker)
+    assert uv.calls == [] and calls == []
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -280,7 +413,9 @@ def test_writes_a_spec_that_loads_with_the_pins(tmp_path: Path) -> None:
     request = init.make_request(
         with_=["vllm==0.33.0"], gpu=["12.0"], out=str(out), argv=["--with=vllm==0.33.0"]
     )
-    done = init.init(request, silent(), box=NO_GPU, probe=FakeUv(), locker=_fake_locker)
+    done = init.init(
+        request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+    )
     s = spec.load(out)
     assert done.spec == s
     assert (s.name, s.cuda, s.torch) == ("vllm-0.33.0-cu130", "13.0", "2.14.0")
@@ -302,7 +437,7 @@ def test_a_failed_lock_leaves_nothing(tmp_path: Path) -> None:
 
     request = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"], out=str(out))
     with pytest.raises(ResolveError) as err:
-        init.init(request, silent(), box=NO_GPU, probe=FakeUv(), locker=refuse)
+        init.init(request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=refuse)
     assert "\n" not in str(err.value)
     assert str(err.value).endswith("refused by the matching policy: on linux-aarch64: no")
     assert list(tmp_path.iterdir()) == []  # ...and gone after, with the directories made
@@ -312,7 +447,9 @@ def test_a_refused_choice_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "x.yaml"
     request = init.make_request(with_=["nosuchpackage-xyz"], gpu=["12.0"], out=str(out))
     with pytest.raises(ResolveError):
-        init.init(request, silent(), box=NO_GPU, probe=FakeUv(), locker=_fake_locker)
+        init.init(
+            request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -322,7 +459,9 @@ def test_a_default_out_that_exists_is_not_overwritten(in_tmp: Path) -> None:
     taken.write_text("keep\n")
     request = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"])
     with pytest.raises(UsageError, match="the file exists; init never overwrites"):
-        init.init(request, silent(), box=NO_GPU, probe=FakeUv(), locker=_fake_locker)
+        init.init(
+            request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+        )
     assert taken.read_text() == "keep\n"
     assert sorted(p.name for p in (in_tmp / "envspecs").iterdir()) == [taken.name]
 
@@ -333,7 +472,9 @@ def test_an_existing_lock_of_that_name_is_not_overwritten(tmp_path: Path) -> Non
     stale.write_text("old\n")
     request = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"], out=str(tmp_path / "v.yaml"))
     with pytest.raises(UsageError, match="exists already"):
-        init.init(request, silent(), box=NO_GPU, probe=FakeUv(), locker=_fake_locker)
+        init.init(
+            request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+        )
     assert stale.read_text() == "old\n" and not (tmp_path / "v.yaml").exists()
 
 
@@ -395,4 +536,77 @@ def test_real_unknown_package_exits_3_and_writes_nothing(tmp_path: Path) -> None
     assert done.returncode == 3
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "nosuchpackage-xyz was not found" in errors[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.network
+def test_real_sglang_init_takes_the_newest_sglang_and_its_flashinfer(tmp_path: Path) -> None:
+    """`init --with sglang --gpu 12.0` on a 580 driver: the newest sglang on the CUDA it
+    accepts, with its FlashInfer, each asked package said beside the newest release."""
+    out = tmp_path / "sg.yaml"
+    done = cudaenv(
+        "init", "--with", "sglang", "--gpu", "12.0", "--out", str(out), cwd=tmp_path,
+        env={"CUDAENV_DRIVER_VERSION": "580.95.05"},
+    )  # fmt: skip
+    s = spec.load(out)
+    newest = next(ln for ln in done.stderr.splitlines() if "newest releases for" in ln)
+    top = newest.rsplit("sglang ", 1)[1]
+    assert f"sglang=={top}" in s.packages
+    assert any(p.startswith("flashinfer-python==") for p in s.packages)
+    assert f"cudaenv: sglang: {top} (the newest release)" in done.stderr
+
+
+@pytest.mark.network
+def test_real_init_for_a_fleet_with_a_t4_names_what_blocks_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "targets:\n"
+        '  - {name: t4, cc: "7.5", platform: linux-x86_64, driver: "580.95.05"}\n'
+        '  - {name: rtx, cc: "12.0", platform: linux-x86_64, driver: "580.95.05"}\n'
+    )
+    done = cudaenv(
+        "init", "--with", "sglang", "--targets", str(fleet), "--out",
+        str(tmp_path / "e" / "sg.yaml"), cwd=tmp_path, check=False,
+        env={"CUDAENV_DRIVER_VERSION": "580.95.05"},
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    (error,) = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert "cannot run on t4 (7.5, linux-x86_64, driver 580.95.05): no kernel: " in error
+    assert "sgl_kernel/sm100/common_ops.abi3.so has no code for 7.5" in error
+    assert "nothing written" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.yaml"]
+
+
+def test_a_bad_fleet_file_stops_init_before_any_resolution(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text('targets: [{name: t4, cc: "7.5f", platform: linux-x86_64, driver: "580"}]\n')
+    done = cudaenv("init", "--with", "sglang", "--targets", str(fleet), cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert "targets[0].cc: '7.5f' is an arch spelling" in done.stderr
+    assert "resolving" not in done.stderr and "choosing" not in done.stderr
+
+
+def test_the_asked_gpus_are_judged_as_targets_of_this_box() -> None:
+    request = init.make_request(with_=["sglang"], gpu=["12.0", "7.5", "12.0a"])
+    got = init.asked_gpus(request, DRIVER_580, CU130)
+    assert [(t.name, t.cc_text, t.platform, t.driver) for t in got] == [
+        ("gpu-12.0", "12.0", "linux-x86_64", "580.95.05"),
+        ("gpu-7.5", "7.5", "linux-x86_64", "580.95.05"),
+    ]
+    # No driver found: the oldest that runs the CUDA, so only the binaries decide.
+    (t,) = init.asked_gpus(init.make_request(gpu=["9.0"]), NO_GPU, CU130)
+    assert t.driver == "580"
+
+
+@pytest.mark.network
+def test_real_init_for_a_t4_says_what_blocks_before_writing(tmp_path: Path) -> None:
+    done = cudaenv(
+        "init", "--with", "sglang", "--gpu", "7.5", "--out", str(tmp_path / "sg.yaml"),
+        cwd=tmp_path, check=False, env={"CUDAENV_DRIVER_VERSION": "580.95.05"},
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert "cannot run on gpu-7.5 (7.5, linux-x86_64" in done.stderr
+    assert "sgl_kernel/sm100/common_ops.abi3.so has no code for 7.5" in done.stderr
     assert list(tmp_path.iterdir()) == []

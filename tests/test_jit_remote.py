@@ -495,6 +495,45 @@ def test_credentials_come_from_the_docker_config_and_stay_out_of_messages(
     assert secret not in str(caught.value) and "s3cret" not in str(caught.value)
 
 
+def test_a_credential_helper_runs_through_proc(
+    refusing: type[Refusing], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker's credsStore: ``docker-credential-NAME get`` is given the host on stdin and
+    answers JSON. It is started through builder/proc.py (logged, bounded, die-with-parent),
+    as every subprocess of cudaenv is."""
+    from builder import proc
+
+    refusing.status, refusing.challenge_first = 403, True
+    port = refusing.port  # type: ignore[attr-defined]
+    helpers = tmp_path / "bin"
+    helper = helpers / "docker-credential-cudaenvtest"
+    helpers.mkdir()
+    helper.write_text(
+        "#!/bin/sh\nread host\n"
+        'echo "{\\"Username\\": \\"warmer\\", \\"Secret\\": \\"pw-for-$host\\"}"\n'
+    )
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{helpers}:{os.environ['PATH']}")
+    config = tmp_path / "docker"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"credsStore": "cudaenvtest"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    started: list[tuple[str, ...]] = []
+    real_run = proc.run
+
+    def recording(argv: Any, **kwargs: Any) -> proc.Completed:
+        done = real_run(argv, **kwargs)
+        started.append(done.argv)
+        return done
+
+    monkeypatch.setattr(proc, "run", recording)
+    with pytest.raises(RemoteRefused):
+        fetch(Remote.parse(f"oci://127.0.0.1:{port}/cudaenv/jit"), KEY, tmp_path, timeout=5)
+    assert started == [("docker-credential-cudaenvtest", "get")]
+    basic = base64.b64encode(f"warmer:pw-for-127.0.0.1:{port}".encode()).decode()
+    assert refusing.seen == [None, f"Basic {basic}"]
+
+
 class TokenRegistry(BaseHTTPRequestHandler):
     """A registry that wants a bearer token from its token endpoint (as Harbor, GHCR and
     Docker Hub do) and knows no tag."""

@@ -5,14 +5,16 @@ The compiler is the stand-in nvcc of test_kernel_compile: what is shared is the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builder import archs, jit_share
+from builder import archs, jit_remote, jit_share
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
 from builder.verify import kernel_compile
@@ -22,6 +24,7 @@ from tests.test_jit_store import FAKECC, LINK, make_env, run_ninja, runs
 from tests.test_kernel_compile import env_with, make_toolkit
 
 ARCH = archs.Arch.parse("12.0f")
+KEY = hashlib.sha256(b"an entry").hexdigest()
 
 
 def node(
@@ -177,6 +180,62 @@ def test_a_malformed_remote_is_the_users_error(monkeypatch: pytest.MonkeyPatch) 
     insecure["CUDAENV_JIT_REMOTE_INSECURE"] = "1"
     remote = jit_share.configured(insecure)
     assert remote is not None and remote.insecure
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_bad_remote_timeout_never_crashes_a_check(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """The CLI refuses it at start-up; a process started otherwise (the probe's ``python -m
+    builder.jit_share``) uses the default instead of passing it on to requests and sockets,
+    which raised ValueError or OverflowError inside the check."""
+    monkeypatch.setenv("CUDAENV_JIT_REMOTE_TIMEOUT", value)
+    assert jit_share.timeout() == jit_share.DEFAULT_TIMEOUT
+    a = node(tmp_path, "A", registry, monkeypatch, push=True)
+    assert a.error is None and not a.notes, a.notes
+    b = node(tmp_path, "B", registry, monkeypatch, push=False)
+    assert b.reused and not b.notes
+
+
+def push_index(registry: Registry, tag: str, keys: list[str]) -> None:
+    """An index pushed by hand, as any client with push rights could."""
+    from tests.test_jit_remote import push_raw
+
+    config = json.dumps({"keys": keys}).encode()
+    push_raw(registry, tag, config, [], config_type=jit_remote.INDEX_MEDIA_TYPE)
+
+
+def test_an_index_of_too_many_keys_is_refused_at_once(tmp_path: Path, registry: Registry) -> None:
+    """20,000 keys took 171 s to pull one by one and printed 20,000 warnings."""
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(20_000)]
+    push_index(registry, "env-big", keys)
+    started = time.monotonic()
+    added, warnings = jit_share.pull_env(
+        jit_store.Store(tmp_path / "store"), jit_share.parse(registry.url), "env-big"
+    )
+    assert time.monotonic() - started < 5
+    assert added == 0
+    assert warnings == [
+        f"{registry.url}: index env-big lists 20000 entry keys, more than the "
+        f"{jit_remote.MAX_INDEX_KEYS} it may hold; it is not read"
+    ]
+    # Nor is one that large pushed, or added to.
+    with pytest.raises(jit_remote.RemoteBadContent, match="lists 20000 entry keys"):
+        jit_remote.publish_index(jit_share.parse(registry.url), "env-big", [KEY])
+    with pytest.raises(jit_remote.RemoteError, match="would list 4097 entry keys"):
+        jit_remote.publish_index(jit_share.parse(registry.url), "env-new", keys[:4097])
+
+
+def test_the_warnings_of_a_pull_are_summed_up(tmp_path: Path, registry: Registry) -> None:
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(30)]
+    push_index(registry, "env-gone", keys)
+    added, warnings = jit_share.pull_env(
+        jit_store.Store(tmp_path / "store"), jit_share.parse(registry.url), "env-gone"
+    )
+    assert added == 0
+    assert len(warnings) == jit_share.MAX_WARNINGS + 1
+    assert all(w.endswith(f"listed but not in {registry.url}") for w in warnings[:-1])
+    assert warnings[-1] == f"... and {30 - jit_share.MAX_WARNINGS} more warnings like these"
 
 
 # --------------------------------------------------------------------------- FlashInfer's path

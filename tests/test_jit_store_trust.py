@@ -197,7 +197,7 @@ def test_a_link_in_an_entry_is_never_followed(
     kernel.unlink()
     kernel.symlink_to(secret)
     second = build(tmp_path, "envB", env)
-    assert not second.reused and second.path.read_text() != secret.read_text()
+    assert not second.reused and second.path.read_bytes() != secret.read_bytes()
     assert any("symbolic link" in n for n in second.notes)
     assert not second.path.is_symlink()
 
@@ -491,3 +491,35 @@ def test_a_file_checked_once_is_copied_unread_until_it_changes(
     os.utime(kernel, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back; ctime moves
     with pytest.raises(jit_store.EntryError, match="differs from its record"):
         s.place(entry, "kernel", tmp_path / "three")
+
+
+def test_gc_and_verify_on_a_read_only_store_claim_no_removal(
+    tmp_path: Path,
+    env: dict[str, str],
+    small_mount: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """They said "discarded" and "removed 2 item(s)" of a store where nothing could go."""
+    from builder import cli
+
+    root = small_mount / "store"
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(root))
+    assert build(tmp_path, "envA", env).error is None
+    ((_, variant),) = store().all()
+    (root / "v2" / "ab").mkdir(parents=True)  # an older format: gc removes it
+    with (variant / "files" / "kernel").open("ab") as fh:
+        fh.write(b"x")  # damaged: verify removes it
+    subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
+    capsys.readouterr()
+    assert cli.main(["store", "gc", "--max", "0"]) == 0
+    out = capsys.readouterr().err
+    assert "removed 0 item(s), 0 B freed" in out
+    assert f"warning: could not remove {root / 'v2'} (Read-only file system)" in out
+    assert f"warning: could not remove {variant} (Read-only file system)" in out
+    assert cli.main(["store", "verify"]) == 5
+    captured = capsys.readouterr()
+    assert "discarded" not in captured.out
+    assert "could not be removed (Read-only file system); it is not used" in captured.out
+    assert "1 could not be removed" in captured.err
+    assert variant.exists() and (root / "v2").exists()

@@ -28,13 +28,16 @@ if [ -n "$FAKE_MISSING_HEADER" ]; then
 fi
 dep=""
 while [ $# -gt 0 ]; do
-  if [ "$1" = "-o" ]; then echo cubin > "$2"; fi
+  if [ "$1" = "-o" ]; then cp "@KERNEL@" "$2"; fi
   if [ "$1" = "-MF" ]; then dep="$2"; fi
   shift
 done
 # The depfile nvcc writes with --generate-dependencies-with-compile: the CUB header it read.
 if [ -n "$dep" ]; then echo "out: $(dirname "$0")/../include/cub.cuh" > "$dep"; fi
 """
+# What it "compiles": an nvcc object holding sm_90a and sm_120f cubins (tests/data/fatbin), so
+# that what the store hands back passes the check a placed kernel gets.
+FAKE_NVCC = FAKE_NVCC.replace("@KERNEL@", str(Path(__file__).parent / "data/fatbin/mixed.o"))
 
 
 @pytest.fixture
@@ -201,7 +204,7 @@ def test_the_store_serves_another_env_of_the_same_toolchain_only(
         assert second.reused and second.stored is not None
         assert second.stored[1] == "envA"
         assert not calls_b.exists()  # B's nvcc never ran
-        assert second.path.read_text() == first.path.read_text()
+        assert second.path.read_bytes() == first.path.read_bytes()
         result = kernel_compile.check(
             target(
                 tmp_path, archs=(arch,), work=tmp_path / "envC" / "work", env_dir=tmp_path / "envC"
@@ -213,3 +216,28 @@ def test_the_store_serves_another_env_of_the_same_toolchain_only(
     else:
         assert not second.reused and second.stored is None
         assert len(calls_b.read_text().splitlines()) == 1
+
+
+def test_a_built_kernel_another_user_could_write_is_rebuilt_not_run(
+    tmp_path: Path, toolkit: Path
+) -> None:
+    """The sampling check runs the kernel this check built: one that another user could have
+    written since (group/other-writable, or a link at its name) is never reused."""
+    nvcc = toolkit / "bin" / "nvcc"
+    arch = archs.Arch.parse("9.0a")
+    work = tmp_path / "work"
+    env = env_with(tmp_path, "gcc 12.2.0")
+    first = kernel_compile.build_kernel(nvcc, arch, work, env=env)
+    assert kernel_compile.build_kernel(nvcc, arch, work, env=env).reused
+    first.path.chmod(0o666)
+    again = kernel_compile.build_kernel(nvcc, arch, work, env=env)
+    # Placed anew (from the machine-wide store, hash-checked), not the writable file.
+    assert again.path == first.path and again.stored
+    assert not again.path.stat().st_mode & 0o022
+    elsewhere = tmp_path / "planted"
+    elsewhere.write_bytes(b"#!/bin/sh\n")
+    first.path.unlink()
+    first.path.symlink_to(elsewhere)
+    third = kernel_compile.build_kernel(nvcc, arch, work, env=env)
+    assert third.stored and not first.path.is_symlink()
+    assert elsewhere.read_bytes() == b"#!/bin/sh\n"

@@ -10,12 +10,12 @@ BUILDER = Path(__file__).resolve().parent.parent / "builder"
 
 # Bottom first, as docs/development/architecture.md lists them.
 LAYERS = [
-    "errors", "cudaversion", "platforms", "variables", "reporter", "paths", "proc",
-    "archs", "fatbin", "driver", "yamldoc", "jsondoc", "jit_remote", "jit_share",
-    "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
-    "caches", "manifest", "toolchain", "build", "export", "adopt", "audit",
+    "errors", "cudaversion", "platforms", "variables", "reporter", "cachefiles", "paths", "proc",
+    "archs", "fatbin", "driver", "yamldoc", "targets", "jsondoc", "jit_signing", "jit_remote",
+    "jit_share", "spec", "lock", "channels", "project", "policy", "interpreters", "resolve",
+    "caches", "manifest", "toolchain", "build", "export", "adopt", "audit", "fleet",
     "verify", "doctor", "fingerprint", "report", "envs",
-    "pipeline", "add", "init", "matrix", "completion", "cliargs", "docgen", "cli",
+    "pipeline", "add", "init", "matrix", "compat", "completion", "cliargs", "docgen", "cli",
 ]  # fmt: skip
 NOT_MODULES = {"__version__", "probe", "kernels", "templates"}
 

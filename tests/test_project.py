@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import project, resolve, spec
+from builder import build, project, resolve, spec
 from builder.errors import ResolveError, SpecError
 from builder.lock import LockedFile, LockedPackage
 from tests.helpers import cudaenv, write
@@ -125,3 +125,26 @@ def test_a_pinned_package_from_elsewhere_is_refused_in_both_modes(tmp_path: Path
     for wheelhouse in (None, "wheels"):
         with pytest.raises(ResolveError, match=r"torch must come from https://pinned\.invalid"):
             resolve.pin_sources(pinned_spec(tmp_path), [stray], wheelhouse=wheelhouse)
+
+
+def test_a_specs_env_lives_in_the_project_that_holds_the_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cudaenv verify ~/proj/envspecs/x.yaml` run from elsewhere finds ~/proj/.envs/x, not
+    ./.envs/x; a spec outside any project keeps the current directory's envs dir."""
+    proj = tmp_path / "proj"
+    spec_file = write(proj / "envspecs" / "x.yaml", SPEC)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert build.default_env_dir(spec.load(spec_file)) == proj / ".envs" / "x"
+    assert build.default_env_dir(spec.load(Path("../proj/envspecs/x.yaml"))) == (
+        proj / ".envs" / "x"
+    )
+    loose = write(tmp_path / "loose" / "x.yaml", SPEC)
+    assert build.default_env_dir(spec.load(loose)) == elsewhere / ".envs" / "x"
+    # Through the CLI: verify looks for the env in the spec's project.
+    done = cudaenv("verify", "../proj/envspecs/x.yaml", cwd=elsewhere, check=False)
+    assert done.returncode == 4
+    assert f"error: {proj / '.envs' / 'x'} is not built" in done.stderr
+    assert not (elsewhere / ".envs").exists()

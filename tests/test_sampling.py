@@ -68,6 +68,9 @@ class Fakes:
         self.flashinfer: Sampler = correct
         self.build_error: str | None = None
         monkeypatch.setattr(archs, "visible_gpus", lambda: (gpus, None))
+        # A driver that runs the env's CUDA, wherever the tests run (a test may set another).
+        monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "580.65.06")
+        monkeypatch.delenv(sampling.GPU_CHECK, raising=False)
         monkeypatch.setattr(sampling, "build_kernel", self.build_kernel)
         monkeypatch.setattr(sampling, "run_kernel", self.run_kernel)
         monkeypatch.setattr(sampling, "run_flashinfer", self.run_flashinfer)
@@ -244,6 +247,77 @@ def test_nothing_to_run_is_skipped_not_passed(
     assert result.summary.startswith("no GPU to test: GPU 2 (NVIDIA A100, SM 8.0) is in MIG mode")
 
 
+# --------------------------------------------------------------------------- 4b: the GPU check
+
+
+def test_in_the_gpu_check_a_skipped_half_fails_naming_what_it_lacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fakes = Fakes(monkeypatch, [H200])
+    monkeypatch.setenv(sampling.GPU_CHECK, "1")
+    result = sampling.check(target(tmp_path), facts(tmp_path, flashinfer_installed=False))
+    assert result.status == FAILED
+    assert result.summary == (
+        "GPU 0 (NVIDIA H200, SM 9.0) FlashInfer: did not run on GPU 0 (NVIDIA H200, SM 9.0) "
+        "(not installed in this env); CUDAENV_GPU_CHECK=1: the GPU check needs both halves"
+    )
+    assert dict(result.evidence)["GPU 0 (NVIDIA H200, SM 9.0) our kernel"].startswith("passed")
+    assert fakes.fi_seeds == []
+    # Both halves there: the GPU check passes as verify does.
+    assert sampling.check(target(tmp_path), facts(tmp_path)).status == PASSED
+
+
+@pytest.mark.parametrize("gpus", [[], [A100_MIG]], ids=["no-gpu", "mig-only"])
+def test_in_the_gpu_check_nothing_to_run_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list[archs.Gpu]
+) -> None:
+    Fakes(monkeypatch, gpus)
+    if not gpus:
+        monkeypatch.setattr(archs, "visible_gpus", lambda: ([], "no visible NVIDIA GPU"))
+    monkeypatch.setenv(sampling.GPU_CHECK, "1")
+    result = sampling.check(target(tmp_path), facts(tmp_path))
+    assert result.status == FAILED
+    assert result.summary.endswith("(CUDAENV_GPU_CHECK=1: the GPU check needs a GPU)")
+    monkeypatch.setenv(sampling.GPU_CHECK, "0")
+    assert sampling.check(target(tmp_path), facts(tmp_path)).status == SKIPPED
+
+
+def test_a_driver_too_old_for_torchs_cuda_fails_flashinfer_with_the_way_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch cu130 on a 570 driver: FlashInfer's half would die in cudaErrorInsufficientDriver;
+    it fails before running, with the build gate's table. Our kernel, from a 12.8 nvcc, runs."""
+    fakes = Fakes(monkeypatch, [H200])
+    monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "570.86.15")
+    result = sampling.check(target(tmp_path), facts(tmp_path, nvcc_release="12.8"))
+    assert result.status == FAILED
+    shown = dict(result.evidence)
+    assert shown["GPU 0 (NVIDIA H200, SM 9.0) FlashInfer"] == (
+        "failed: driver too old: torch 2.14.1+cu130 needs CUDA 13.0, which needs NVIDIA driver "
+        "580 or newer; this machine has driver 570.86.15 (read from CUDAENV_DRIVER_VERSION): "
+        "use a torch built for CUDA 12.x (which it runs) or install driver 580 or newer (or "
+        "cuda-compat-13-0 on a datacenter GPU)"
+    )
+    assert shown["GPU 0 (NVIDIA H200, SM 9.0) our kernel"].startswith("passed")
+    assert fakes.fi_seeds == []  # FlashInfer was not run
+    assert result.fix.startswith("the driver cannot run this env's CUDA")
+
+
+def test_a_driver_too_old_for_nvccs_cuda_fails_both_halves_before_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fakes = Fakes(monkeypatch, [H200])
+    monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "570.86.15")
+    result = sampling.check(target(tmp_path), facts(tmp_path))
+    assert result.status == FAILED
+    for who in ("our kernel", "FlashInfer"):
+        shown = dict(result.evidence)[f"GPU 0 (NVIDIA H200, SM 9.0) {who}"]
+        assert shown.startswith("failed: driver too old: "), shown
+    kernel = dict(result.evidence)["GPU 0 (NVIDIA H200, SM 9.0) our kernel"]
+    assert "the kernel built by CUDA_HOME's nvcc 13.0 needs CUDA 13.0" in kernel
+    assert (fakes.built, fakes.kernel_envs, fakes.fi_seeds) == ([], [], [])
+
+
 # --------------------------------------------------------------------------- 5: statistics
 
 
@@ -393,7 +467,9 @@ def test_a_check_that_raises_never_loses_the_report(
 
     monkeypatch.setattr(verify, "registry", lambda: {"toolchain": crashes, "cubin": no_tool})
     monkeypatch.setattr(verify, "probe", lambda t, jit: facts(tmp_path))
-    _, results = verify.run_checks(target(tmp_path), ("toolchain", "cubin"))
+    # --keep-going: cubin runs although toolchain failed before it.
+    keep_going = dataclasses.replace(target(tmp_path), keep_going=True)
+    _, results = verify.run_checks(keep_going, ("toolchain", "cubin"))
     assert [(r.name, r.status) for r in results] == [("toolchain", FAILED), ("cubin", FAILED)]
     assert results[0].summary == "the check crashed: IndexError: list index out of range"
     assert results[1].missing_tool == "nvcc"

@@ -299,6 +299,33 @@ def test_a_file_that_is_no_spec_is_named_never_shown(
         assert secret not in got[0] and "root:x" not in got[0] and "BEGIN" not in got[0]
 
 
+SHADOW = "root:$6$SALTsalt$SECRETHASHsecrethash:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n"
+
+
+@pytest.mark.parametrize("target", ["shadow", "/etc/shadow"])
+def test_an_extends_target_with_keys_no_spec_has_is_not_a_spec_and_never_shown(
+    in_tmp: Path, target: str
+) -> None:
+    """A shadow file reads as a mapping whose keys are its lines (each ends in ':'): printed
+    as "unknown key", the password hash reached the log. The target is "not a spec", where
+    its first strange key is, and nothing of its text."""
+    if target == "/etc/shadow" and not os.access(target, os.R_OK):
+        pytest.skip("/etc/shadow is not readable here")
+    shadow = write(in_tmp / "shadow", SHADOW)
+    shadow.chmod(0o600)
+    child = write(in_tmp / "s.yaml", f"extends: {target}\n" + GOOD)
+    (got,) = problems(child)
+    assert got.startswith(f"s.yaml:1:10: extends: {target} is not a spec: it has ")
+    assert got.endswith(f"key(s) no spec has, the first at {target}:1:1 (its text is not shown)")
+    assert "SECRET" not in got and "$" not in got and ":::" not in got
+    # A base with a mistyped key says where it is, no more.
+    write(in_tmp / "base.yaml", 'name: demo\npythn: "3.12"\n')
+    assert problems(write(in_tmp / "c.yaml", "extends: base.yaml\n" + GOOD)) == [
+        "c.yaml:1:10: extends: base.yaml is not a spec: it has 1 key(s) no spec has, the first "
+        "at base.yaml:2:1 (its text is not shown)"
+    ]
+
+
 def test_what_a_file_that_is_no_spec_says(in_tmp: Path) -> None:
     write(in_tmp / "passwd", ETC_USERS)
     assert problems(write(in_tmp / "s.yaml", "extends: passwd\n" + GOOD)) == [
@@ -417,7 +444,7 @@ def test_unknown_top_key_lists_every_key_in_order(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + "zzz: 1\n")
     assert problems(path) == [
         "s.yaml:7:1: zzz: unknown key; expected one of: name, summary, extends, python, cuda, "
-        "torch, packages, toolchain, archs, env, verify, indexes, platforms"
+        "torch, packages, toolchain, archs, env, verify, indexes, platforms, targets"
     ]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from builder import archs, caches, doctor, fingerprint, proc, spec, toolchain, variables
 from builder import verify as verify_mod
-from builder.errors import ReportError
+from builder.errors import ReportError, UsageError
 from builder.probe import jit_store
 from builder.variables import Hook, Kind
 from tests.helpers import cudaenv, write
@@ -203,3 +203,58 @@ def test_jit_stores_nvcc_variables_are_the_tables() -> None:
     """jit_store.py runs inside the env's interpreter and imports nothing of cudaenv, so it
     writes its list out."""
     assert jit_store.NVCC_ENV == variables.NVCC
+
+
+# --------------------------------------------------------------------------- numeric values
+
+NUMERIC = [v for v in variables.TABLE if v.number is not None]
+# What crashed a check or hung a wait: nan passes float(), requests refuses a timeout of 0
+# or below, a socket one of inf or 1e300.
+NOT_SECONDS = ["nan", "inf", "-inf", "-1", "1e300", "thirty", "30s"]
+
+
+def test_every_numeric_variable_is_in_the_table() -> None:
+    assert {v.name for v in NUMERIC} == {
+        "CUDAENV_JIT_STORE_MAX", "CUDAENV_JIT_LOCK_TIMEOUT", "CUDAENV_JIT_REMOTE_TIMEOUT",
+        "CUDAENV_PROBE_TIMEOUT", "CUDAENV_HEARTBEAT_SECONDS", "CUDAENV_FAULT_PAUSE_SECONDS",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("row", NUMERIC, ids=lambda v: v.name)
+def test_a_numeric_variable_refuses_what_is_not_its_kind(row: variables.Variable) -> None:
+    assert row.number is not None
+    if row.number.unit == "size":
+        bad, good = ["nan", "inf", "-1", "lots", "1e300G"], ["10G", "500M", "1048576", "0"]
+    else:
+        bad = [*NOT_SECONDS, *([] if row.number.zero else ["0", "-0"])]
+        good = ["30", "0.5", "1000000", *(["0"] if row.number.zero else [])]
+    for text in bad:
+        with pytest.raises(UsageError) as caught:
+            variables.check_numbers({row.name: text})
+        assert str(caught.value).startswith(f"{row.name}={text}: not a "), text
+    for text in good:
+        variables.check_numbers({row.name: text})
+    variables.check_numbers({row.name: ""})  # unset: the default
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_the_cli_refuses_a_bad_number_at_start_up(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from builder import cli
+
+    monkeypatch.setenv("CUDAENV_JIT_REMOTE_TIMEOUT", value)
+    assert cli.main(["store", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: CUDAENV_JIT_REMOTE_TIMEOUT={value}: not a number of seconds")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_lock_wait_of_nan_is_refused_not_endless() -> None:
+    """nan compares false with every deadline: the wait for a held lock never ended."""
+    for text in ("nan", "inf", "-5"):
+        with pytest.raises(jit_store.StoreError, match=f"CUDAENV_JIT_LOCK_TIMEOUT={text}: "):
+            jit_store.lock_timeout({"CUDAENV_JIT_LOCK_TIMEOUT": text})
+    assert jit_store.lock_timeout({"CUDAENV_JIT_LOCK_TIMEOUT": "0"}) == 0
+    with pytest.raises(ValueError, match="not a size"):
+        jit_store.parse_size("inf")  # was an OverflowError out of store_max

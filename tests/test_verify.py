@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from builder import archs, report
+from builder import archs, driver, report
 from builder.verify import (
     FAILED,
     PASSED,
@@ -195,11 +195,12 @@ def test_flashinfer_jit_verdicts() -> None:
     assert none.status == SKIPPED
 
 
-def test_sampling_skips_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(archs, "DRIVER_VERSION_FILE", tmp_path / "absent")
+def test_sampling_skips_without_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "detect", lambda: None)
+    monkeypatch.delenv(sampling.GPU_CHECK, raising=False)
     result = sampling.check(TARGET, facts())
     assert result.status == SKIPPED
-    assert result.summary == f"no NVIDIA driver ({tmp_path / 'absent'} is absent)"
+    assert result.summary == driver.not_found()
 
 
 def test_report_renders_json_table_and_markdown(tmp_path: Path) -> None:
@@ -340,3 +341,151 @@ def test_verify_and_doctor_take_the_same_cuda_home(
     assert result.evidence[0] == ("CUDA_HOME", f"{home} (from which nvcc ({nvcc}))")
     assert result.status == "failed"  # no cudart in this stand-in toolkit
     assert result.fix.startswith("point CUDA_HOME at a CUDA 13.0 toolkit (`export CUDA_HOME=")
+
+
+# --------------------------------------------------------------------------- what verify says
+
+
+def test_a_warmer_says_where_it_pushed_the_kernel(
+    tmp_path: Path, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDAENV_JIT_PUSH=1 with a remote: the check says what it pushed; without it, nothing."""
+    from builder.verify import kernel_compile
+    from tests.test_kernel_compile import env_with, make_toolkit
+    from tests.test_kernel_compile import facts as kernel_facts
+    from tests.test_kernel_compile import target as kernel_target
+
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    home = make_toolkit(tmp_path / "cuda-home")
+    quiet = env_with(tmp_path, "gcc 12.2.0", CUDAENV_JIT_REMOTE=registry.url)
+    first = kernel_compile.check(kernel_target(tmp_path), kernel_facts(home, quiet))
+    assert first.status == PASSED and "pushed" not in first.summary
+    warmer = {**quiet, "CUDAENV_JIT_PUSH": "1"}
+    again = kernel_compile.check(kernel_target(tmp_path), kernel_facts(home, warmer))
+    assert again.status == PASSED, again.summary
+    assert again.summary.endswith(
+        f"; pushed 2 entry(ies) to {registry.url} (CUDAENV_JIT_PUSH=1)"
+    ), again.summary
+    assert dict(again.evidence)["12.0f pushed"].endswith(f" to {registry.url}")
+
+
+def test_flashinfer_jit_says_it_pushed_only_when_the_push_went_through() -> None:
+    remote = "oci://127.0.0.1:5000/cudaenv/jit"
+    environ = {
+        "CUDAENV_JIT_REMOTE": remote,
+        "CUDAENV_JIT_SHARE": '["python", "-m", "builder.jit_share"]',
+        "CUDAENV_JIT_PUSH": "1",
+    }
+    kept = {"used": True, "key": "0123456789abcdef", "hit": False, "kept": True, "warnings": []}
+    jit = {"library": "/env/var/flashinfer/x/sampling.so", "seconds": 3.0, "store": kept}
+    f = facts(environ=environ, jit=jit)
+    result = flashinfer_jit.check(TARGET, f)
+    assert result.status == PASSED
+    assert result.summary.endswith(f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)")
+    warning = f"pushing 0123456789abcdef to the JIT remote {remote} failed"
+    failed = {**kept, "warnings": [warning]}
+    not_pushed = flashinfer_jit.check(TARGET, facts(environ=environ, jit={**jit, "store": failed}))
+    assert "pushed to" not in not_pushed.summary
+    assert not_pushed.warnings == (warning,)
+    no_push = {k: v for k, v in environ.items() if k != "CUDAENV_JIT_PUSH"}
+    assert "pushed" not in flashinfer_jit.check(TARGET, facts(environ=no_push, jit=jit)).summary
+
+
+def stored_build(store: Any, key: str, env: Path, header: Path) -> None:
+    """A build of FlashInfer's sampling module as the store keeps it, compiled in ``env``
+    reading ``header``."""
+    from builder.probe import jit_store
+
+    out = write(env / "var" / "flashinfer" / "sampling" / "sampling.so", "ELF")
+    rel = jit_store.normalise(str(out), [str(env)])
+    meta = {
+        "kind": "ninja",
+        "env": str(env),
+        "outputs": [rel],
+        "file_of": {rel: "0-sampling.so"},
+        "deps": {rel: [jit_store.normalise(str(header), [str(env)])]},
+        "ninja_log": next(iter(jit_store.LOG_HASHES)),
+    }
+    inputs = [jit_store.normalise(str(header), [str(env)])]
+    assert store.publish(key, {"0-sampling.so": out}, inputs, meta, str(env)) is not None
+
+
+def site_dist(env: Path, name: str, version: str, rel: str, text: str) -> Path:
+    """``rel`` in ``env``'s site-packages, installed by distribution ``name``."""
+    site = env / "lib" / "python3.12" / "site-packages"
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    write(info / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    write(info / "RECORD", f"{rel},,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    return write(site / rel, text)
+
+
+def test_a_store_miss_names_the_input_that_differs_and_its_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The env's apache-tvm-ffi differs from the one the stored build read: the miss says
+    which distribution, at which version here and there, instead of a silent recompile."""
+    from builder.probe import jit_store
+
+    rel = "tvm_ffi/include/tvm/ffi/c_api.h"
+    old_env, new_env = tmp_path / "old-env", tmp_path / "new-env"
+    old_header = site_dist(old_env, "apache-tvm-ffi", "0.1.11", rel, "v0.1.11")
+    site_dist(new_env, "apache-tvm-ffi", "0.1.15.post2", rel, "v0.1.15.post2")
+    root = tmp_path / "store"
+    key = "ab" * 32
+    stored_build(jit_store.Store(root), key, old_env, old_header)
+    library = new_env / "var" / "flashinfer" / "sampling" / "sampling.so"
+    said = flashinfer_jit.why_missed(root, key[:16], library, new_env)
+    assert said == (
+        "the store has this key, but compiled from other files: apache-tvm-ffi 0.1.15.post2 "
+        "here; the stored build's env had 0.1.11 (lib/python3.12/site-packages/" + rel + ") "
+        f"(nearest: the build for {old_env})"
+    )
+    other_key = flashinfer_jit.why_missed(root, "cd" * 8, library, new_env)
+    assert other_key is not None and other_key.startswith("no stored build has this key")
+    assert flashinfer_jit.why_missed(root, key[:16], library.with_name("other.so"), new_env) is None
+    # In the check: a miss that was kept says why the store had nothing to give.
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(root))
+    miss = {"used": True, "key": key[:16], "hit": False, "kept": True, "warnings": []}
+    target = dataclasses.replace(TARGET, env_dir=new_env)
+    jit = {"library": str(library), "seconds": 600.0, "store": miss}
+    result = flashinfer_jit.check(target, facts(jit=jit))
+    assert result.status == PASSED
+    assert "; the store missed: the store has this key, but compiled from other files: " \
+        "apache-tvm-ffi 0.1.15.post2 here" in result.summary  # fmt: skip
+
+
+def test_the_audit_says_a_failed_sgl_kernel_import_is_expected_without_a_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sgl_kernel's loader raises "Could not load any common_ops library!" where libcuda.so.1
+    (the driver's) is missing: the audit's probe keeps that cause and says it is expected."""
+    import sys
+
+    from builder import audit
+    from tests.helpers import uv_venv
+
+    python = uv_venv(Path(sys.executable).resolve(), tmp_path / "env")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    loader_error = (
+        "\n[sgl_kernel] CRITICAL: Could not load any common_ops library!\n\nAttempted "
+        "locations:\n1. ...\nError details from previous import attempts:\n- ImportError: "
+        "libcuda.so.1: cannot open shared object file: No such file or directory\n"
+    )
+    write(site / "sgl_kernel" / "__init__.py", f"raise ImportError({loader_error!r})\n")
+    mapped = audit.probe_maps(python, ["sgl_kernel"])
+    ((name, why),) = mapped.errors
+    assert why == (
+        "ImportError: [sgl_kernel] CRITICAL: Could not load any common_ops library! (- "
+        "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory)"
+    )
+    note = audit.probe_failure_note(name, why)
+    assert note.startswith("; expected on a machine without the NVIDIA driver (sgl_kernel links")
+    # Without the cause in hand (an older cached probe), the driver's presence decides.
+    short = "ImportError: [sgl_kernel] CRITICAL: Could not load any common_ops library!"
+    monkeypatch.setattr(driver, "PROC_VERSION", tmp_path / "absent")
+    assert "expected on a machine without the NVIDIA driver" in audit.probe_failure_note(
+        "sgl_kernel", short
+    )
+    monkeypatch.setattr(driver, "PROC_VERSION", write(tmp_path / "version", "NVRM 580\n"))
+    assert audit.probe_failure_note("sgl_kernel", short).startswith("; not expected")
+    assert audit.probe_failure_note("vllm", "ImportError: x") == ""

@@ -622,7 +622,8 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"{text!r} is not a size (like 10G, 500M or 1048576)") from None
-    if value < 0:
+    # "nan" and "inf" pass float(): neither is a size.
+    if not (0 <= value < 1 << 60):
         raise ValueError(f"{text!r} is not a size (like 10G, 500M or 1048576)")
     return int(value * units[unit])
 
@@ -638,9 +639,13 @@ def store_max(environ: Mapping[str, str] | None = None) -> int:
 def lock_timeout(environ: Mapping[str, str] | None = None) -> float:
     text = (environ if environ is not None else os.environ).get("CUDAENV_JIT_LOCK_TIMEOUT", "")
     try:
-        return float(text) if text else DEFAULT_LOCK_TIMEOUT
+        value = float(text) if text else DEFAULT_LOCK_TIMEOUT
     except ValueError:
-        raise StoreError(f"CUDAENV_JIT_LOCK_TIMEOUT: {text!r} is not a number of seconds") from None
+        value = -1.0
+    # nan compares false with every deadline: a wait of nan seconds would never end.
+    if not 0 <= value <= 1e6:
+        raise StoreError(f"CUDAENV_JIT_LOCK_TIMEOUT={text}: not a number of seconds (0 to 1000000)")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -779,11 +784,19 @@ class Store:
         provenance = {k: str(doc[k]) for k in PROVENANCE if k in doc}
         return Entry(key, variant, content, files, inputs, provenance)
 
-    def discard(self, entry: Path, why: str) -> None:
-        """Remove a bad entry (it is compiled and published again) and say so."""
-        shutil.rmtree(entry, ignore_errors=True)
+    def discard(self, entry: Path, why: str) -> bool:
+        """Remove a bad entry (it is compiled and published again) and say so: what was
+        done, never a removal that did not happen (a read-only store). Whether it is gone."""
         rel = entry.relative_to(self.root) if entry.is_relative_to(self.root) else entry
-        self.notes.append(f"discarded the store entry {rel}: {why}; compiled again")
+        failed = remove_tree(entry)
+        if failed is None:
+            self.notes.append(f"discarded the store entry {rel}: {why}; compiled again")
+            return True
+        self.notes.append(
+            f"the store entry {rel} is bad ({why}) and could not be removed ({failed}); "
+            "it is not used"
+        )
+        return False
 
     def input_matches(self, path: str, digest: str) -> bool:
         return self.hasher.sha256(path, limit=MAX_INPUT) == digest
@@ -963,10 +976,18 @@ class Store:
                 break
             if variant == keep:
                 continue
-            shutil.rmtree(variant, ignore_errors=True)
+            failed = remove_tree(variant)
+            if failed is not None:
+                self._unremoved(variant, failed)
+                continue
             total -= size
             removed.append(variant)
         return removed
+
+    def _unremoved(self, path: Path, why: str) -> None:
+        note = f"could not remove {path} ({why})"
+        if note not in self.notes:
+            self.notes.append(note)
 
     def listing(self) -> list[Listed]:
         """Every entry, least recently used first."""
@@ -1007,16 +1028,24 @@ class Store:
         removed: list[Path] = []
         freed = 0
         hour_ago = time.time() - 3600
-        for child in sorted(self.root.iterdir()):
-            if child.name.startswith("v") and child.name[1:].isdigit() and child.name != VERSION:
-                freed += _tree_size(child)
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(child)
-        for stale in [*self.root.glob(".pull-*"), *self.root.glob(f"{VERSION}/*/*/.publish-*")]:
-            if os.lstat(stale).st_mtime < hour_ago:
-                freed += _tree_size(stale)
-                shutil.rmtree(stale, ignore_errors=True)
-                removed.append(stale)
+        old = [
+            child
+            for child in sorted(self.root.iterdir())
+            if child.name.startswith("v") and child.name[1:].isdigit() and child.name != VERSION
+        ]
+        stale = [
+            p
+            for p in [*self.root.glob(".pull-*"), *self.root.glob(f"{VERSION}/*/*/.publish-*")]
+            if os.lstat(p).st_mtime < hour_ago
+        ]
+        for path in [*old, *stale]:
+            size = _tree_size(path)
+            failed = remove_tree(path)
+            if failed is not None:
+                self._unremoved(path, failed)
+                continue
+            freed += size
+            removed.append(path)
         locks = self.root / "locks"
         if locks.is_dir():
             check_dir(locks)
@@ -1025,13 +1054,34 @@ class Store:
                     continue
                 with contextlib.suppress(OSError, StoreError):
                     held = self.acquire(lock.name.removesuffix(".lock"), timeout=0)
-                    lock.unlink()
-                    held.release()
+                    try:
+                        lock.unlink()
+                    except OSError as exc:
+                        self._unremoved(lock, exc.strerror or type(exc).__name__)
+                    finally:
+                        held.release()
         before = {v: self.size_of(v) for _, v in self.all()}
         for variant in self.evict(cap=cap):
             freed += before.get(variant, 0)
             removed.append(variant)
         return removed, freed
+
+
+def remove_tree(path: Path) -> str | None:
+    """Remove the tree at ``path`` (a link is removed, never followed); None when it is
+    gone, else why it is not (the OS's words: "Read-only file system")."""
+    try:
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+            return None
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            os.rmdir(path)  # what is left says why it stays
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def _tree_size(path: Path) -> int:

@@ -8,9 +8,15 @@ runs (nvcc, cuobjdump, the sampling kernels) gets exactly that environment: a ch
 the env as its users meet it, with the spec's own variables (``NVCC_APPEND_FLAGS``, ...).
 
 How to add a check: write ``builder/verify/NAME.py`` with ``check(target, facts) ->
-CheckResult``, add it to :data:`CHECKS` below (order = run order), and give it a test that
-shows it failing on a broken input. ``spec.CHECKS`` (what a spec's ``verify:`` may name)
-is this tuple's names; a test keeps them equal.
+CheckResult``, add it to :data:`CHECKS` below (order = run order) and to :data:`STAGES`,
+and give it a test that shows it failing on a broken input. ``spec.CHECKS`` (what a spec's
+``verify:`` may name) is this tuple's names; a test keeps them equal.
+
+The checks run cheapest first, whatever order a spec lists them in: those that only read the
+env (seconds), then those that compile (FlashInfer's JIT: minutes), then those that need a
+GPU. A check that fails stops every later stage (its checks say ``skipped``, "not run: X
+failed"): an env whose packages do not import is not worth ten minutes of JIT. ``--keep-going``
+runs them anyway.
 """
 
 from __future__ import annotations
@@ -106,6 +112,11 @@ class Target:
     fresh: bool = False  # rebuild what a check would reuse (`verify --fresh`)
     # The JIT store's registry tier named by the project ([tool.cudaenv] jit-remote).
     jit_remote: str | None = None
+    # The spec's requirements (torch first where it pins one) the `imports` check imports;
+    # None for an interpreter verified without a spec (the usual stack, where installed).
+    packages: tuple[str, ...] | None = None
+    # Run every asked check even after a cheap one failed (`--keep-going`).
+    keep_going: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,8 +248,36 @@ def probe(target: Target, *, jit: bool) -> EnvFacts:
 Check = Callable[[Target, EnvFacts], CheckResult]
 
 
-# Every check, in run order (what `--checks` and a spec's `verify:` may name).
-CHECKS = ("toolchain", "kernel-compile", "flashinfer-jit", "cubin", "binaries", "sampling")
+# Every check, in run order (what `--checks` and a spec's `verify:` may name): cheapest first.
+CHECKS = (
+    "imports",
+    "toolchain",
+    "binaries",
+    "kernel-compile",
+    "flashinfer-jit",
+    "cubin",
+    "sampling",
+)
+
+# Each check's cost class: a failure in one stage leaves the later stages not run.
+READS: Final = "reads the env"
+COMPILES: Final = "compiles"
+ON_GPU: Final = "runs on the GPU"
+STAGES: Final[dict[str, str]] = {
+    "imports": READS,
+    "toolchain": READS,
+    "binaries": READS,
+    "kernel-compile": COMPILES,
+    "flashinfer-jit": COMPILES,
+    "cubin": COMPILES,
+    "sampling": ON_GPU,
+}
+STAGE_ORDER: Final = (READS, COMPILES, ON_GPU)
+
+
+def run_order(names: Sequence[str]) -> list[str]:
+    """``names`` as they run: in :data:`CHECKS` order, whatever order they were asked in."""
+    return sorted(dict.fromkeys(names), key=CHECKS.index)
 
 
 def registry() -> dict[str, Check]:
@@ -246,17 +285,19 @@ def registry() -> dict[str, Check]:
         binaries,
         cubin,
         flashinfer_jit,
+        imports,
         kernel_compile,
         sampling,
         toolchain,
     )
 
     return {
+        "imports": imports.check,
         "toolchain": toolchain.check,
+        "binaries": binaries.check,
         "kernel-compile": kernel_compile.check,
         "flashinfer-jit": flashinfer_jit.check,
         "cubin": cubin.check,
-        "binaries": binaries.check,
         "sampling": sampling.check,
     }
 
@@ -297,47 +338,82 @@ def heartbeat(progress: Callable[[str], None], what: str) -> Iterator[None]:
         thread.join(timeout=5)
 
 
+def probe_with_progress(target: Target, progress: Callable[[str], None], *, jit: bool) -> EnvFacts:
+    what = " and JIT-building FlashInfer's sampling module" if jit else ""
+    progress(f"probing {target.python}{what}")
+    with heartbeat(progress, "still probing" + (" and JIT-building" if jit else "")):
+        return probe(target, jit=jit)
+
+
+def not_run(name: str, failed: str) -> CheckResult:
+    """What a check says when an earlier, cheaper one failed: never passed, never run."""
+    return CheckResult(
+        name=name,
+        status=SKIPPED,
+        summary=f"not run: {failed} failed (`--keep-going` runs it anyway)",
+    )
+
+
 def run_checks(
     target: Target, names: Sequence[str], progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[EnvFacts, list[CheckResult]]:
+    """Run ``names`` cheapest first (:data:`CHECKS` order); a failure leaves the checks of
+    later stages not run unless ``target.keep_going``. FlashInfer's JIT (in the probe) waits
+    until the checks that only read the env have passed."""
     checks = registry()
     unknown = [n for n in names if n not in checks]
     if unknown:
         raise UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(checks)}")
-    progress(
-        f"probing {target.python}"
-        + (" and JIT-building FlashInfer's sampling module" if "flashinfer-jit" in names else "")
-    )
-    with heartbeat(
-        progress, "still probing" + (" and JIT-building" if "flashinfer-jit" in names else "")
-    ):
-        facts = probe(target, jit="flashinfer-jit" in names)
-    results = []
-    for name in names:
-        started = time.monotonic()
-        try:
-            result = checks[name](target, facts)
-        except proc.CommandFailed as exc:
-            result = CheckResult(
-                name=name,
-                status=FAILED,
-                summary=f"command failed: {exc.argv[0]}",
-                evidence=(("output", exc.output[-2000:]),),
-            )
-        except ToolMissing as exc:
-            result = CheckResult(name=name, status=FAILED, summary=str(exc), missing_tool=exc.tool)
-        except Exception as exc:
-            # A check's own bug is its verdict: the other checks run and the report is written.
-            log.debug("check %s crashed", name, exc_info=True)
-            result = CheckResult(
-                name=name,
-                status=FAILED,
-                summary=f"the check crashed: {type(exc).__name__}: {exc}",
-                fix="run with --debug and report it",
-            )
-        if result.seconds == 0.0:
-            result = dataclasses.replace(result, seconds=time.monotonic() - started)
+    order = run_order(names)
+    wants_jit = "flashinfer-jit" in order
+    # With nothing cheap to run first, one probe serves every check.
+    jit_done = wants_jit and not any(STAGES[n] == READS for n in order)
+    facts = probe_with_progress(target, progress, jit=jit_done)
+    results: list[CheckResult] = []
+    first_failed: CheckResult | None = None
+    for name in order:
+        if (
+            first_failed is not None
+            and not target.keep_going
+            and STAGE_ORDER.index(STAGES[name]) > STAGE_ORDER.index(STAGES[first_failed.name])
+        ):
+            results.append(not_run(name, first_failed.name))
+            progress(f"{name}: not run ({first_failed.name} failed)")
+            continue
+        if name == "flashinfer-jit" and not jit_done:
+            facts = probe_with_progress(target, progress, jit=True)
+            jit_done = True
+        result = run_one(name, checks[name], target, facts)
         # The results are printed once, in the summary; this only says how far verify got.
         progress(f"checked {name} ({result.seconds:.1f} s)")
         results.append(result)
+        if result.status == FAILED and first_failed is None:
+            first_failed = result
     return facts, results
+
+
+def run_one(name: str, check: Check, target: Target, facts: EnvFacts) -> CheckResult:
+    started = time.monotonic()
+    try:
+        result = check(target, facts)
+    except proc.CommandFailed as exc:
+        result = CheckResult(
+            name=name,
+            status=FAILED,
+            summary=f"command failed: {exc.argv[0]}",
+            evidence=(("output", exc.output[-2000:]),),
+        )
+    except ToolMissing as exc:
+        result = CheckResult(name=name, status=FAILED, summary=str(exc), missing_tool=exc.tool)
+    except Exception as exc:
+        # A check's own bug is its verdict: the other checks run and the report is written.
+        log.debug("check %s crashed", name, exc_info=True)
+        result = CheckResult(
+            name=name,
+            status=FAILED,
+            summary=f"the check crashed: {type(exc).__name__}: {exc}",
+            fix="run with --debug and report it",
+        )
+    if result.seconds == 0.0:
+        result = dataclasses.replace(result, seconds=time.monotonic() - started)
+    return result

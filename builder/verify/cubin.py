@@ -2,15 +2,19 @@
 
 cuobjdump comes from CUDA_HOME when the toolkit has it, else from the
 `nvidia-cuda-cuobjdump` wheel (published from CUDA 13.2 on; a newer cuobjdump reads older
-fatbins), installed once with uv into cudaenv's cache, outside every env.
+fatbins), installed once with uv into cudaenv's cache, outside every env. The cached copy runs
+only while its sha256 is the one recorded when this user installed it (cachefiles).
 """
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
-from builder import proc
+from builder import cachefiles, proc
 from builder.archs import Arch
 from builder.paths import cache_dir
 from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
@@ -23,24 +27,55 @@ def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
     own = Path(facts.cuda_home) / "bin" / "cuobjdump"
     if own.exists():
         return own, f"{own} (the env's toolkit)"
-    tool_dir = cache_dir() / "tools" / "cuobjdump"
-    exe = tool_dir / "nvidia" / "cu13" / "bin" / "cuobjdump"
-    if not exe.exists():
-        done = proc.run(
-            [proc.uv_bin(), "pip", "install", "--quiet", "--target", tool_dir, TOOL_REQUIREMENT],
-            env=proc.uv_env(),
-            check=False,
-            timeout=600,
+    tools = cachefiles.own_dir(cache_dir() / "tools")
+    if tools is not None:
+        tool_dir = tools / "cuobjdump"
+        record = tools / "cuobjdump.sha256.json"
+        if cachefiles.vouched(tool_dir / _EXE, record):
+            return tool_dir / _EXE, _described(tool_dir)
+        # Nothing vouches for what is there (never installed, a damaged or a planted file):
+        # it is never run; a fresh install replaces it and records its sha256.
+        try:
+            if tool_dir.is_symlink() or tool_dir.is_file():
+                tool_dir.unlink()
+            elif tool_dir.exists():
+                shutil.rmtree(tool_dir)  # removes links in the tree, never what they point to
+            return _install(tool_dir, record)
+        except OSError:
+            pass
+    # No cache to keep it in (refused: cachefiles warned): this run's own copy, gone at exit.
+    scratch = Path(tempfile.mkdtemp(prefix="cudaenv-cuobjdump-"))
+    atexit.register(shutil.rmtree, scratch, True)
+    return _install(scratch / "cuobjdump", None)
+
+
+# Where the nvidia-cuda-cuobjdump wheel puts the tool, below the install target.
+_EXE = Path("nvidia") / "cu13" / "bin" / "cuobjdump"
+
+
+def _install(tool_dir: Path, record: Path | None) -> tuple[Path | None, str]:
+    exe = tool_dir / _EXE
+    done = proc.run(
+        [proc.uv_bin(), "pip", "install", "--quiet", "--target", tool_dir, TOOL_REQUIREMENT],
+        env=proc.uv_env(),
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0 or not exe.exists():
+        return (
+            None,
+            f"no cuobjdump in CUDA_HOME and `uv pip install {TOOL_REQUIREMENT}` failed: "
+            + (done.stderr.strip().splitlines() or ["?"])[-1],
         )
-        if done.returncode != 0 or not exe.exists():
-            return (
-                None,
-                f"no cuobjdump in CUDA_HOME and `uv pip install {TOOL_REQUIREMENT}` failed: "
-                + (done.stderr.strip().splitlines() or ["?"])[-1],
-            )
+    if record is not None:
+        cachefiles.record_tool(exe, record)
+    return exe, _described(tool_dir)
+
+
+def _described(tool_dir: Path) -> str:
     dists = sorted(tool_dir.glob("nvidia_cuda_cuobjdump-*.dist-info"))
     version = dists[-1].name.removesuffix(".dist-info").split("-")[1] if dists else "?"
-    return exe, f"{exe} (nvidia-cuda-cuobjdump {version})"
+    return f"{tool_dir / _EXE} (nvidia-cuda-cuobjdump {version})"
 
 
 def list_elf(cuobjdump: Path, artifact: Path) -> list[str]:

@@ -3,11 +3,16 @@ own cache (FLASHINFER_WORKSPACE_BASE = var/flashinfer); an unchanged env reuses 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 
 from builder import channels
 from builder.archs import Arch, flashinfer_spelling, parse_list
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+from builder.paths import jit_store_dir
+from builder.probe import jit_store
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, imports
 
 
 def built_archs(facts: EnvFacts) -> tuple[Arch, ...] | None:
@@ -19,12 +24,146 @@ def built_archs(facts: EnvFacts) -> tuple[Arch, ...] | None:
         return None
 
 
+# How many stored entries a miss is compared with: a store of thousands is not read whole.
+MAX_COMPARED = 200
+
+
+def owners(root: Path, files: Iterable[str]) -> dict[str, str]:
+    """``files`` (absolute) of the env at ``root`` -> "distribution version" whose RECORD
+    lists it; nothing runs in the env."""
+    wanted = {os.path.normpath(f) for f in files}
+    sites = [str(p) for p in sorted(root.glob("lib/python3*/site-packages"))]
+    found: dict[str, str] = {}
+    if not wanted or not sites:
+        return found
+    for dist in metadata.distributions(path=sites):
+        for f in dist.files or []:
+            where = os.path.normpath(str(dist.locate_file(f)))
+            if where in wanted:
+                found.setdefault(where, f"{dist.metadata['Name']} {dist.version}")
+    return found
+
+
+def why_missed(store_root: Path, key: str, library: Path, env_root: Path) -> str | None:
+    """Why the store had no build of FlashInfer's ``library`` for this env: the nearest
+    stored build of the same module (this key first, else any), and which of its inputs
+    differ here, by the distribution that installs each ("apache-tvm-ffi 0.1.15.post2 here;
+    the stored build's env had apache-tvm-ffi 0.1.11"). None when the store holds no build
+    of that module (a first build has nothing to be compared with). Reads only."""
+    store = jit_store.Store(store_root)
+    same_key: list[jit_store.Entry] = []
+    others: list[jit_store.Entry] = []
+    for stored_key, variant in store.all()[:MAX_COMPARED]:
+        try:
+            entry = store.load(stored_key, variant)
+        except (jit_store.EntryError, jit_store.StoreError, OSError):
+            continue
+        outputs = entry.content.get("outputs") or []
+        if entry.content.get("kind") != "ninja" or not any(
+            str(o).rsplit("/", 1)[-1] == library.name for o in outputs
+        ):
+            continue
+        (same_key if stored_key.startswith(key) else others).append(entry)
+    candidates = same_key or others
+    if not candidates:
+        return None
+    root = str(env_root)
+
+    def differing(entry: jit_store.Entry) -> list[str]:
+        return [
+            p
+            for p, digest in sorted(entry.inputs.items())
+            if store.hasher.sha256(jit_store.localise(p, root), limit=jit_store.MAX_INPUT) != digest
+        ]
+
+    best, diff = min(((e, differing(e)) for e in candidates), key=lambda pair: len(pair[1]))
+    built_for = best.provenance.get("env") or best.provenance.get("origin") or "another env"
+    if not diff:
+        return (
+            f"its build for {built_for} has this env's very inputs but another key: the "
+            "toolkit, the host compiler, FlashInfer's flags or ninja differ"
+            if not same_key
+            else None
+        )
+    here = owners(env_root, (jit_store.localise(p, root) for p in diff))
+    there_root = Path(built_for)
+    there = (
+        owners(there_root, (jit_store.localise(p, str(there_root)) for p in diff))
+        if there_root.is_absolute() and there_root.is_dir()
+        else {}
+    )
+    by_dist: dict[str, list[str]] = {}
+    for p in diff:
+        mine = here.get(os.path.normpath(jit_store.localise(p, root)))
+        theirs = there.get(os.path.normpath(jit_store.localise(p, str(there_root))))
+        if mine and theirs and mine != theirs:
+            what = f"{mine} here; the stored build's env had {theirs.rsplit(' ', 1)[-1]}"
+        elif mine:
+            what = f"{mine} here"
+        else:
+            what = "a file of no installed distribution"
+        by_dist.setdefault(what, []).append(p.replace(jit_store.ENV + "/", ""))
+    parts = [
+        f"{what} ({files[0]}" + (f" and {len(files) - 1} more file(s))" if len(files) > 1 else ")")
+        for what, files in by_dist.items()
+    ]
+    how = (
+        "the store has this key, but compiled from other files"
+        if same_key
+        else "no stored build has this key; the nearest differs in the toolkit, compilers or "
+        "flags and in its files"
+    )
+    return f"{how}: {'; '.join(parts)} (nearest: the build for {built_for})"
+
+
+def pushed_to(facts: EnvFacts, had_entry: bool, warnings: tuple[str, ...]) -> str | None:
+    """The remote the probe pushed the module to, or None. The probe asks cudaenv to push
+    (``CUDAENV_JIT_SHARE``) whenever the store held the module after the build, on a machine
+    that says ``CUDAENV_JIT_PUSH=1``; a push that failed comes back as a warning naming it."""
+    environ = facts.environ
+    remote = environ.get("CUDAENV_JIT_REMOTE", "off")
+    if not (had_entry and environ.get("CUDAENV_JIT_SHARE") and remote != "off"):
+        return None
+    if environ.get("CUDAENV_JIT_PUSH") != "1":
+        return None
+    failed = ("push", "holds another build", "the JIT remote was not used")
+    if any(word in w for w in warnings for word in failed):
+        return None
+    return remote
+
+
+def store_miss(target: Target, facts: EnvFacts, key: str, library: Path) -> str | None:
+    """:func:`why_missed` for the store this verify used; None when it cannot say."""
+    named = facts.environ.get("CUDAENV_JIT_STORE")
+    root = Path(named) if named and named != "off" else jit_store_dir()
+    if root is None or not key:
+        return None
+    env_root = target.env_dir or target.python.absolute().parent.parent
+    try:
+        return why_missed(root, key, library, env_root)
+    except (jit_store.StoreError, OSError):  # an explanation must not fail the check
+        return None
+
+
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     if not facts.flashinfer_installed:
+        needing = [s.distribution for s in imports.servers_asked(target) if s.needs_flashinfer]
+        if needing:
+            # A server that cannot JIT its kernels cannot serve: not a skip.
+            who = " and ".join(needing)
+            return CheckResult(
+                name="flashinfer-jit",
+                status=FAILED,
+                summary=f"{who} needs FlashInfer for its JIT kernels; flashinfer-python is "
+                "not installed in this env: add it to packages",
+                fix="add flashinfer-python to the spec's packages: `cudaenv add flashinfer-python "
+                f"--spec {target.spec_path or 'SPEC'}`",
+            )
         return CheckResult(
             name="flashinfer-jit",
             status=SKIPPED,
-            summary="flashinfer-python is not installed in this env",
+            summary="flashinfer-python is not installed in this env (and no package asked "
+            "for needs it)",
         )
     archs = facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "(unset: the visible GPUs')"
     evidence = [
@@ -93,6 +232,15 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             how = f"reused from the store (first built {day} for {stored.get('env')})"
         elif stored.get("kept"):
             how += ", kept in the store for envs of the same toolchain"
+        if not stored.get("hit"):
+            missed = store_miss(target, facts, str(stored.get("key") or ""), library)
+            if missed:
+                evidence.append(("why the store missed", missed))
+                how += f"; the store missed: {missed}"
+        remote = pushed_to(facts, bool(stored.get("hit") or stored.get("kept")), warnings)
+        if remote is not None:
+            how += f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)"
+            evidence.append(("pushed", f"{stored.get('key')} to {remote}"))
     return CheckResult(
         name="flashinfer-jit",
         status=PASSED,

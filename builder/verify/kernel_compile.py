@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import channels, jit_share, proc, variables
+from builder import cachefiles, channels, jit_share, proc, variables
 from builder.archs import Arch
 from builder.paths import jit_store_dir
 from builder.probe import jit_store
@@ -52,6 +52,8 @@ class KernelBuild:
     # What the store did that the user should hear of (an entry discarded, the store or its
     # remote unusable): warnings of the check, never its verdict.
     notes: tuple[str, ...] = ()
+    # Where this machine, a warmer (CUDAENV_JIT_PUSH=1), pushed the entry: "KEY to REMOTE".
+    pushed: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,8 +155,12 @@ def build_kernel(
     # A warmer (CUDAENV_JIT_PUSH=1 with a remote) goes through the store even when this env
     # has the kernel already: what it pushes is the store's checked entry.
     warming = jit_share.pushing(env) and bool(env.get(jit_share.REMOTE_VAR, "off") != "off")
-    if out.exists() and not fresh and not warming:
+    # Reused only as the cache's rules allow (the sampling check runs it): a kernel another
+    # user could have written, or a link, is rebuilt instead.
+    if not fresh and not warming and out.exists() and cachefiles.usable(out):
         return KernelBuild(arch=arch, path=out, seconds=0.0, reused=True)
+    if out.is_symlink() or out.exists():
+        out.unlink()  # never compiled into through a link left at the name
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "topk_topp.cu").write_text(src)
     root = jit_store_dir()
@@ -211,6 +217,7 @@ def _through_store(
                 notes += [warning] if warning else []
             if entry is not None:
                 store.place(entry, "kernel", out)
+                _check_placed(arch, out)
         except jit_store.EntryError as exc:
             assert entry is not None
             store.discard(entry.path, str(exc))
@@ -221,7 +228,7 @@ def _through_store(
     if entry is not None:
         out.chmod(0o755)
         jit_store.note_use(store, entry.path, owner or prefix)
-        notes += _pushed(store, entry, remote, env)
+        pushed = _pushed(store, entry, remote, env, notes)
         stored = (entry.provenance.get("first_built", "?")[:10], _made_for(entry))
         return KernelBuild(
             arch=arch,
@@ -230,6 +237,7 @@ def _through_store(
             reused=True,
             stored=stored,
             notes=(*store.notes, *notes),
+            pushed=pushed,
         )
     built = _compile(nvcc, arch, out, env, depfile=out.with_suffix(".d"))
     if built.error is None and usable:
@@ -241,10 +249,51 @@ def _through_store(
             kept = store.publish(key, {"kernel": out}, inputs, meta, prefix)
             if kept is not None:
                 jit_store.note_use(store, kept, owner or prefix)
-                notes += _pushed(store, store.load(key, kept), remote, env)
+                pushed = _pushed(store, store.load(key, kept), remote, env, notes)
+                built = dataclasses.replace(built, pushed=pushed)
         except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
             notes.append(f"the kernel was not kept in the JIT store: {exc}")
     return dataclasses.replace(built, notes=(*store.notes, *notes))
+
+
+def _check_placed(arch: Arch, out: Path) -> None:
+    """The kernel just placed from the store is what compiling it makes (:func:`kernel_problem`).
+    An entry's record vouches that its files are what was published, not that what was
+    published is a kernel: one that is not is removed here (EntryError: the entry is
+    discarded) and the kernel compiled."""
+    problem = kernel_problem(arch, out)
+    if problem is not None:
+        out.unlink(missing_ok=True)
+        raise jit_store.EntryError(f"its kernel {problem}")
+
+
+def kernel_problem(arch: Arch | None, path: Path) -> str | None:
+    """Why ``path`` is not what compiling our kernel for ``arch`` makes, an ELF file holding
+    a cubin of ``arch`` (of some arch, when None), read from its fatbin headers as the cubin
+    check would find it; None when it is."""
+    from builder import fatbin
+
+    found = fatbin.scan(path)
+    if not found.elf:
+        return "is not an ELF file"
+    if found.error is not None:
+        return f"cannot be read ({found.error})"
+    cubins = [c for c in found.codes if c.kind == "sass"]
+    if not any(arch is None or c.arch.cubin_sm == arch.cubin_sm for c in cubins):
+        held = " ".join(str(c) for c in found.codes) or "no device code"
+        wanted = "a cubin" if arch is None else f"a {arch.cubin_sm} cubin for {arch}"
+        return f"holds no {wanted} (it holds {held})"
+    return None
+
+
+def stored_kernel_problem(entry: jit_store.Entry) -> str | None:
+    """What :func:`kernel_problem` finds in a kernel entry of the store (``store verify``).
+    The entry does not record its arch (the key does, hashed), so any cubin will do here;
+    placing it checks the arch. None for an entry of another kind."""
+    if entry.content.get("kind") != "topk_topp":
+        return None
+    problem = kernel_problem(None, entry.path / "files" / "kernel")
+    return None if problem is None else f"its kernel {problem}"
 
 
 def _made_for(entry: jit_store.Entry) -> str:
@@ -256,12 +305,17 @@ def _pushed(
     entry: jit_store.Entry,
     remote: Remote | None,
     env: Mapping[str, str],
-) -> list[str]:
-    """Pushed to the remote tier where this machine is a warmer (CUDAENV_JIT_PUSH=1)."""
+    notes: list[str],
+) -> str | None:
+    """Pushed to the remote tier where this machine is a warmer (CUDAENV_JIT_PUSH=1): what
+    was pushed where ("KEY to REMOTE"), or None (a failure is added to ``notes``)."""
     if remote is None or not jit_share.pushing(env):
-        return []
+        return None
     warning = jit_share.push(store, entry, remote)
-    return [warning] if warning else []
+    if warning:
+        notes.append(warning)
+        return None
+    return f"{entry.key[:16]} to {remote.url}"
 
 
 def _depfile(path: Path) -> list[str]:
@@ -329,6 +383,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     headers: list[tuple[str, str | None]] = []
     reused: list[str] = []
     stored: list[str] = []
+    pushed: list[str] = []
     warnings: list[str] = []
     total = 0.0
     for arch in target.archs:
@@ -336,6 +391,9 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         built = build_kernel(nvcc, arch, target.work, env=env, fresh=target.fresh, owner=owner)
         total += built.seconds
         warnings += [n for n in built.notes if n not in warnings]
+        if built.pushed:
+            pushed.append(built.pushed)
+            evidence.append((f"{arch} pushed", built.pushed))
         if built.error:
             failures.append(f"{arch}: {built.error}")
             missing_tool = missing_tool or built.missing_tool
@@ -384,6 +442,9 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     how = f" (reused for {' '.join(reused)})" if reused else ""
     if stored:
         how += f" (reused from the store: {'; '.join(stored)})"
+    if pushed:
+        remotes = sorted({p.split(" to ", 1)[1] for p in pushed})
+        how += f"; pushed {len(pushed)} entry(ies) to {', '.join(remotes)} (CUDAENV_JIT_PUSH=1)"
     return CheckResult(
         name="kernel-compile",
         status=PASSED,

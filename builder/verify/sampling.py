@@ -5,7 +5,15 @@ against the renormalised distribution (both). Without a driver or GPU: skipped, 
 
 The two halves are reported apart: each passes, fails or is skipped with its own reason (no
 FlashInfer is "skipped", a FlashInfer that does not import is "failed"). The check passes when
-no half failed and at least one ran.
+no half failed and at least one ran. Where ``CUDAENV_GPU_CHECK=1`` (the GPU check sets it, on
+a machine that has a GPU by design), nothing may be skipped: no GPU, or a half that did not
+run, fails the check naming what was missing; passing on our kernel alone would vouch for
+FlashInfer unseen.
+
+Each half first asks whether the driver runs its CUDA (``driver.require``, the table the
+build gate uses): our kernel is built by CUDA_HOME's nvcc, FlashInfer runs on torch's CUDA. A
+driver too old fails that half with the minimum driver and the ways out, not with
+``cudaErrorInsufficientDriver`` from deep inside the run.
 
 GPUs are addressed by UUID with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so the device a kernel runs
 on is the one its arch was chosen for, and a user's ``CUDA_VISIBLE_DEVICES`` narrows the GPUs
@@ -20,7 +28,9 @@ row, under 1e-5 per half on one GPU (8 rows). Membership and exactness are not r
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
 import struct
 import tempfile
@@ -29,9 +39,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import archs, proc
+from builder import archs, driver, proc
 from builder.archs import Gpu
-from builder.errors import CudaenvError
+from builder.cudaversion import CudaVersion
+from builder.errors import CudaenvError, DriverTooOld
 from builder.verify import (
     FAILED,
     PASSED,
@@ -48,6 +59,14 @@ from builder.verify.kernel_compile import build_kernel, nvcc_of
 DRAWS = 4000  # per row: a sampler ignoring top_k or top_p fails chi-square at alpha 1e-3
 KERNEL_SEEDS = (7, 8)  # the uniforms of the first draw and of the independent redraw
 FLASHINFER_SEEDS = (20261129, 20261130)
+# Set to 1 by the GPU check: a skip (no GPU, a half that did not run) is a failure.
+GPU_CHECK = "CUDAENV_GPU_CHECK"
+KERNEL, FLASHINFER = "our kernel", "FlashInfer"
+
+
+def gpu_check_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether nothing may be skipped (``CUDAENV_GPU_CHECK=1``)."""
+    return (os.environ if environ is None else environ).get(GPU_CHECK, "").strip() == "1"
 
 
 def uniforms(seed: int, rows: int) -> list[list[float]]:
@@ -369,38 +388,89 @@ def flashinfer_half(
     )
 
 
+def _cuda(text: str | None) -> CudaVersion | None:
+    try:
+        return None if text is None else CudaVersion.parse(text)
+    except ValueError:  # a CUDA this table cannot judge: the run itself will say
+        return None
+
+
+def driver_too_old(found: driver.Driver | None, facts: EnvFacts, who: str) -> str | None:
+    """DriverTooOld's one line where the driver cannot run what ``who`` runs, else None: our
+    kernel is CUDA_HOME's nvcc's; FlashInfer runs on torch's CUDA and its JIT uses nvcc."""
+    asks: list[tuple[str, str, CudaVersion | None]] = [
+        (f"the kernel built by CUDA_HOME's nvcc {facts.nvcc_release}", "a CUDA_HOME",
+         _cuda(facts.nvcc_release)),
+    ]  # fmt: skip
+    if who == FLASHINFER and not facts.flashinfer_installed:
+        return None  # the half is skipped for that, which says more
+    if who == FLASHINFER and facts.torch_installed:
+        asks.insert(0, (f"torch {facts.torch_version}", "a torch built", _cuda(facts.torch_cuda)))
+    for needs, older, cuda in asks:
+        if cuda is None:
+            continue
+        try:
+            driver.require(cuda, found, needs=needs, older=older, bypass=None)
+        except DriverTooOld as exc:
+            return f"driver too old: {exc}"
+    return None
+
+
+def _must_run(half: Half, device: Device) -> Half:
+    """In the GPU check a skipped half fails, naming what it lacked."""
+    if half.status != SKIPPED:
+        return half
+    return dataclasses.replace(
+        half,
+        status=FAILED,
+        detail=f"did not run on {device.label} ({half.detail}); {GPU_CHECK}=1: the GPU "
+        "check needs both halves",
+    )
+
+
 def check(target: Target, facts: EnvFacts) -> CheckResult:
+    strict = gpu_check_mode()
+    # Nothing to run is a skip, except in the GPU check, where it is what failed.
+    nothing: CheckStatus = FAILED if strict else SKIPPED
+    needs = f" ({GPU_CHECK}=1: the GPU check needs a GPU)" if strict else ""
     gpus, why = archs.visible_gpus()
     if not gpus:
-        return CheckResult(name="sampling", status=SKIPPED, summary=why or "no GPU")
+        return CheckResult(name="sampling", status=nothing, summary=(why or "no GPU") + needs)
     devices, notes = select_devices(gpus, env_of(target, facts))
     evidence: list[tuple[str, str]] = [("left out", n) for n in notes]
     if not devices:
         return CheckResult(
             name="sampling",
-            status=SKIPPED,
-            summary="no GPU to test: " + "; ".join(notes),
+            status=nothing,
+            summary="no GPU to test: " + "; ".join(notes) + needs,
             evidence=tuple(evidence),
         )
+    found = driver.detect()
     started = time.monotonic()
     cases = ref.make_cases()
     halves: list[tuple[Device, Half]] = []
     with tempfile.TemporaryDirectory(prefix="cudaenv-sampling-") as tmp:
         work = Path(tmp)
         for device in devices:
-            for run in (kernel_half, flashinfer_half):
+            for who, run in ((KERNEL, kernel_half), (FLASHINFER, flashinfer_half)):
+                too_old = driver_too_old(found, facts, who)
                 try:
-                    half = run(target, facts, device, cases, work)
+                    half = (
+                        Half(who=who, status=FAILED, detail=too_old)
+                        if too_old
+                        else run(target, facts, device, cases, work)
+                    )
                 except CudaenvError as exc:  # a tool or command failed: this half's verdict
-                    who = "our kernel" if run is kernel_half else "FlashInfer"
                     half = Half(who=who, status=FAILED, detail=str(exc)[-1500:])
+                if strict:
+                    half = _must_run(half, device)
                 halves.append((device, half))
                 evidence.append((f"{device.label} {half.who}", f"{half.status}: {half.detail}"))
     seconds = time.monotonic() - started
     failed = [(d, h) for d, h in halves if h.status == FAILED]
     ran = [h for _, h in halves if h.status == PASSED]
     parts = []
-    for who in ("our kernel", "FlashInfer"):
+    for who in (KERNEL, FLASHINFER):
         mine = [h for _, h in halves if h.who == who]
         states = sorted({h.status for h in mine})
         if states == [SKIPPED]:
@@ -413,15 +483,24 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             for d, h in failed
         ]
         missing = next((h.missing_tool for _, h in failed if h.missing_tool), None)
+        fix = (
+            "a sample outside the reference set means a miscompiled or mismatched kernel: "
+            "run the toolchain and cubin checks; a GPU missing from the env's archs needs "
+            "`cudaenv verify SPEC --archs ...` or a rebuild on this box"
+        )
+        if any(h.detail.startswith("driver too old") for _, h in failed):
+            fix = (
+                "the driver cannot run this env's CUDA: install the driver the summary names "
+                "(or the cuda-compat package it names), or verify an env built for a CUDA "
+                "this driver runs"
+            )
         return CheckResult(
             name="sampling",
             status=FAILED,
             summary="; ".join(problems)[:1500],
             evidence=tuple(evidence),
             seconds=seconds,
-            fix="a sample outside the reference set means a miscompiled or mismatched kernel: "
-            "run the toolchain and cubin checks; a GPU missing from the env's archs needs "
-            "`cudaenv verify SPEC --archs ...` or a rebuild on this box",
+            fix=fix,
             missing_tool=missing,
         )
     if not ran:

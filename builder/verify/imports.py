@@ -1,0 +1,250 @@
+"""`imports`: the packages the spec asks for import in the env, and so do the modules their
+servers import at start-up.
+
+An env can pass every compile and still not start: sglang 0.5.2 imports ``pybase64``
+without declaring it, so ``import sglang`` fails in an env installed from its own metadata.
+This check runs ``builder/probe/imports_probe.py`` in the env's interpreter (its start-up
+hook applies; nothing touches a GPU): each top-level package of each distribution the spec
+asks for, plus the server modules of :data:`SERVERS`. A module that does not import fails
+the check, naming the missing module and who imported it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Final
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from builder import proc
+from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
+
+
+@dataclass(frozen=True, kw_only=True)
+class Server:
+    """A package that serves models, and what its server imports before it takes a request."""
+
+    distribution: str
+    modules: tuple[str, ...]
+    # Its kernels JIT-compile through FlashInfer: an env without flashinfer-python cannot
+    # serve (the flashinfer-jit check fails instead of skipping).
+    needs_flashinfer: bool
+
+
+# What each server imports at start-up beyond `import NAME` (sglang 0.5.23's engine imports
+# more than `import sglang` does). One table: the imports check and flashinfer-jit read it.
+SERVERS: Final = (
+    Server(
+        distribution="sglang", modules=("sglang.srt.entrypoints.engine",), needs_flashinfer=True
+    ),
+    Server(
+        distribution="vllm",
+        modules=("vllm.entrypoints.openai.api_server",),
+        needs_flashinfer=True,
+    ),
+    Server(
+        distribution="flashinfer-python",
+        modules=("flashinfer", "flashinfer.jit"),
+        needs_flashinfer=False,
+    ),
+)
+
+# sglang's engine import alone takes tens of seconds on two cores; torch's ~10 s.
+TIMEOUT_SECONDS: Final = 900.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asked:
+    """A distribution to import: ``required`` unless its marker may leave it out here (or it
+    is only one of the stack's usual packages, probed where installed)."""
+
+    name: str
+    required: bool
+
+
+def asked(target: Target) -> list[Asked]:
+    """What the target asks for: the spec's packages (and torch); without a spec, the
+    servers' packages and torch where the interpreter has them."""
+    if target.packages is None:
+        return [
+            Asked(name=n, required=False) for n in ("torch", *(s.distribution for s in SERVERS))
+        ]
+    out: list[Asked] = []
+    for text in target.packages:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            out.append(Asked(name=str(canonicalize_name(text)), required=True))
+            continue
+        out.append(Asked(name=str(canonicalize_name(req.name)), required=req.marker is None))
+    return out
+
+
+def servers_asked(target: Target) -> list[Server]:
+    """The servers the target asks for: by the spec, else those installed in its env."""
+    if target.packages is not None:
+        names = {a.name for a in asked(target)}
+    else:
+        names = installed_names(target.python)
+    return [s for s in SERVERS if s.distribution in names]
+
+
+def installed_names(python: Path) -> set[str]:
+    """The distributions installed in the site-packages of ``python``'s env (read from the
+    metadata directories; nothing runs)."""
+    root = python.absolute().parent.parent
+    sites = [str(p) for p in sorted(root.glob("lib/python3*/site-packages"))]
+    if not sites:
+        return set()
+    return {
+        str(canonicalize_name(d.metadata["Name"]))
+        for d in metadata.distributions(path=sites)
+        if d.metadata["Name"]
+    }
+
+
+def request(names: Sequence[Asked]) -> dict[str, Any]:
+    modules = {s.distribution: list(s.modules) for s in SERVERS}
+    return {
+        "distributions": [[a.name, a.required] for a in names],
+        "modules": {a.name: modules[a.name] for a in names if a.name in modules},
+    }
+
+
+def read_lines(text: str) -> list[dict[str, Any]]:
+    docs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+def why(doc: dict[str, Any]) -> str:
+    """One line on a failed import: the error, and for a missing module who wants it."""
+    module, error = str(doc.get("module")), str(doc.get("error"))
+    missing = doc.get("missing")
+    where = doc.get("importer") if isinstance(doc.get("importer"), dict) else None
+    if not missing:
+        at = ""
+        if where is not None:
+            by = f" ({where['dist']} {where.get('version', '')})" if where.get("dist") else ""
+            at = f" (in {where.get('file')}:{where.get('line')}{by})"
+        return f"import {module} failed: {error}{at}"
+    provided = [str(p) for p in doc.get("providers") or []]
+    if provided:
+        source = f"{', '.join(provided)} provides it but it does not import"
+    else:
+        source = "no installed distribution provides it"
+    by = ""
+    if where is not None and where.get("dist"):
+        declared = (
+            "declares it" if where.get("declares") else "does not declare it in its requirements"
+        )
+        by = f"; {where['dist']} {where.get('version', '')} imports it and {declared}"
+    elif where is not None:
+        by = f"; imported by {where.get('file')}"
+    return f"import {module} failed: No module named {missing!r} ({source}{by})"
+
+
+def check(target: Target, facts: EnvFacts) -> CheckResult:
+    names = asked(target)
+    script = str(resources.files("builder.probe").joinpath("imports_probe.py"))
+    started = time.monotonic()
+    argv: list[str | os.PathLike[str]] = [target.python, script, json.dumps(request(names))]
+    timed_out = False
+    try:
+        done = proc.run(argv, env=env_of(target, facts), timeout=TIMEOUT_SECONDS, check=False)
+        output, code, stderr = done.stdout, done.returncode, done.stderr
+    except proc.CommandFailed as exc:  # past the timeout: what it said so far still counts
+        output, code, stderr, timed_out = exc.output, -1, "", True
+    seconds = time.monotonic() - started
+    docs = read_lines(output)
+    evidence: list[tuple[str, str]] = []
+    problems: list[str] = []
+    missing: list[str] = []
+    started_modules: list[str] = []
+    imported = 0
+    server_modules = {m for s in SERVERS for m in s.modules}
+    servers = 0
+    for doc in docs:
+        if "dist" in doc:
+            if doc.get("installed"):
+                evidence.append(
+                    (f"{doc['dist']} {doc.get('version')}", "imports " + ", ".join(doc["imports"]))
+                )
+            elif doc.get("required"):
+                problems.append(f"{doc['dist']} is not installed in this env")
+            elif target.packages is not None:
+                evidence.append((str(doc["dist"]), "not installed (its marker leaves it out?)"))
+        elif "start" in doc:
+            started_modules.append(str(doc["start"]))
+        elif "module" in doc:
+            started_modules.remove(str(doc["module"]))
+            took = f"{float(doc.get('seconds', 0.0)):.1f} s"
+            if doc.get("ok"):
+                imported += 1
+                servers += doc["module"] in server_modules
+                evidence.append((f"import {doc['module']}", f"ok in {took}"))
+            else:
+                evidence.append((f"import {doc['module']}", f"{doc.get('error')} ({took})"))
+                problems.append(why(doc))
+                if doc.get("missing") and not doc.get("providers"):
+                    missing.append(str(doc["missing"]).split(".")[0])
+    finished = any(doc.get("done") for doc in docs)
+    if timed_out:
+        hung = started_modules[0] if started_modules else "the probe"
+        problems.append(f"import {hung} did not finish within {TIMEOUT_SECONDS:.0f} s")
+    elif not finished:
+        tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+        problems.append(f"the import probe stopped (exit {code}): {tail[:300]}")
+    spec = target.spec_path or "SPEC"
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        fix = (
+            f"add the distribution that provides {', '.join(dict.fromkeys(missing))} to the "
+            f"spec's packages (`cudaenv add NAME --spec {spec}`; NAME is often the module's), "
+            "or pin a release of the importing package that declares it"
+            if missing
+            else f"rebuild the env (`cudaenv build {spec} --force`); if it persists, the "
+            "packages' versions do not work together: change the pins"
+        )
+        return CheckResult(
+            name="imports",
+            status=FAILED,
+            summary=problems[0] + more,
+            evidence=(*evidence, *((f"problem {i + 1}", p) for i, p in enumerate(problems))),
+            seconds=seconds,
+            fix=fix,
+        )
+    if imported == 0:
+        return CheckResult(
+            name="imports",
+            status=SKIPPED,
+            summary="nothing to import: the env has none of " + ", ".join(a.name for a in names)
+            if target.packages is None
+            else "nothing to import: the spec asks for no package",
+            evidence=tuple(evidence),
+            seconds=seconds,
+        )
+    return CheckResult(
+        name="imports",
+        status=PASSED,
+        summary=f"{imported} module(s) import"
+        + (f", {servers} server start-up module(s) among them" if servers else ""),
+        evidence=tuple(evidence),
+        seconds=seconds,
+    )

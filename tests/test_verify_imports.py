@@ -1,0 +1,334 @@
+"""The `imports` check, fail-fast ordering and what an interrupted verify says, on real tiny
+venvs (uv venv) holding stand-in distributions written as an installer would: package files
+plus a dist-info with METADATA and RECORD. Nothing is mocked: the probe runs in the venv."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from builder import archs, pipeline, spec, verify
+from builder.reporter import NOTHING_BUILT, Reporter, run_main
+from builder.verify import FAILED, PASSED, SKIPPED, Target, flashinfer_jit, imports
+from tests.helpers import cudaenv, env_facts, uv_venv
+
+ENGINE = "sglang/srt/entrypoints/engine.py"
+
+
+def install(
+    python: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, str],
+    requires: Sequence[str] = (),
+) -> None:
+    """``files`` (path in site-packages -> source) installed as distribution ``name``, with
+    the RECORD an installer writes (what the probe maps an importing file back through)."""
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    every = {**files, f"{info}/METADATA": meta, f"{info}/INSTALLER": "tests\n"}
+    record = []
+    for rel, text in every.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{rel},sha256={digest.decode()},{len(text.encode())}")
+    (site / info / "RECORD").write_text("\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+
+
+def sglang_files(init: str = "", engine: str = "") -> dict[str, str]:
+    return {
+        "sglang/__init__.py": init,
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/entrypoints/__init__.py": "",
+        ENGINE: engine,
+    }
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    return uv_venv(Path(sys.executable).resolve(), tmp_path / "env")
+
+
+def target_of(python: Path, tmp_path: Path, packages: tuple[str, ...] | None) -> Target:
+    return Target(
+        python=python,
+        archs=archs.DEFAULT_ARCHS,
+        work=tmp_path / "work",
+        spec_path="envspecs/x.yaml",
+        packages=packages,
+    )
+
+
+def run_imports(target: Target) -> verify.CheckResult:
+    _, results = verify.run_checks(target, ["imports"])
+    (result,) = results
+    return result
+
+
+def test_an_env_where_import_sglang_fails_is_failed_naming_pybase64(
+    venv: Path, tmp_path: Path
+) -> None:
+    """sglang 0.5.2 imports pybase64 without declaring it: `import sglang` fails in an env
+    installed from its metadata, and verify says FAILED with the module and who wants it."""
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
+    result = run_imports(target_of(venv, tmp_path, ("sglang==0.5.2",)))
+    assert result.status == FAILED
+    assert result.summary.startswith(
+        "import sglang failed: No module named 'pybase64' (no installed distribution provides "
+        "it; sglang 0.5.2 imports it and does not declare it in its requirements)"
+    )
+    assert "pybase64" in result.fix
+    assert "cudaenv add NAME --spec envspecs/x.yaml" in result.fix
+
+
+def test_a_declared_but_missing_requirement_says_it_is_declared(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"), requires=["pybase64"])
+    result = run_imports(target_of(venv, tmp_path, ("sglang",)))
+    assert result.status == FAILED
+    assert "sglang 0.5.2 imports it and declares it" in result.summary
+
+
+def test_a_good_env_passes_and_times_each_module(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.23", sglang_files(engine="import json\n"))
+    result = run_imports(target_of(venv, tmp_path, ("sglang==0.5.23",)))
+    assert result.status == PASSED, result.summary
+    assert result.summary == "2 module(s) import, 1 server start-up module(s) among them"
+    evidence = dict(result.evidence)
+    assert evidence["sglang 0.5.23"] == "imports sglang"
+    assert evidence["import sglang"].startswith("ok in ")
+    assert evidence["import sglang.srt.entrypoints.engine"].endswith(" s")
+
+
+def test_a_server_module_that_fails_fails_though_the_package_imports(
+    venv: Path, tmp_path: Path
+) -> None:
+    """`import sglang` works; the engine the server imports at start-up does not."""
+    install(venv, "sglang", "0.5.23", sglang_files(engine="import uvloop_absent\n"))
+    result = run_imports(target_of(venv, tmp_path, ("sglang",)))
+    assert result.status == FAILED
+    assert result.summary.startswith(
+        "import sglang.srt.entrypoints.engine failed: No module named 'uvloop_absent'"
+    )
+    assert dict(result.evidence)["import sglang"].startswith("ok in ")
+
+
+def test_an_import_error_names_the_file_and_its_distribution(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.23", sglang_files(init="from json import no_such_name\n"))
+    result = run_imports(target_of(venv, tmp_path, ("sglang",)))
+    assert result.status == FAILED
+    assert result.summary.startswith(
+        "import sglang failed: ImportError: cannot import name 'no_such_name' from 'json'"
+    )
+    assert "sglang/__init__.py:1 (sglang 0.5.23)" in result.summary
+
+
+def test_a_package_the_spec_asks_for_but_not_installed_fails(venv: Path, tmp_path: Path) -> None:
+    result = run_imports(target_of(venv, tmp_path, ("sglang==0.5.2",)))
+    assert result.status == FAILED
+    assert result.summary == "sglang is not installed in this env"
+
+
+def test_import_names_come_from_the_distribution_not_its_name(venv: Path, tmp_path: Path) -> None:
+    """A distribution whose import name differs (flashinfer-python -> flashinfer) is imported
+    by what its RECORD installs; a broken one fails under that name."""
+    install(venv, "fake-dist-x", "1.0", {"fakepkg/__init__.py": "raise RuntimeError('boom')\n"})
+    result = run_imports(target_of(venv, tmp_path, ("fake-dist-x",)))
+    assert result.status == FAILED
+    assert result.summary.startswith("import fakepkg failed: RuntimeError: boom")
+
+
+def test_an_interpreter_without_a_spec_imports_the_stack_it_has(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
+    result = run_imports(target_of(venv, tmp_path, None))
+    assert result.status == FAILED
+    assert "No module named 'pybase64'" in result.summary
+    empty = uv_venv(Path(sys.executable).resolve(), tmp_path / "empty")
+    nothing = run_imports(target_of(empty, tmp_path, None))
+    assert nothing.status == SKIPPED
+    assert nothing.summary == (
+        "nothing to import: the env has none of torch, sglang, vllm, flashinfer-python"
+    )
+
+
+def test_an_import_that_hangs_fails_at_the_timeout_naming_it(
+    venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(imports, "TIMEOUT_SECONDS", 3.0)
+    install(venv, "sglang", "0.5.23", sglang_files(engine="import time\ntime.sleep(60)\n"))
+    result = run_imports(target_of(venv, tmp_path, ("sglang",)))
+    assert result.status == FAILED
+    assert result.summary == "import sglang.srt.entrypoints.engine did not finish within 3 s"
+    assert dict(result.evidence)["import sglang"].startswith("ok in ")
+
+
+def test_flashinfer_jit_fails_when_a_server_asked_for_has_no_flashinfer() -> None:
+    """sglang without FlashInfer cannot JIT its kernels: FAILED, not "skipped"."""
+    no_fi = env_facts(flashinfer_installed=False)
+    sglang = Target(
+        python=Path("/env/bin/python"),
+        archs=archs.DEFAULT_ARCHS,
+        work=Path("/env/var/cudaenv"),
+        spec_path="envspecs/x.yaml",
+        packages=("torch", "sglang==0.5.2"),
+    )
+    result = flashinfer_jit.check(sglang, no_fi)
+    assert result.status == FAILED
+    assert result.summary == (
+        "sglang needs FlashInfer for its JIT kernels; flashinfer-python is not installed in "
+        "this env: add it to packages"
+    )
+    assert "cudaenv add flashinfer-python --spec envspecs/x.yaml" in result.fix
+    vllm = dataclasses.replace(sglang, packages=("vllm==0.33.0",))
+    assert flashinfer_jit.check(vllm, no_fi).summary.startswith("vllm needs FlashInfer")
+    toolkit_only = dataclasses.replace(sglang, packages=())
+    assert flashinfer_jit.check(toolkit_only, no_fi).status == SKIPPED
+
+
+def test_flashinfer_jit_reads_an_interpreters_servers_from_its_env(venv: Path) -> None:
+    install(venv, "sglang", "0.5.23", sglang_files())
+    target = Target(python=venv, archs=archs.DEFAULT_ARCHS, work=Path("/w"))
+    result = flashinfer_jit.check(target, env_facts(flashinfer_installed=False))
+    assert result.status == FAILED
+    assert result.summary.startswith("sglang needs FlashInfer")
+
+
+# --------------------------------------------------------------------------- order, fail fast
+
+
+def test_checks_run_cheapest_first_whatever_order_they_are_asked_in() -> None:
+    assert verify.CHECKS == spec.CHECKS
+    assert set(verify.STAGES) == set(verify.CHECKS)
+    assert verify.CHECKS[0] == "imports"
+    asked = ["sampling", "flashinfer-jit", "cubin", "binaries", "kernel-compile", "imports"]
+    assert verify.run_order(asked) == [
+        "imports",
+        "binaries",
+        "kernel-compile",
+        "flashinfer-jit",
+        "cubin",
+        "sampling",
+    ]
+    stages = [verify.STAGE_ORDER.index(verify.STAGES[n]) for n in verify.CHECKS]
+    assert stages == sorted(stages)
+
+
+def test_a_failed_cheap_check_leaves_the_jit_not_run(venv: Path, tmp_path: Path) -> None:
+    """The imports fail: FlashInfer's JIT (minutes) is never started, and the checks that
+    were not run say so; they never say passed."""
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
+    said: list[str] = []
+    target = target_of(venv, tmp_path, ("sglang",))
+    names = ["sampling", "cubin", "flashinfer-jit", "kernel-compile", "imports"]
+    _, results = verify.run_checks(target, names, said.append)
+    assert [r.name for r in results] == [
+        "imports",
+        "kernel-compile",
+        "flashinfer-jit",
+        "cubin",
+        "sampling",
+    ]
+    assert results[0].status == FAILED
+    for r in results[1:]:
+        assert r.status == SKIPPED
+        assert r.summary == "not run: imports failed (`--keep-going` runs it anyway)"
+    assert not any("JIT-building" in line for line in said)
+
+
+def test_a_failed_toolchain_leaves_the_compiles_and_the_gpu_not_run(
+    venv: Path, tmp_path: Path
+) -> None:
+    """No toolkit at CUDA_HOME: the toolchain check fails in seconds, and neither our kernel
+    nor FlashInfer's JIT is attempted; the imports (same stage) still run."""
+    target = dataclasses.replace(
+        target_of(venv, tmp_path, ()), extra_env=(("CUDA_HOME", str(tmp_path / "no-toolkit")),)
+    )
+    said: list[str] = []
+    names = ["sampling", "flashinfer-jit", "kernel-compile", "toolchain", "imports"]
+    _, results = verify.run_checks(target, names, said.append)
+    got = {r.name: (r.status, r.summary) for r in results}
+    assert got["toolchain"][0] == FAILED
+    assert got["imports"] == (SKIPPED, "nothing to import: the spec asks for no package")
+    for name in ("kernel-compile", "flashinfer-jit", "sampling"):
+        assert got[name] == (SKIPPED, "not run: toolchain failed (`--keep-going` runs it anyway)")
+    assert said[-1] == "sampling: not run (toolchain failed)"
+    assert not any("JIT-building" in line for line in said)
+
+
+def test_keep_going_runs_what_fail_fast_would_not(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
+    target = dataclasses.replace(target_of(venv, tmp_path, ("sglang",)), keep_going=True)
+    said: list[str] = []
+    _, results = verify.run_checks(target, ["imports", "flashinfer-jit"], said.append)
+    assert [r.status for r in results] == [FAILED, FAILED]
+    assert results[1].summary.startswith("sglang needs FlashInfer")
+    assert any("JIT-building" in line for line in said)
+
+
+def test_verify_exits_5_naming_pybase64_and_the_checks_not_run(venv: Path, tmp_path: Path) -> None:
+    install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
+    done = cudaenv(
+        "verify", "--python", str(venv), "--checks", "flashinfer-jit,imports",
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert "No module named 'pybase64'" in done.stdout
+    assert "not run: imports failed" in done.stdout
+    assert "PASSED" not in done.stdout
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def verify_only(target: Target, reporter: Reporter) -> int:
+    pipeline.verify_and_report(target, None, reporter)
+    return 0
+
+
+class InterruptedAt(Reporter):
+    """A reporter whose progress line ``at`` is where the user pressed Ctrl-C."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__(quiet=True)
+        self.at = at
+
+    def __call__(self, msg: str) -> None:
+        if msg.startswith(self.at):
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_verify_does_not_say_nothing_was_built(
+    venv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = target_of(venv, tmp_path, ())
+    reporter = InterruptedAt("probing")
+    code = run_main(lambda: verify_only(target, reporter), reporter)
+    assert code == 130
+    err = capsys.readouterr().err
+    assert NOTHING_BUILT not in err
+    assert err.strip() == (
+        f"error: interrupted; verify stopped before its report was written; {venv} is unchanged"
+    )
+
+
+def test_ctrl_c_during_build_verify_keeps_what_the_build_left(
+    venv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reporter = InterruptedAt("probing")
+    reporter.leaves("/envs/x is the new env, complete (built from x.lock)")
+    target = target_of(venv, tmp_path, ())
+    code = run_main(lambda: verify_only(target, reporter), reporter)
+    assert code == 130
+    assert capsys.readouterr().err.strip() == (
+        "error: interrupted; /envs/x is the new env, complete (built from x.lock); verify "
+        "stopped before its report was written"
+    )
