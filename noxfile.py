@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -93,18 +94,48 @@ def compat(session: nox.Session) -> None:
     session.run("python", "-m", "builder.compat", *session.posargs)
 
 
+# Programs some tests drive, and the Debian package of each (as .ci/run installs them).
+TEST_PROGRAMS = {"docker-registry": "docker-registry"}
+
+
+def _test_programs(session: nox.Session) -> None:
+    """The real services the tests start (an OCI registry on loopback): installed with apt
+    where this runs as root on Debian/Ubuntu; elsewhere their tests skip, and pytest's summary
+    counts them (tests/conftest.py)."""
+    missing = [p for p in TEST_PROGRAMS if shutil.which(p) is None]
+    if not missing:
+        return
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        packages = [TEST_PROGRAMS[p] for p in missing]
+        session.log(f"installing {', '.join(packages)} with apt-get for the tests that use them")
+        session.run("apt-get", "update", "-qq", external=True, success_codes=[0, 100])
+        session.run(
+            "apt-get", "install", "-y", "-qq", *packages, external=True, success_codes=[0, 100],
+            env={"DEBIAN_FRONTEND": "noninteractive"},
+        )  # fmt: skip
+    else:
+        session.log(
+            f"{', '.join(missing)} not installed (apt-get install {' '.join(missing)} as root): "
+            "the tests that need it skip; the summary counts them"
+        )
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every test: unit, network and e2e (gpu tests skip with their reason without a GPU)."""
+    """Every test: unit, slow, network and e2e (gpu tests skip with their reason without a
+    GPU)."""
     _install(session, "test")
+    _test_programs(session)
     session.run("pytest", *session.posargs)
 
 
 @nox.session
 def fast(session: nox.Session) -> None:
-    """Unit tests only: no network, no full builds; well under a minute."""
+    """The offline unit tests, the slow ones left out (`-m slow` runs those): no network, no
+    full builds; about a minute on 2 cores."""
     _install(session, "test")
-    session.run("pytest", "-m", "not network and not e2e", *session.posargs)
+    _test_programs(session)
+    session.run("pytest", "-m", "not network and not e2e and not slow", *session.posargs)
 
 
 @nox.session

@@ -561,9 +561,9 @@ def main(argv: Sequence[str]) -> int:
         ready = preflight(r, args, Path(site))
         if not args.dry_run:
             if ready:
-                if shutil.which(archs.NVIDIA_SMI):
+                if shutil.which(driver.NVIDIA_SMI):
                     r.say("== nvidia-smi")
-                    run([archs.NVIDIA_SMI], r.env, 30, r.say)
+                    run([driver.NVIDIA_SMI], r.env, 30, r.say)
                 steps(r, args, started + args.budget)
             else:
                 for step in args.steps:

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
-from builder import channels, compat, interpreters, lock, platforms, proc, spec  # noqa: E402
+from builder import channels, compat, installproof, interpreters, lock, platforms, proc, spec  # noqa: E402
 from builder.paths import matrix_dir  # noqa: E402
 
 DEFAULT = REPO / "envspecs" / "default.yaml"
@@ -250,13 +250,12 @@ class Bench:
         return case
 
     def record_proof(self) -> Case:
-        """What proving a warm build's install against RECORD costs (build.record_problems:
+        """What proving a warm build's install against RECORD costs (installproof.problems:
         every file's presence and size, the sha256 of the files uv copied rather than
         hard-linked), on the toolchain spec: the default spec needs a full stack downloaded.
         Each pair: one warm `cudaenv build --force` (the proof included), then the proof
         alone on the env it made, in this process; the ratio is proof / whole build. The
         same proof hashing every file (hash_linked) is timed beside it, for the trade-off."""
-        from builder import build
 
         s = spec.load(TOOLCHAIN)
         packages = lock.read(lock.lock_path(TOOLCHAIN, s.name)).packages_on(platforms.host_name())
@@ -267,11 +266,11 @@ class Bench:
         for _ in range(self.pairs):
             builds.samples.append(timed(lambda: self.cudaenv_build(target, spec_path=TOOLCHAIN)))
             t = time.perf_counter()
-            problems = build.record_problems(site, target, packages)
+            problems = installproof.problems(site, target, packages)
             proofs.samples.append(time.perf_counter() - t)
             assert problems == [], problems
             hashed.samples.append(
-                timed(lambda: build.record_problems(site, target, packages, hash_linked=True))
+                timed(lambda: installproof.problems(site, target, packages, hash_linked=True))
             )
         ratios = [p / b for p, b in zip(proofs.samples, builds.samples, strict=True)]
         ratio = round(statistics.median(ratios), 4)
@@ -353,8 +352,8 @@ class Bench:
         a second node (empty local store, the registry warm) against a warm local store; a
         first node pushing to a registry against no registry; placing an entry with every
         hash checked against copying its files unchecked."""
+        from builder import store as jit_store
         from builder.jit_share import parse
-        from builder.probe import jit_store
 
         with registry_server(self.work / "registry") as url:
             warm = self.work / "store-warm"

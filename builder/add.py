@@ -19,7 +19,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import pipeline, proc, spec
+from builder import buildrun, pipeline, proc, spec, verifyrun
 from builder.errors import UsageError
 from builder.reporter import Reporter
 from builder.yamldoc import Item, Problems, compose, plain_reads_back
@@ -134,7 +134,7 @@ DEFAULT_SPEC = Path("envspecs") / "default.yaml"
 
 def add(
     spec_arg: str | None, given: Sequence[str], reporter: Reporter, *, verify: bool = True
-) -> pipeline.Built:
+) -> buildrun.Built:
     """Put ``given`` into the spec's packages, lock, rebuild and verify the env."""
     reqs = requirements(given)
     if spec_arg is None:
@@ -158,8 +158,8 @@ def add(
     reporter(f"added {', '.join(reqs)} to packages: of {spec_arg}")
     try:
         pipeline.write_lock(path, upgrade=False, reporter=reporter)
-        request = pipeline.BuildRequest(spec=str(path), verify=verify)
-        built, verified = pipeline.build_and_verify(request, reporter, show=print)
+        request = buildrun.BuildRequest(spec=str(path), verify=verify)
+        built, verified = buildrun.build_and_verify(request, reporter, show=print)
     except BaseException:
         # Nothing half-done: the spec and its lock as they were (the env was not swapped).
         proc.atomic_write_text(path, original.decode())
@@ -170,5 +170,5 @@ def add(
         reporter(f"{spec_arg} and {lock_path} are as they were")
         raise
     if verified is not None:
-        pipeline.raise_verdict(verified)
+        verifyrun.raise_verdict(verified)
     return built

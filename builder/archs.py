@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from builder import proc
+from builder import driver, proc
 from builder.cudaversion import CudaVersion
 
 # The arch an env targets when its spec names none: SM 12.0 (Blackwell RTX PRO / GeForce),
@@ -27,8 +27,6 @@ FAMILY_CUDA = CudaVersion(major=12, minor=9)
 
 _ARCH_RE = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 _SEPARATORS = re.compile(r"[\s,;]+")
-# The one program asked about GPUs, by this module alone; others may name it in messages.
-NVIDIA_SMI = "nvidia-smi"
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -312,11 +310,9 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
     honours ``CUDA_VISIBLE_DEVICES`` no more than the driver does, so callers that pin a GPU
     pass its index on. Whether there is a driver at all is ``driver.detect``'s answer, the
     one the gate gets: a sandbox without ``/proc/driver/nvidia`` still has its GPUs."""
-    from builder import driver  # imported here: driver.py asks this module's nvidia-smi query
-
     if driver.detect() is None:
         return [], driver.not_found()
-    smi = proc.which(NVIDIA_SMI)
+    smi = proc.which(driver.NVIDIA_SMI)
     if not smi:
         return [], "NVIDIA driver present but no nvidia-smi to list GPUs"
     fields: Sequence[str] = _QUERY
@@ -340,23 +336,6 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
         said = done.stdout.strip() or done.stderr.strip() or f"exit {done.returncode}"
         return [], f"no visible NVIDIA GPU (nvidia-smi: {said[:200]})"
     return gpus, None
-
-
-def smi_driver_version() -> str | None:
-    """What ``nvidia-smi --query-gpu=driver_version`` says for the first GPU, as printed, or
-    None (no nvidia-smi, no GPU, no answer in 10 s). ``driver.detect`` reads and checks it;
-    the query lives here with the other nvidia-smi query."""
-    smi = proc.which(NVIDIA_SMI)
-    if not smi:
-        return None
-    try:
-        done = proc.run(
-            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], check=False, timeout=10
-        )
-    except proc.CommandFailed:
-        return None
-    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    return lines[0] if done.returncode == 0 and lines else None
 
 
 # --------------------------------------------------------------------------- the env's list

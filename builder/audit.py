@@ -38,10 +38,10 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import cachefiles, driver, fatbin, proc
+from builder import cachefiles, codec, driver, fatbin, proc
 from builder.archs import Arch, code_runs_on
 from builder.cudaversion import CudaVersion
-from builder.errors import UsageError
+from builder.errors import ReportError, UsageError
 from builder.paths import cache_dir
 
 Verdict = Literal["sass", "ptx", "none", "unreadable"]
@@ -486,30 +486,14 @@ class Mapped:
     errors: tuple[tuple[str, str], ...]  # packages that failed to import, and why
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "imported": list(self.imported),
-            "libraries": [list(x) for x in self.libraries],
-            "errors": dict(self.errors),
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: dict[str, object]) -> Mapped | None:
+        """None for what this release did not write (the scan cache's entry is redone)."""
         try:
-            imported = doc["imported"]
-            libraries = doc["libraries"]
-            errors = doc["errors"]
-            assert isinstance(imported, list) and all(isinstance(m, str) for m in imported)
-            assert isinstance(libraries, list) and isinstance(errors, dict)
-            libs = []
-            for lib, major, path in libraries:
-                assert isinstance(lib, str) and isinstance(major, int) and isinstance(path, str)
-                libs.append((lib, major, path))
-            errs = []
-            for name, why in errors.items():
-                assert isinstance(name, str) and isinstance(why, str)
-                errs.append((name, why))
-            return cls(imported=tuple(imported), libraries=tuple(libs), errors=tuple(errs))
-        except (AssertionError, KeyError, TypeError, ValueError):
+            return codec.from_json(cls, doc, "the scan cache")
+        except ReportError:
             return None
 
     def two_majors(self) -> dict[str, list[int]]:

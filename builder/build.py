@@ -12,40 +12,41 @@ a builder dies, so a killed build never leaves a stale lock. Leftovers of a kill
 
 from __future__ import annotations
 
-import base64
-import concurrent.futures
 import contextlib
-import csv
 import ctypes
 import datetime as dt
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import re
 import shutil
-import stat
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-
-from builder import __version__, archs, interpreters, manifest, platforms, proc, toolchain
+from builder import (
+    __version__,
+    archs,
+    installproof,
+    interpreters,
+    manifest,
+    platforms,
+    proc,
+    settings,
+    toolchain,
+)
 from builder.archs import Arch
-from builder.errors import BuildError, EnvBusy
+from builder.errors import BuildError, CudaenvError, EnvBusy
 from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
 from builder.paths import envs_dir, project_root
 from builder.reporter import Reporter, silent
 from builder.spec import EnvSpec
+from builder.store.locking import flock_within
 
 log = logging.getLogger("cudaenv")
 
@@ -95,14 +96,16 @@ def up_to_date(
     return found if same else None
 
 
+# What runs at each named stage of a build or adopt (:func:`fault_point`): nothing in use.
+# The interruption tests start cudaenv with their own sitecustomize (tests/faults/), which adds
+# the hook that holds the process at a stage so the test can kill it there.
+FAULT_HOOKS: list[Callable[[str, Progress], None]] = []
+
+
 def fault_point(name: str, progress: Progress) -> None:
-    """Fault injection for the interruption tests: ``CUDAENV_FAULT_PAUSE=overlay`` holds the
-    build at that stage for ``CUDAENV_FAULT_PAUSE_SECONDS`` (default 30) so a test can kill it
-    there. Unset, it costs one dictionary lookup."""
-    if os.environ.get("CUDAENV_FAULT_PAUSE") == name:
-        seconds = float(os.environ.get("CUDAENV_FAULT_PAUSE_SECONDS", "30"))
-        progress(f"fault point {name}: pausing {seconds:g} s")
-        time.sleep(seconds)
+    """The stage ``name`` is reached: each of :data:`FAULT_HOOKS` is told (none in use)."""
+    for hook in FAULT_HOOKS:
+        hook(name, progress)
 
 
 def default_env_dir(spec: EnvSpec) -> Path:
@@ -180,23 +183,6 @@ def clean_leftovers(target: Path) -> list[Path]:
     return removed
 
 
-def _flock_within(fh: IO[str], wait: float, held: str) -> None:
-    deadline = time.monotonic() + wait
-    delay = 0.01
-    while True:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise EnvBusy(
-                    f"{held} after a wait of {wait:g} s; nothing was changed: run again when "
-                    "it has finished"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
-
-
 @contextlib.contextmanager
 def env_lock(
     target: Path,
@@ -225,8 +211,11 @@ def env_lock(
                 progress(f"waiting for {who} to finish {doing} {target} (lock {lock_file})")
                 if wait is None:
                     fcntl.flock(fh, fcntl.LOCK_EX)
-                else:
-                    _flock_within(fh, wait, f"{target}: {who} holds its lock {lock_file}")
+                elif not flock_within(fh.fileno(), wait):
+                    raise EnvBusy(
+                        f"{target}: {who} holds its lock {lock_file} after a wait of {wait:g} s; "
+                        "nothing was changed: run again when it has finished"
+                    ) from None
             # `cudaenv remove` deletes the lock file while holding it (envs.py): a waiter that
             # got the deleted file's lock takes the one now at the path, or two builds would run.
             try:
@@ -622,161 +611,15 @@ def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -
     )
 
 
-# --------------------------------------------------------------------------- proof of install
-
-# Files above this many bytes in all are hashed by a pool of threads (hashlib releases the GIL
-# for large updates); below it, one thread is faster than starting a pool.
-_POOL_BYTES = 64 * 2**20
-_CHUNK = 2**20
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Recorded:
-    """One RECORD row of an installed distribution: the file, its hash and size."""
-
-    dist: str  # the .dist-info directory's name
-    rel: str  # as RECORD writes it, relative to site-packages
-    path: str  # normalized; strings, not Paths: pathlib costs 2/3 of the proof's time
-    algorithm: str | None
-    digest: str | None  # urlsafe base64 without padding, as RECORD writes it
-    size: int | None
-
-
-def _digest(path: str, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:  # noqa: PTH123 - a str path (see _Recorded)
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-
-
-def record_problems(
-    site: Path,
-    root: Path,
-    packages: Sequence[LockedPackage] = (),
-    *,
-    hash_linked: bool = False,
-) -> list[str]:
-    """What is not as the RECORD files below ``site`` say; empty when every file is there.
-
-    Each of ``packages`` must have a ``.dist-info`` of its version with a RECORD; every file a
-    RECORD names must be inside ``root``, a regular file of the recorded size, and, where
-    RECORD gives a hash (RECORD itself and ``.pyc`` files have none, PEP 376), that hash.
-
-    The hash is checked for every file this install wrote (one link: a copy), not for a file
-    hard-linked from uv's cache (``st_nlink > 1`` in a tree made this build): a hard link is
-    one directory entry made whole or not at all, its bytes are the cache's file, which uv
-    unpacked from a wheel whose sha256 matched the lock before renaming it into the cache, so
-    an interrupted or out-of-space install cannot leave such a file partly written; its size
-    is still checked. Hashing those too would read the whole env on every warm build (266 MiB
-    for the toolkit spec, gigabytes for a torch stack: ~0.2 s per 266 MiB on one core); a
-    cache changed after uv filled it is a question of the cache's trust, not of this install.
-    ``hash_linked`` hashes them all the same. Where uv copies (its cache on another
-    filesystem), everything is hashed: about the copy's own cost again (0.3 s of a 0.6 s
-    build of the toolkit spec on 2 cores), the price of proving bytes that were written."""
-    problems: list[str] = []
-    infos: dict[str, tuple[str, Path]] = {}
-    for info in sorted(site.glob("*.dist-info")):
-        name, _, version = info.name[: -len(".dist-info")].partition("-")
-        infos[canonicalize_name(name)] = (version, info)
-    for pkg in packages:
-        found = infos.get(canonicalize_name(pkg.name))
-        if found is None:
-            problems.append(f"{pkg.name} {pkg.version}: not installed (no .dist-info)")
-        elif not _same_version(found[0], pkg.version):
-            problems.append(f"{pkg.name}: {found[0]} installed, the lock says {pkg.version}")
-    to_hash: list[_Recorded] = []
-    site_text, inside = os.fspath(site), os.fspath(root) + os.sep
-    for _version, info in infos.values():
-        try:
-            text = (info / "RECORD").read_text(encoding="utf-8")
-        except OSError as exc:
-            problems.append(f"{info.name}/RECORD: {exc.strerror or exc}")
-            continue
-        for row in csv.reader(text.splitlines()):
-            if not row or not row[0]:
-                continue
-            entry = _entry(site_text, info.name, row)
-            problem = _check_entry(entry, inside, to_hash, hash_linked=hash_linked)
-            if problem is not None:
-                problems.append(problem)
-    problems += _hash_problems(to_hash)
-    return problems
-
-
-def _applies(pkg: LockedPackage, marker_env: dict[str, str]) -> bool:
-    """Whether uv installs ``pkg`` where ``marker_env`` holds; a marker that cannot be read
-    counts as holding (the package is then required)."""
-    if not pkg.marker:
-        return True
+def _in_uv_cache(dist_info: str, rel: str) -> Path | None:
+    """Where uv's cache holds ``rel`` of the wheel of ``dist_info`` (asked only for a file
+    that differs from its RECORD; uv says where its cache is)."""
     try:
-        return Marker(pkg.marker).evaluate({**marker_env, "extra": ""})
-    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-        return True
-
-
-def _same_version(installed: str, locked: str) -> bool:
-    try:
-        return Version(installed) == Version(locked)
-    except InvalidVersion:
-        return installed == locked
-
-
-def _entry(site: str, dist: str, row: list[str]) -> _Recorded:
-    algorithm = digest = None
-    if len(row) > 1 and "=" in row[1]:
-        algorithm, _, digest = row[1].partition("=")
-    size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
-    path = os.path.normpath(os.path.join(site, row[0]))  # noqa: PTH118 - see _Recorded.path
-    return _Recorded(dist=dist, rel=row[0], path=path, algorithm=algorithm, digest=digest,
-                     size=size)  # fmt: skip
-
-
-def _check_entry(
-    entry: _Recorded, inside: str, to_hash: list[_Recorded], *, hash_linked: bool
-) -> str | None:
-    """None if the file is as RECORD says (its hash left to :func:`_hash_problems`, queued in
-    ``to_hash``), else the problem; ``inside``: the env's path and a separator."""
-    if not entry.path.startswith(inside):
-        return f"{entry.dist}: {entry.rel}: outside the env"
-    try:
-        st = os.lstat(entry.path)
-    except FileNotFoundError:
-        return f"{entry.dist}: {entry.rel}: missing"
-    except OSError as exc:
-        return f"{entry.dist}: {entry.rel}: {exc.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{entry.dist}: {entry.rel}: not a regular file"
-    if entry.size is not None and st.st_size != entry.size:
-        return f"{entry.dist}: {entry.rel}: {st.st_size} bytes, RECORD says {entry.size}"
-    if entry.digest and (hash_linked or st.st_nlink == 1):
-        to_hash.append(entry)
-    return None
-
-
-def _hash_problems(entries: Sequence[_Recorded]) -> list[str]:
-    def check(entry: _Recorded) -> str | None:
-        assert entry.algorithm is not None and entry.digest is not None
-        if entry.algorithm not in hashlib.algorithms_guaranteed:
-            return f"{entry.dist}: {entry.rel}: RECORD names hash {entry.algorithm!r}, unknown"
-        try:
-            got = _digest(entry.path, entry.algorithm)
-        except OSError as exc:
-            return f"{entry.dist}: {entry.rel}: {exc.strerror}"
-        if got != entry.digest:
-            return f"{entry.dist}: {entry.rel}: {entry.algorithm} differs from RECORD's"
+        done = proc.run([proc.uv_bin(), "cache", "dir"], env=proc.uv_env(), timeout=60)
+    except (proc.CommandFailed, CudaenvError):
         return None
-
-    total = sum(e.size or 0 for e in entries)
-    if total < _POOL_BYTES:
-        found = [check(e) for e in entries]
-    else:
-        workers = min(8, os.cpu_count() or 1)
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            found = list(pool.map(check, entries))
-    return [p for p in found if p is not None]
+    cache = Path(done.stdout.strip())
+    return installproof.uv_archive_file(cache)(dist_info, rel) if cache.is_dir() else None
 
 
 def _prove_installed(
@@ -786,7 +629,12 @@ def _prove_installed(
     others uv rightly skips) is installed and every file its RECORD names is there as
     recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
     disk), and the env must not replace a working one then."""
-    problems = record_problems(site, job.tmp, [p for p in packages if _applies(p, marker_env)])
+    problems = installproof.problems(
+        site,
+        job.tmp,
+        [p for p in packages if installproof.applies(p, marker_env)],
+        wheel_file=_in_uv_cache,
+    )
     if not problems:
         return
     free = shutil.disk_usage(job.tmp.parent).free // 2**20
@@ -802,7 +650,7 @@ def _prove_installed(
 
 def _check_hook(venv: Path) -> None:
     """The start-up hook must win over a CUDA_HOME exported by the shell."""
-    env = {**os.environ, "CUDA_HOME": "/nonexistent/cudaenv-probe"}
+    env = settings.child_environ(CUDA_HOME="/nonexistent/cudaenv-probe")
     env.pop("CUDAENV_NO_HOOK", None)
     done = proc.run(
         [venv / "bin" / "python", "-c", "import os; print(os.environ.get('CUDA_HOME', ''))"],

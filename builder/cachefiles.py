@@ -35,6 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from builder import settings
+
 # A memo, a list of interpreters, uv's output: far below this. A file above it is not a cache
 # file cudaenv wrote, and reading it would only cost memory.
 MAX_BYTES = 64 * 1024 * 1024
@@ -74,11 +76,7 @@ def _untrusted(path: Path, st: os.stat_result) -> Refused:
 
 def configured() -> Path:
     """``$CUDAENV_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudaenv``, else ``~/.cache/cudaenv``."""
-    own = os.environ.get("CUDAENV_CACHE_DIR")
-    if own:
-        return Path(own)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaenv"
+    return settings.current().cache_dir
 
 
 # A refused cache root -> this process's own temporary cache, made once and removed at exit.

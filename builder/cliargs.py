@@ -11,10 +11,12 @@ import difflib
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from builder import __version__, errors, spec
+from builder import __version__, commandargs, errors, spec
+from builder.commandargs import Command
 
 DESCRIPTION = """\
 cudaenv puts a matched CUDA toolchain next to torch, FlashInfer and sglang in an isolated
@@ -64,15 +66,30 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
     return parser
 
 
-def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, except that an argument nothing takes is reported by the
-    command it was given to, with that command's usage: argparse hands a subcommand's unknown
-    arguments up to the top-level parser, which would show the top-level usage."""
+@dataclass(frozen=True, kw_only=True)
+class Parsed:
+    """A command line, read: the command's arguments and the options every command takes."""
+
+    args: Command
+    debug: bool
+    quiet: bool
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> Parsed:
+    """``parser.parse_args(argv)``, typed, except that an argument nothing takes is reported
+    by the command it was given to, with that command's usage: argparse hands a subcommand's
+    unknown arguments up to the top-level parser, which would show the top-level usage."""
     _known_command(parser, sys.argv[1:] if argv is None else argv)
     args, extras = parser.parse_known_args(argv)
     if extras:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
-    return args
+    # --debug and --quiet are absent where given neither before nor after the subcommand
+    # (each subcommand's copy is SUPPRESS, so that it keeps a value given before it).
+    return Parsed(
+        args=commandargs.fill(args.args_type, args),
+        debug=bool(getattr(args, "debug", False)),
+        quiet=bool(getattr(args, "quiet", False)),
+    )
 
 
 def _known_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
@@ -122,8 +139,8 @@ KEEP_GOING_HELP = (
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """Every command and its arguments; each subcommand sets ``handler`` (the name of its
-    ``cmd_*`` function in cli.py)."""
+    """Every command and its arguments; each command sets ``args_type``, the dataclass of its
+    arguments (builder/commandargs.py), which cli.py maps to its handler."""
     p = Parser(
         prog="cudaenv",
         description=DESCRIPTION + "\n" + textwrap.fill("Exit codes: " + errors.exit_summary(), 94),
@@ -159,7 +176,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="let NAME move to its newest allowed version while every other locked version "
         "is kept (repeatable)",
     )
-    lk.set_defaults(handler="lock")
+    lk.set_defaults(args_type=commandargs.LockArgs)
 
     it = _sub(
         sub,
@@ -201,7 +218,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--out", metavar="FILE", help="the spec file to write (default: envspecs/NAME.yaml)"
     )
     it.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + "; the spec gets them")
-    it.set_defaults(handler="init")
+    it.set_defaults(args_type=commandargs.InitArgs)
 
     pl = _sub(
         sub,
@@ -221,7 +238,7 @@ def make_parser() -> argparse.ArgumentParser:
         "this machine's)",
     )
     pl.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + "; shows each one's verdict")
-    pl.set_defaults(handler="plan")
+    pl.set_defaults(args_type=commandargs.PlanArgs)
 
     bd = _sub(
         sub,
@@ -271,7 +288,7 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build even when a target the spec marks required cannot run the stack",
     )
-    bd.set_defaults(handler="build")
+    bd.set_defaults(args_type=commandargs.BuildArgs)
 
     ex = _sub(
         sub,
@@ -310,7 +327,7 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write a PEP 751 lock with this machine's index URLs (pylock.toml or pylock.NAME.toml)",
     )
-    ex.set_defaults(handler="export")
+    ex.set_defaults(args_type=commandargs.ExportArgs)
 
     vf = _sub(
         sub,
@@ -335,7 +352,7 @@ def make_parser() -> argparse.ArgumentParser:
     vf.add_argument("--keep-going", action="store_true", help=KEEP_GOING_HELP)
     vf.add_argument("--report", help="write the JSON report here")
     vf.add_argument("--markdown", help="write the Markdown report here")
-    vf.set_defaults(handler="verify")
+    vf.set_defaults(args_type=commandargs.VerifyArgs)
 
     dr = _sub(
         sub,
@@ -358,7 +375,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     dr.add_argument("--deep", action="store_true", help="also import FlashInfer and torch there")
     dr.add_argument("--json", action="store_true", help="print JSON instead of the report")
-    dr.set_defaults(handler="doctor")
+    dr.set_defaults(args_type=commandargs.DoctorArgs)
 
     ad = _sub(
         sub,
@@ -382,7 +399,7 @@ def make_parser() -> argparse.ArgumentParser:
     ad.add_argument("--force", action="store_true", help="also adopt a system or distro Python")
     ad.add_argument("--no-verify", action="store_true", help="skip the verify that follows")
     ad.add_argument("--no-driver-check", action="store_true", help=NO_DRIVER_CHECK_HELP)
-    ad.set_defaults(handler="adopt")
+    ad.set_defaults(args_type=commandargs.AdoptArgs)
 
     ls = _sub(
         sub,
@@ -393,7 +410,7 @@ def make_parser() -> argparse.ArgumentParser:
         "cudaenv list --json",
     )
     ls.add_argument("--json", action="store_true", help="print JSON, for scripts")
-    ls.set_defaults(handler="list")
+    ls.set_defaults(args_type=commandargs.ListArgs)
 
     rm_ = _sub(
         sub,
@@ -406,7 +423,7 @@ def make_parser() -> argparse.ArgumentParser:
         "cudaenv remove sglang-0.5.23-cu130",
     )
     rm_.add_argument("names", nargs="+", metavar="NAME", help="an env's name (`cudaenv list`)")
-    rm_.set_defaults(handler="remove")
+    rm_.set_defaults(args_type=commandargs.RemoveArgs)
 
     rn = _sub(
         sub,
@@ -420,7 +437,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     rn.add_argument("name", metavar="NAME", help="an env's name (`cudaenv list`)")
     rn.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
-    rn.set_defaults(handler="run")
+    rn.set_defaults(args_type=commandargs.RunArgs)
 
     co = _sub(
         sub,
@@ -434,7 +451,7 @@ def make_parser() -> argparse.ArgumentParser:
     co.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"])
     # What the scripts call to complete `run` and `remove`: the names of the envs built here.
     co.add_argument("--env-names", action="store_true", help=argparse.SUPPRESS)
-    co.set_defaults(handler="completion")
+    co.set_defaults(args_type=commandargs.CompletionArgs)
 
     fp = _sub(
         sub,
@@ -454,7 +471,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     fp.add_argument("--json", action="store_true", help="print the parts as JSON too")
     fp.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="name the differences")
-    fp.set_defaults(handler="fingerprint")
+    fp.set_defaults(args_type=commandargs.FingerprintArgs)
 
     au = _sub(
         sub,
@@ -486,7 +503,7 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=TARGETS_HELP + ": judge each from the lock's wheels of its platform (no env needed)",
     )
-    au.set_defaults(handler="audit")
+    au.set_defaults(args_type=commandargs.AuditArgs)
 
     tg = _sub(
         sub,
@@ -504,7 +521,7 @@ def make_parser() -> argparse.ArgumentParser:
     tg.add_argument("--required", action="store_true", help="mark the class required")
     tg.add_argument("--cc", help='the compute capability, e.g. "12.0" (default: the GPUs\')')
     tg.add_argument("--driver", help='the driver version, e.g. "580.95.05" (default: found)')
-    tg.set_defaults(handler="target")
+    tg.set_defaults(args_type=commandargs.TargetArgs)
 
     cp = _sub(
         sub,
@@ -522,7 +539,7 @@ def make_parser() -> argparse.ArgumentParser:
     cp.add_argument("--json", action="store_true", help="print JSON, for scripts")
     cp.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown here")
     cp.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page here")
-    cp.set_defaults(handler="compat")
+    cp.set_defaults(args_type=commandargs.CompatArgs)
 
     mx = _sub(
         sub,
@@ -544,7 +561,7 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only this cell, judged as in the whole matrix (one CI job per cell)",
     )
-    mx.set_defaults(handler="matrix")
+    mx.set_defaults(args_type=commandargs.MatrixArgs)
 
     ad_ = _sub(
         sub,
@@ -559,7 +576,7 @@ def make_parser() -> argparse.ArgumentParser:
     ad_.add_argument("packages", nargs="+", metavar="PKG", help="PEP 508 requirements")
     ad_.add_argument("--spec", help="the spec to add to (default envspecs/default.yaml)")
     ad_.add_argument("--no-verify", action="store_true", help="lock and rebuild, skip the verify")
-    ad_.set_defaults(handler="add")
+    ad_.set_defaults(args_type=commandargs.AddArgs)
 
     st = _sub(
         sub,
@@ -580,7 +597,7 @@ def make_parser() -> argparse.ArgumentParser:
         "cudaenv store list --json",
     )
     sl.add_argument("--json", action="store_true", help="print JSON, for scripts")
-    sl.set_defaults(handler="store_list")
+    sl.set_defaults(args_type=commandargs.StoreListArgs)
     sv = _sub(
         ssub,
         "verify",
@@ -589,7 +606,7 @@ def make_parser() -> argparse.ArgumentParser:
         "discarded (it is compiled again where it is next needed). Exit 5 when one was.",
         "cudaenv store verify",
     )
-    sv.set_defaults(handler="store_verify")
+    sv.set_defaults(args_type=commandargs.StoreVerifyArgs)
     sg = _sub(
         ssub,
         "gc",
@@ -601,7 +618,7 @@ def make_parser() -> argparse.ArgumentParser:
     sg.add_argument(
         "--max", metavar="SIZE", help="the size to trim to, like 5G or 500M (default: the cap)"
     )
-    sg.set_defaults(handler="store_gc")
+    sg.set_defaults(args_type=commandargs.StoreGcArgs)
     sp = _sub(
         ssub,
         "push",
@@ -613,7 +630,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     sp.add_argument("--env-dir", help="the env (default .envs/NAME)")
-    sp.set_defaults(handler="store_push")
+    sp.set_defaults(args_type=commandargs.StorePushArgs)
     sq = _sub(
         ssub,
         "pull",
@@ -623,7 +640,7 @@ def make_parser() -> argparse.ArgumentParser:
         "cudaenv store pull envspecs/default.yaml",
     )
     sq.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
-    sq.set_defaults(handler="store_pull")
+    sq.set_defaults(args_type=commandargs.StorePullArgs)
 
     rp = _sub(
         sub,
@@ -644,5 +661,5 @@ def make_parser() -> argparse.ArgumentParser:
     mg.add_argument("reports", nargs="+", metavar="REPORT")
     mg.add_argument("--out", default="merged-report", help="directory for the merged reports")
     mg.add_argument("--name", default="merged")
-    mg.set_defaults(handler="report_merge")
+    mg.set_defaults(args_type=commandargs.ReportMergeArgs)
     return p

@@ -15,10 +15,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from builder import fleet, lock, matrix, pipeline, platforms, proc, spec, targets
+from builder import codec, fleet, lock, matrixfile, pipeline, platforms, proc, spec, targets
 from builder.archs import Arch
-from builder.errors import CudaenvError
+from builder.errors import CudaenvError, ReportError
 from builder.reporter import Reporter
 from builder.targets import Target
 from builder.yamldoc import Problems, compose
@@ -66,15 +67,12 @@ class Row:
     verdicts: tuple[fleet.Verdict, ...] = ()
     error: str | None = None  # why the stack could not be judged (no lock, ...)
 
+    json_form: ClassVar[codec.Form] = codec.Form(
+        keys=("stack", "source", "lock", "cuda", "error", "verdicts"), required=("verdicts",)
+    )
+
     def to_json(self) -> dict[str, object]:
-        return {
-            "stack": self.stack,
-            "source": self.source,
-            "lock": self.lock,
-            "cuda": self.cuda,
-            "error": self.error,
-            "verdicts": [v.to_json() for v in self.verdicts],
-        }
+        return codec.to_json(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,38 +80,21 @@ class Table:
     targets: tuple[Target, ...]
     rows: tuple[Row, ...]
 
+    json_form: ClassVar[codec.Form] = codec.Form(
+        what="compatibility table", head={"schema_version": SCHEMA_VERSION}
+    )
+
     def to_json(self) -> dict[str, object]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "targets": [t.to_json() for t in self.targets],
-            "rows": [r.to_json() for r in self.rows],
-        }
+        return codec.to_json(self)
 
 
-def from_json(doc: dict[str, object]) -> Table:
-    """The table :meth:`Table.to_json` wrote; ValueError for another schema."""
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
-            f"compat table schema {doc.get('schema_version')!r} is not {SCHEMA_VERSION}"
-        )
-    rows = doc["rows"]
-    assert isinstance(rows, list)
-    out_rows = []
-    for r in rows:
-        verdicts = tuple(fleet.from_json(v) for v in r["verdicts"])
-        out_rows.append(
-            Row(
-                stack=str(r["stack"]),
-                source=str(r["source"]),
-                lock=str(r["lock"]),
-                cuda=str(r["cuda"]),
-                verdicts=verdicts,
-                error=None if r.get("error") is None else str(r["error"]),
-            )
-        )
-    # Targets as the rows hold them: every row judges the same list.
-    found = out_rows[0].verdicts if out_rows and out_rows[0].verdicts else ()
-    return Table(targets=tuple(v.target for v in found), rows=tuple(out_rows))
+def from_json(doc: dict[str, object], where: str = "compat.json") -> Table:
+    """The table :meth:`Table.to_json` wrote; ValueError naming the key of anything else
+    (another schema included)."""
+    try:
+        return codec.from_json(Table, doc, where)
+    except ReportError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _is_matrix(path: Path) -> bool:
@@ -130,7 +111,7 @@ def stacks(args: Sequence[Path]) -> list[tuple[str, spec.EnvSpec]]:
     out: list[tuple[str, spec.EnvSpec]] = []
     for arg in args:
         if arg.is_file() and _is_matrix(arg):
-            mx = matrix.load(arg)
+            mx = matrixfile.load(arg)
             out += [(f"{arg}:{c.name}", mx.spec_of(c)) for c in mx.cells]
         else:
             out.append((str(arg), pipeline.load_spec(arg)))

@@ -15,14 +15,13 @@ libcuda into cudaenv's own process is what this module avoids.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import archs, proc
+from builder import proc, settings
 from builder.cudaversion import CudaVersion
 from builder.errors import DriverTooOld, UsageError
 
@@ -30,6 +29,9 @@ OVERRIDE = "CUDAENV_DRIVER_VERSION"
 SYS_VERSION = Path("/sys/module/nvidia/version")
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 LIBCUDA = "libcuda cuDriverGetVersion"
+# The one program asked about the driver and the GPUs (here and by archs.visible_gpus); others
+# may name it in messages.
+NVIDIA_SMI = "nvidia-smi"
 
 # CUDA major -> the oldest Linux driver branch that runs it under minor-version compatibility
 # (NVIDIA's CUDA Compatibility guide): any driver of at least this branch runs every minor of
@@ -166,12 +168,28 @@ def from_proc(path: Path = PROC_VERSION) -> Driver | None:
     return Driver(version=m.group(1), cuda=None, source=str(path))
 
 
+def smi_driver_version() -> str | None:
+    """What ``nvidia-smi --query-gpu=driver_version`` says for the first GPU, as printed, or
+    None (no nvidia-smi, no GPU, no answer in 10 s)."""
+    smi = proc.which(NVIDIA_SMI)
+    if not smi:
+        return None
+    try:
+        done = proc.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], check=False, timeout=10
+        )
+    except proc.CommandFailed:
+        return None
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return lines[0] if done.returncode == 0 and lines else None
+
+
 def from_smi() -> Driver | None:
     """The driver version nvidia-smi reports for the first GPU, where PATH has nvidia-smi."""
-    text = archs.smi_driver_version()
+    text = smi_driver_version()
     if text is None or not _VERSION_RE.fullmatch(text):
         return None
-    return Driver(version=text, cuda=None, source=archs.NVIDIA_SMI)
+    return Driver(version=text, cuda=None, source=NVIDIA_SMI)
 
 
 def from_libcuda(python: str = sys.executable) -> Driver | None:
@@ -204,7 +222,9 @@ def detect(
     that hides ``/proc/driver/nvidia`` but has ``nvidia-smi`` is not taken for a build node.
     The paths (default :data:`SYS_VERSION`, :data:`PROC_VERSION`, read when called) and the
     child's Python are there for tests."""
-    found = from_override(os.environ if environ is None else environ)
+    found = from_override(
+        environ if environ is not None else {OVERRIDE: settings.current().driver_version or ""}
+    )
     found = found or from_sys(SYS_VERSION if sys_file is None else sys_file)
     found = found or from_proc(PROC_VERSION if proc_file is None else proc_file)
     return found or from_smi() or from_libcuda(python)

@@ -13,11 +13,12 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from builder import lock, manifest
+from builder import lock, manifest, proc, settings
 from builder.errors import CudaenvError, ReportError, SpecError, UsageError
 from builder.paths import envs_dir, project_root
 
@@ -44,6 +45,16 @@ class EnvInfo:
             "last_verify": self.verified,
             "platform": self.platform,
         }
+
+    def line(self) -> str:
+        """The env in `cudaenv list`. Names and specs come from the file system and the
+        manifests: escaped, so none can forge a line or send the terminal a control sequence."""
+        size = f"{human(self.bytes_total)} ({human(self.bytes_own)} not shared)"
+        return (
+            f"{shown(self.name)}  spec {shown(self.spec)}  lock {self.lock_state}  {size}  "
+            f"last verify {self.verified or 'never'}"
+            + (f"  [{shown(self.platform)}]" if self.platform else "")
+        )
 
 
 def shown(text: str) -> str:
@@ -290,11 +301,48 @@ def remove(path: Path) -> str:
 
 
 def human(n: int) -> str:
+    """A size in bytes as people read it: ``512 B``, ``1.5 KiB`` ... ``2.0 TiB``."""
     if n < 1024:
         return f"{n} B"
     size = n / 1024
-    for unit in ("KiB", "MiB"):
+    for unit in ("KiB", "MiB", "GiB"):
         if size < 1024:
             return f"{size:.1f} {unit}"
         size /= 1024
-    return f"{size:.1f} GiB"
+    return f"{size:.1f} TiB"
+
+
+# What `run` starts in the env's interpreter (after its start-up hook has run): it becomes the
+# command, or says why it cannot, as a shell does (127 not found, 126 found but not runnable:
+# not executable, a directory, ...), instead of a FileNotFoundError traceback.
+TRAMPOLINE = """\
+import os, sys
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    cmd = sys.argv[1] if sys.argv[1].isprintable() else repr(sys.argv[1])
+    missing = isinstance(exc, FileNotFoundError)
+    why = "command not found" if missing and "/" not in cmd else exc.strerror
+    sys.stderr.write("error: %s: %s\\n" % (cmd, why))
+    sys.exit(127 if missing else 126)
+"""
+
+
+def run(name: str, command: Sequence[str]) -> NoReturn:
+    """`cudaenv run NAME -- CMD ARGS...`: replace this process with CMD in the env called
+    ``name`` (:func:`runnable`), with the env's bin/ first on PATH; UsageError (one line)
+    where there is no command or the env has no interpreter to start."""
+    path = runnable(name)
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("run needs a command: `cudaenv run NAME -- CMD ARGS...`")
+    python = path / "bin" / "python"
+    if not python.exists():
+        raise UsageError(f"{shown(str(path))} has no bin/python (assembled for another platform?)")
+    env = settings.child_environ(VIRTUAL_ENV=str(path), PYTHONHOME=None)
+    env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    # The env's interpreter starts (its start-up hook sets CUDA_HOME, the arch lists, the
+    # caches, ...) and replaces itself with the command, which inherits exactly that.
+    proc.replace_process([str(python), "-c", TRAMPOLINE, *argv], env)

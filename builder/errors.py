@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from builder.report import CellStatus
+from builder.statuses import CellStatus
 
 
 class CudaenvError(Exception):

@@ -26,11 +26,11 @@ from pathlib import Path
 from packaging.pylock import is_valid_pylock_path
 
 from builder import interpreters, platforms, proc, project, resolve
+from builder import store as jit_store
 from builder.errors import BuildError, SpecError, ToolMissing, UsageError
 from builder.lock import Lock, LockedFile, LockedPackage
 from builder.lock import write as write_lock
-from builder.paths import jit_store_dir
-from builder.probe import jit_store
+from builder.paths import jit_store_here
 from builder.spec import EnvSpec
 
 MANIFEST = "cudaenv-export.json"
@@ -227,14 +227,13 @@ def export_jit(env_dir: Path, wheelhouse: Path) -> int:
     file checked against its record, and write every carried file's sha256 into the
     wheelhouse's manifest; how many entries. Refuses an env that has none recorded (never
     verified, or the store off)."""
-    root = jit_store_dir()
+    store = jit_store_here()
     used = jit_store.used_entries(env_dir)
-    if root is None or not used:
+    if store is None or not used:
         raise BuildError(
             f"{env_dir} has no JIT results in the store to carry: verify it first "
             "(`cudaenv verify SPEC`) with the store on (CUDAENV_JIT_STORE is not `off`)"
         )
-    store = jit_store.Store(root)
     carried: dict[str, str] = {}
     for rel in used:
         key, variant = jit_store.split_entry(rel) or ("", "")
@@ -276,9 +275,9 @@ def import_jit(wheelhouse: Path) -> tuple[int, str | None]:
     Each file must have the sha256 the wheelhouse's manifest records (a file changed since
     the export is refused before anything is built); the store checks each again against the
     entry's own record, and once more whenever it places one."""
-    root = jit_store_dir()
+    store = jit_store_here()
     carried = wheelhouse / JIT_DIR
-    if root is None or not carried.is_dir():
+    if store is None or not carried.is_dir():
         return 0, None
     try:
         recorded = json.loads((wheelhouse / MANIFEST).read_text()).get("jit")
@@ -293,7 +292,6 @@ def import_jit(wheelhouse: Path) -> tuple[int, str | None]:
         str(p.parent.relative_to(carried))
         for p in carried.glob(f"{jit_store.VERSION}/*/*/*/entry.json")
     )
-    store = jit_store.Store(root)
     added = 0
     for rel in found:
         split = jit_store.split_entry(rel)

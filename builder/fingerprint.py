@@ -16,13 +16,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from builder import doctor, jsondoc, variables
+from builder import codec, doctor, jsondoc, variables
+from builder import store as jit_store
 from builder.errors import ReportError
-from builder.jsondoc import Reader
 from builder.paths import jit_store_dir
-from builder.probe import jit_store
 
 SCHEMA_VERSION = 1
 # What changes a compile or the kernels' behaviour besides the packages and the toolkit: every
@@ -47,30 +46,7 @@ class Parts:
     variables: tuple[tuple[str, str | None], ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "python": self.python,
-            "distributions": dict(self.distributions),
-            "toolkit": {
-                "cuda_home": self.toolkit.cuda_home,
-                "nvcc_release": self.toolkit.nvcc_release,
-                "binaries": dict(self.toolkit.binaries),
-            },
-            "variables": dict(self.variables),
-        }
-
-    @classmethod
-    def from_json(cls, r: Reader) -> Parts:
-        tk = r.sub("toolkit")
-        return cls(
-            python=r.text("python"),
-            distributions=tuple(r.text_map("distributions").items()),
-            toolkit=Toolkit(
-                cuda_home=tk.opt_text("cuda_home"),
-                nvcc_release=tk.opt_text("nvcc_release"),
-                binaries=tuple(tk.nullable_text_map("binaries").items()),
-            ),
-            variables=tuple(r.nullable_text_map("variables").items()),
-        )
+        return codec.to_json(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,22 +57,14 @@ class Fingerprint:
     fingerprint: str  # "sha256:..." of the parts
     parts: Parts
 
+    json_form: ClassVar[codec.Form] = codec.Form(head={"schema_version": SCHEMA_VERSION})
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "python": self.python,
-            "fingerprint": self.fingerprint,
-            "parts": self.parts.to_json(),
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: object, where: str) -> Fingerprint:
-        r = Reader(doc, where, "fingerprint", SCHEMA_VERSION)
-        return cls(
-            python=r.text("python"),
-            fingerprint=r.text("fingerprint"),
-            parts=Parts.from_json(r.sub("parts")),
-        )
+        return codec.from_json(cls, doc, where)
 
 
 def _relative(value: str | None, prefix: str) -> str | None:

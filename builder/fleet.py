@@ -26,13 +26,13 @@ import shutil
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from builder import audit, driver, platforms, proc
+from builder import audit, codec, driver, platforms, proc
 from builder.cudaversion import CudaVersion
-from builder.errors import BuildError
+from builder.errors import BuildError, ReportError
 from builder.lock import Lock
 from builder.paths import cache_dir
 from builder.reporter import Reporter
@@ -54,7 +54,7 @@ SHORT: dict[Kind, str] = {
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
     target: Target
-    kind: Kind
+    kind: Kind = field(metadata=codec.meta(key="verdict"))
     detail: str  # one line: why
     evidence: tuple[str, ...] = ()
 
@@ -66,12 +66,7 @@ class Verdict:
         return f"{self.target.label}: {SHORT[self.kind]}: {self.detail}"
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "target": self.target.to_json(),
-            "verdict": self.kind,
-            "detail": self.detail,
-            "evidence": list(self.evidence),
-        }
+        return codec.to_json(self)
 
 
 # --------------------------------------------------------------------------- the lock's files
@@ -309,26 +304,10 @@ def markdown(spec: EnvSpec, verdicts: Sequence[Verdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def from_json(doc: dict[str, object]) -> Verdict:
-    """A verdict as :meth:`Verdict.to_json` wrote it (the compatibility table's data file)."""
-    from builder.archs import Arch
-
-    t = doc["target"]
-    assert isinstance(t, dict)
-    kind = doc["verdict"]
-    if kind not in SHORT:
-        raise ValueError(f"unknown verdict {kind!r}")
-    evidence = doc.get("evidence", [])
-    assert isinstance(evidence, list)
-    return Verdict(
-        target=Target(
-            name=str(t["name"]),
-            cc=Arch.parse(str(t["cc"])),
-            platform=str(t["platform"]),
-            driver=str(t["driver"]),
-            required=bool(t.get("required", False)),
-        ),
-        kind=kind,  # checked against SHORT above
-        detail=str(doc["detail"]),
-        evidence=tuple(str(e) for e in evidence),
-    )
+def from_json(doc: dict[str, object], where: str = "verdict") -> Verdict:
+    """A verdict as :meth:`Verdict.to_json` wrote it (the compatibility table's data file);
+    ValueError naming the key of anything else."""
+    try:
+        return codec.from_json(Verdict, doc, where)
+    except ReportError as exc:
+        raise ValueError(str(exc)) from exc

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import cachefiles, proc
+from builder import cachefiles, proc, settings
 from builder.errors import ToolMissing, UsageError
 from builder.paths import cache_dir
 
@@ -85,7 +85,7 @@ def python_arg(text: str) -> Path:
 def _candidates(minor: str) -> list[tuple[str, str]]:
     """(path, how it was found), in preference order; not yet run."""
     out: list[tuple[str, str]] = []
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    env = settings.child_environ(UV_PYTHON_DOWNLOADS="never")
     try:
         done = proc.run(
             [proc.uv_bin(), "python", "find", minor, "--no-python-downloads"],
@@ -100,12 +100,13 @@ def _candidates(minor: str) -> list[tuple[str, str]]:
     on_path = proc.which(f"python{minor}")
     if on_path:
         out.append((on_path, "PATH"))
-    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found = settings.current()
+    pyenv_root = str(found.pyenv_root or Path.home() / ".pyenv")
     for exe in sorted(
         glob.glob(f"{pyenv_root}/versions/{minor}.*/bin/python{minor}"), reverse=True
     ):
         out.append((exe, "pyenv versions"))
-    conda_roots = [os.environ.get("CONDA_PREFIX", ""), os.environ.get("CONDA_EXE", "")]
+    conda_roots = [found.conda_prefix or "", found.conda_exe or ""]
     conda_roots = [
         str(Path(r).parent.parent) if r.endswith("/bin/conda") else r for r in conda_roots
     ]

@@ -1,6 +1,6 @@
 """The JIT store's remote tier: entries shared across a cluster through an OCI registry.
 
-The local store (``builder/probe/jit_store.py``) is tier 1; a registry the cluster already runs
+The local store (``builder/store/``) is tier 1; a registry the cluster already runs
 (Harbor, GHCR, ECR, a plain distribution registry) is tier 2, named by
 ``CUDAENV_JIT_REMOTE=oci://HOST[:PORT]/REPO`` or ``jit-remote`` in ``[tool.cudaenv]``. On a
 local miss the key's entry is pulled (``builder/jit_remote.py`` checks every blob's digest),
@@ -24,26 +24,25 @@ each prints one JSON line.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import jit_signing
-from builder.paths import jit_store_dir
-from builder.probe import jit_store
+from builder import jit_signing, settings
+from builder import store as jit_store
+from builder.paths import jit_store_here
 
 if TYPE_CHECKING:
-    from builder.jit_remote import Remote
+    from builder.oci import Remote
 
 REMOTE_VAR = "CUDAENV_JIT_REMOTE"
 PUSH_VAR = "CUDAENV_JIT_PUSH"
 INSECURE_VAR = "CUDAENV_JIT_REMOTE_INSECURE"
 # How long one registry request may take before the remote counts as down.
 TIMEOUT_VAR = "CUDAENV_JIT_REMOTE_TIMEOUT"
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = settings.resolve({}).jit_remote_timeout
 
 
 class ShareError(Exception):
@@ -51,12 +50,11 @@ class ShareError(Exception):
 
 
 def parse(url: str, environ: Mapping[str, str] | None = None) -> Remote:
-    from builder import jit_remote
+    from builder import oci
 
-    env = os.environ if environ is None else environ
     try:
-        return jit_remote.Remote.parse(url, allow_http=env.get(INSECURE_VAR) == "1")
-    except jit_remote.RemoteError as exc:
+        return oci.Remote.parse(url, allow_http=settings.of(environ).jit_remote_insecure)
+    except oci.RemoteError as exc:
         raise ShareError(str(exc)) from None
 
 
@@ -65,29 +63,22 @@ def configured(
 ) -> Remote | None:
     """The remote named by ``CUDAENV_JIT_REMOTE`` (``off``: none), else by the project's
     ``jit-remote`` setting; None when neither names one."""
-    env = os.environ if environ is None else environ
-    url = env.get(REMOTE_VAR) or setting or ""
-    if not url or url == "off":
+    # The cascade (the variable over the project's table) is the settings' own.
+    url = settings.of(environ).with_pyproject({"jit_remote": setting}, None).jit_remote
+    if not url:
         return None
-    return parse(url, env)
+    return parse(url, environ)
 
 
 def pushing(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(PUSH_VAR) == "1"
+    return settings.of(environ).jit_push
 
 
 def timeout(environ: Mapping[str, str] | None = None) -> float:
     """CUDAENV_JIT_REMOTE_TIMEOUT. The CLI refuses a bad value at start-up
-    (variables.check_numbers); this process may have been started by another (the probe's
+    (settings.establish); this process may have been started by another (the probe's
     ``python -m builder.jit_share``), so a bad value here is the default, never a crash."""
-    from builder import variables
-
-    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, "")
-    row = next(v for v in variables.TABLE if v.name == TIMEOUT_VAR)
-    assert row.number is not None
-    if not text or variables.number_problem(row.number, text) is not None:
-        return DEFAULT_TIMEOUT
-    return float(text)
+    return settings.of(environ).jit_remote_timeout
 
 
 def pull(
@@ -96,7 +87,7 @@ def pull(
     """The remote's entry for ``key`` added to ``store`` and found for the env at ``prefix``
     (None when the remote has none, or one built from other inputs), and a warning when the
     remote could not be used."""
-    from builder import jit_remote
+    from builder import jit_remote, oci
 
     store.ready()
     signing = jit_signing.policy()
@@ -113,7 +104,7 @@ def pull(
             doc, files = got
             _vouched(remote, key, doc, signing)
             store.import_entry(key, doc, files, {"origin": remote.url})
-    except jit_remote.RemoteError as exc:
+    except oci.RemoteError as exc:
         return None, f"the JIT remote {remote.url} was not used: {exc}; compiled locally"
     except (jit_store.EntryError, jit_signing.SigningError) as exc:
         return None, (
@@ -146,7 +137,7 @@ def _vouched(
 
 def push(store: jit_store.Store, entry: jit_store.Entry, remote: Remote) -> str | None:
     """``entry`` pushed to the remote under its key; a warning when it was not."""
-    from builder import jit_remote
+    from builder import jit_remote, oci
 
     signing = jit_signing.policy()
     try:
@@ -161,12 +152,12 @@ def push(store: jit_store.Store, entry: jit_store.Entry, remote: Remote) -> str 
         jit_remote.publish(remote, jit_remote.tag_for(entry.key), content, files, timeout=timeout())
         if signature is not None:
             jit_remote.publish_signature(remote, entry.key, signature, timeout=timeout())
-    except jit_remote.RemoteConflict:
+    except oci.RemoteConflict:
         return (
             f"{remote.url} holds another build of {entry.key[:16]} (compiled from other "
             "inputs); an existing tag is never overwritten"
         )
-    except (jit_remote.RemoteError, jit_store.EntryError, jit_signing.SigningError, OSError) as exc:
+    except (oci.RemoteError, jit_store.EntryError, jit_signing.SigningError, OSError) as exc:
         return f"pushing {entry.key[:16]} to the JIT remote {remote.url} failed: {exc}"
     return None
 
@@ -180,7 +171,7 @@ def push_env(
     store: jit_store.Store, used: Iterable[str], remote: Remote, tag: str
 ) -> tuple[int, list[str]]:
     """Push every entry an env used, then the index of their keys; (pushed, warnings)."""
-    from builder import jit_remote
+    from builder import jit_remote, oci
 
     pushed, warnings, keys = 0, [], []
     for rel in used:
@@ -202,21 +193,21 @@ def push_env(
     if keys:
         try:
             jit_remote.publish_index(remote, tag, keys, timeout=timeout())
-        except jit_remote.RemoteError as exc:
+        except oci.RemoteError as exc:
             warnings.append(f"the list of keys ({tag}) was not pushed: {exc}")
     return pushed, summarised(warnings)
 
 
 def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, list[str]]:
     """Every entry the index ``tag`` lists added to ``store``; (added, warnings)."""
-    from builder import jit_remote
+    from builder import jit_remote, oci
 
     signing = jit_signing.policy()
     if signing.refusal is not None:
         return 0, [signing.refusal]
     try:
         keys = jit_remote.fetch_index(remote, tag, timeout=timeout())
-    except jit_remote.RemoteError as exc:
+    except oci.RemoteError as exc:
         return 0, [str(exc)]
     if keys is None:
         return 0, [f"{remote.url} has no list of keys {tag}: push it from a warmer first"]
@@ -236,7 +227,7 @@ def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, lis
                 _vouched(remote, key, got[0], signing)
                 store.import_entry(key, got[0], got[1], {"origin": remote.url})
                 added += 1
-        except (jit_remote.RemoteError, jit_store.EntryError, jit_signing.SigningError) as exc:
+        except (oci.RemoteError, jit_store.EntryError, jit_signing.SigningError) as exc:
             warnings.append(f"{key[:16]}: {exc}")
     return added, summarised(warnings)
 
@@ -256,16 +247,14 @@ def main(argv: list[str]) -> int:
     """``pull KEY PREFIX`` / ``push KEY VARIANT`` for the probe: one JSON line out."""
     out: dict[str, object] = {}
     try:
-        root = jit_store_dir()
+        store = jit_store_here()
         remote = configured()
-        if root is None or remote is None:
+        if store is None or remote is None:
             out["warning"] = None
         elif argv[:1] == ["pull"] and len(argv) == 3:
-            store = jit_store.Store(root)
             entry, warning = pull(store, argv[1], argv[2], remote)
             out = {"pulled": entry is not None, "warning": warning}
         elif argv[:1] == ["push"] and len(argv) == 3 and pushing():
-            store = jit_store.Store(root)
             key, variant = argv[1], argv[2]
             if not (jit_store.is_key(key) and jit_store.is_variant(variant)):
                 raise ShareError(f"not an entry: {key} {variant}")

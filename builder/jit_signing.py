@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import proc
+from builder import proc, settings
+from builder import store as jit_store
 from builder.errors import CudaenvError
-from builder.probe import jit_store
 
 # The signature namespace (ssh-keygen -n): a signature made for anything else (a git
 # commit, a file) is never one of an entry.
@@ -69,11 +69,10 @@ class Policy:
 
 
 def policy(environ: Mapping[str, str] | None = None) -> Policy:
-    env = os.environ if environ is None else environ
-    key = Path(env[KEY_VAR]) if env.get(KEY_VAR) else None
-    allowed = Path(env[SIGNERS_VAR]) if env.get(SIGNERS_VAR) else None
+    found = settings.of(environ)
+    key, allowed = found.jit_signing_key, found.jit_allowed_signers
     refusal = None
-    if allowed is None and env.get(REQUIRE_VAR) == "1":
+    if allowed is None and found.jit_require_signed:
         refusal = (
             f"{REQUIRE_VAR}=1 and no {SIGNERS_VAR}: no signature can be checked, so no "
             "entry is taken from the remote"

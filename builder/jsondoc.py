@@ -2,7 +2,8 @@
 
 As packaging's ``pylock.py`` does: each getter names the key path in its error
 ("in 'cells[2].columns'"), and the ``schema_version`` is checked before anything else, so a
-file from another cudaenv is a clear one-line error, never a KeyError.
+file from another cudaenv is a clear one-line error, never a KeyError. The models are read
+through builder/codec.py, which drives this reader from their fields' type hints.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from builder.archs import Arch
 from builder.errors import ReportError
 
 # One of a closed set of strings (a Literal alias: a status, a severity, a toolchain source).
@@ -65,6 +65,10 @@ class Reader:
     def _at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
+    def child(self, value: dict[str, Any], key: str) -> Reader:
+        """A reader of the object ``value`` found at ``key`` (``"cells[2]"``) below this one."""
+        return Reader(value, self.where, self.what, path=self._at(key))
+
     def _get(self, key: str, kind: type | tuple[type, ...], name: str, *, required: bool) -> Any:
         if key not in self.doc:
             if required:
@@ -88,16 +92,6 @@ class Reader:
         """The string at ``key``, which must be one of ``allowed`` (a Literal's values)."""
         return self._choice(self.text(key), allowed, key)
 
-    def opt_choice(self, key: str, allowed: tuple[Choice, ...]) -> Choice | None:
-        value = self.opt_text(key)
-        return None if value is None else self._choice(value, allowed, key)
-
-    def choice_map(self, key: str, allowed: tuple[Choice, ...], noun: str) -> dict[str, Choice]:
-        """An object whose every value is one of ``allowed`` (a ``noun``, for the error)."""
-        return {
-            k: self._choice(v, allowed, f"{key}.{k}", noun) for k, v in self.text_map(key).items()
-        }
-
     def _choice(
         self, value: str, allowed: tuple[Choice, ...], key: str, noun: str | None = None
     ) -> Choice:
@@ -115,13 +109,6 @@ class Reader:
             return default
         return float(value)
 
-    def flag(self, key: str) -> bool:
-        return bool(self._get(key, bool, "true or false", required=True))
-
-    def opt_flag(self, key: str) -> bool:
-        """A flag a document written by an older cudaenv lacks: false then."""
-        return bool(self._get(key, bool, "true or false", required=False))
-
     def items(self, key: str, *, required: bool = True) -> list[Any]:
         value = self._get(key, list, "a list", required=required)
         return list(value) if value is not None else []
@@ -132,44 +119,6 @@ class Reader:
             if not isinstance(item, str):
                 raise self.error(f"expected a string, got {type(item).__name__}", f"{key}[{i}]")
         return tuple(items)
-
-    def opt_text_map(self, key: str) -> dict[str, str] | None:
-        """An object of strings, or None where the key is absent or null."""
-        if self.doc.get(key) is None:
-            return None
-        return self.text_map(key)
-
-    def text_map(self, key: str, *, required: bool = True) -> dict[str, str]:
-        value = self._get(key, dict, "an object", required=required) or {}
-        for k, v in value.items():
-            if not isinstance(v, str):
-                raise self.error(f"expected a string, got {type(v).__name__}", f"{key}.{k}")
-        return dict(value)
-
-    def nullable_text_map(self, key: str) -> dict[str, str | None]:
-        """An object whose values are strings or null (an unset variable, a missing file)."""
-        value = self._get(key, dict, "an object", required=True)
-        for k, v in value.items():
-            if v is not None and not isinstance(v, str):
-                raise self.error(f"expected a string or null, got {type(v).__name__}", f"{key}.{k}")
-        return dict(value)
-
-    def archs(self, key: str) -> tuple[Arch, ...]:
-        out = []
-        for i, text in enumerate(self.texts(key)):
-            try:
-                out.append(Arch.parse(text))
-            except ValueError as exc:
-                raise self.error(str(exc), f"{key}[{i}]") from exc
-        return tuple(out)
-
-    def sub(self, key: str) -> Reader:
-        return Reader(self._get(key, dict, "an object", required=True), self.where, self.what,
-                      path=self._at(key))  # fmt: skip
-
-    def opt_sub(self, key: str) -> Reader | None:
-        value = self._get(key, dict, "an object or null", required=False)
-        return None if value is None else Reader(value, self.where, self.what, path=self._at(key))
 
     def subs(self, key: str) -> list[Reader]:
         return [

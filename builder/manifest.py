@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from builder import archs as archs_mod
+from builder import codec
 from builder.archs import Arch
 from builder.errors import ReportError
-from builder.jsondoc import Reader
 from builder.proc import atomic_write_text
-from builder.spec import TOOLCHAIN_SOURCES, ToolchainSource
+from builder.spec import ToolchainSource
 
 FILE = "cudaenv.json"
 # What an adopted env's manifest names instead of a spec file (`cudaenv adopt`).
@@ -50,56 +50,14 @@ class Manifest:
     # run; it holds no interpreter until made a venv on its platform.
     assembled: bool = False
 
+    json_form: ClassVar[codec.Form] = codec.Form(head={"schema_version": SCHEMA_VERSION})
+
     def to_json(self) -> dict[str, object]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "name": self.name,
-            "spec": self.spec,
-            "fingerprint": self.fingerprint,
-            "lock_hash": self.lock_hash,
-            "python": self.python,
-            "cuda": self.cuda,
-            "torch": self.torch,
-            "torch_cuda": self.torch_cuda,
-            "toolkit": self.toolkit,
-            "nvcc": self.nvcc,
-            "toolchain_source": self.toolchain_source,
-            "archs": archs_mod.texts(self.archs),
-            "spec_archs": archs_mod.texts(self.spec_archs),
-            "packages": dict(self.packages),
-            "env": dict(self.env),
-            "built_at": self.built_at,
-            "cudaenv": self.cudaenv,
-            "path": self.path,
-            "platform": self.platform,
-            "assembled": self.assembled,
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: object, where: str) -> Manifest:
-        r = Reader(doc, where, "manifest", SCHEMA_VERSION)
-        return cls(
-            name=r.text("name"),
-            spec=r.text("spec"),
-            fingerprint=r.text("fingerprint"),
-            lock_hash=r.text("lock_hash"),
-            python=r.text("python"),
-            cuda=r.text("cuda"),
-            torch=r.opt_text("torch"),
-            torch_cuda=r.opt_text("torch_cuda"),
-            toolkit=r.opt_text("toolkit"),
-            nvcc=r.text("nvcc"),
-            toolchain_source=r.choice("toolchain_source", TOOLCHAIN_SOURCES),
-            archs=r.archs("archs"),
-            spec_archs=r.archs("spec_archs"),
-            packages=tuple(r.text_map("packages").items()),
-            env=tuple(r.text_map("env").items()),
-            built_at=r.text("built_at"),
-            cudaenv=r.text("cudaenv"),
-            path=r.text("path"),
-            platform=r.opt_text("platform"),
-            assembled=r.opt_flag("assembled"),
-        )
+        return codec.from_json(cls, doc, where)
 
 
 def exists(env_dir: Path) -> bool:

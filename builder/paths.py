@@ -6,11 +6,11 @@ with ``XDG_CACHE_HOME`` (or ``CUDAENV_CACHE_DIR``), and tests can point all of i
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from builder import cachefiles
+from builder import cachefiles, settings
+from builder import store as jit_store
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,9 +74,30 @@ def cache_dir() -> Path:
 
 
 def jit_store_dir() -> Path | None:
-    """The machine-wide store of compiled JIT results (probe/jit_store.py): ``$CUDAENV_JIT_STORE``
+    """The machine-wide store of compiled JIT results (builder/store/): ``$CUDAENV_JIT_STORE``
     (``off`` turns it off), else ``jit-store`` in the cache directory."""
-    own = os.environ.get("CUDAENV_JIT_STORE")
+    own = settings.current().jit_store
     if own == "off":
         return None
     return Path(own) if own else cache_dir() / "jit-store"
+
+
+# The one Store of each root this process uses (a test may point CUDAENV_JIT_STORE elsewhere
+# between calls): what one part of a run learnt of it (its notes, its memo of tool hashes)
+# the next part sees.
+_stores: dict[Path, jit_store.Store] = {}
+
+
+def store_at(root: Path) -> jit_store.Store:
+    """The store at ``root``, made once per process; its tree is checked again at the next
+    use (``Store.ready``), as it was for each part of a run when each made its own."""
+    if root not in _stores:
+        _stores[root] = jit_store.Store(root)
+    return _stores[root].judged_again()
+
+
+def jit_store_here() -> jit_store.Store | None:
+    """This process's JIT store (:func:`jit_store_dir`; not yet made or checked), None when it
+    is off."""
+    root = jit_store_dir()
+    return None if root is None else store_at(root)

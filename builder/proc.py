@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from builder import settings
 from builder.errors import CommandFailed, ToolMissing
 
 __all__ = [
@@ -288,7 +289,7 @@ def which(name: str, path: str | None = None) -> str | None:
 
 def uv_bin() -> str:
     """The uv executable: $CUDAENV_UV, else the one installed with cudaenv, else PATH's."""
-    chosen = os.environ.get("CUDAENV_UV")
+    chosen = settings.current().uv
     if chosen:
         if shutil.which(chosen):
             return chosen
@@ -315,7 +316,7 @@ def uv_env() -> dict[str, str]:
     """The environment every uv call gets: never a managed-Python download (it fails slowly
     offline), and hard links from uv's cache where the filesystem allows (a warm
     build is ~2.5 s). A user's own setting of either wins."""
-    env = dict(os.environ)
+    env = settings.child_environ()
     env.setdefault("UV_PYTHON_DOWNLOADS", "never")
     env.setdefault("UV_LINK_MODE", "hardlink")
     return env

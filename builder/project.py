@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from builder import settings
 from builder.errors import SpecError
 from builder.yamldoc import display, kind, suggest
 
@@ -127,3 +128,16 @@ def _validated(table: dict[str, Any], where: str, path: Path) -> Settings:
         jit_remote=remote,
         source=path,
     )
+
+
+def applied(found: settings.Settings, spec: object = None) -> settings.Settings:
+    """``found`` with the ``[tool.cudaenv]`` values of the project ``spec`` (a spec's path;
+    None: the current directory) belongs to, under the environment's (the cascade is
+    settings.py's). A table that cannot be read adds nothing here: the command that reads it
+    says why, located."""
+    where = Path(spec) if isinstance(spec, (str, Path)) else Path("pyproject.toml")
+    try:
+        own = settings_for(where)
+    except SpecError:
+        return found
+    return found.with_pyproject({"jit_remote": own.jit_remote}, own.source)

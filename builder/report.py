@@ -9,34 +9,31 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal
 
-from builder import __version__, archs, jsondoc
+from builder import __version__, codec, jsondoc, settings
 from builder.archs import Arch
 from builder.errors import ReportError
-from builder.jsondoc import Reader
 from builder.manifest import Manifest
 from builder.proc import atomic_write_text
+from builder.statuses import (
+    FAILED,
+    PASSED,
+    CellStatus,
+    CheckStatus,
+    ColumnStatus,
+    Verdict,
+)
 from builder.toolchain import templates
-from builder.verify import CHECKS, FAILED, PASSED, CheckResult, CheckStatus, EnvFacts, Target
+from builder.verify import CHECKS
+from builder.verify.model import CheckResult, EnvFacts, Target
 
 SCHEMA_VERSION = 1
 # The grid's columns: the two stages before verification, then each check.
 COLUMNS = ("resolve", "build", *CHECKS)
-# A cell's status, and what counts as a failure of the matrix ("refused" is a policy verdict
-# on a combination, shown but not a failure).
-CellStatus = Literal["passed", "failed", "refused", "error", "not run"]
-CELL_STATUSES: tuple[CellStatus, ...] = get_args(CellStatus)
-# What a grid column shows: the cell's stage status, a check's status, or "-" for a check the
-# spec does not run.
-ColumnStatus = Literal[CellStatus, CheckStatus, "-"]
-COLUMN_STATUSES: tuple[ColumnStatus, ...] = get_args(ColumnStatus)
-# Whether a whole verify run or matrix passed.
-Verdict = Literal["passed", "failed"]
 
 
 def timestamp() -> str:
@@ -55,10 +52,22 @@ class VerifyReport:
     lock_hash: str | None
     archs: tuple[Arch, ...]
     versions: tuple[tuple[str, str], ...]
-    checks: tuple[CheckResult, ...]
-    seconds: float
+    checks: tuple[CheckResult, ...] = field(
+        metadata=codec.meta(
+            encode=lambda checks: [c.to_json() for c in checks],
+            decode=lambda r, key: tuple(CheckResult.from_json(c) for c in r.subs(key)),
+        )
+    )
+    seconds: float = field(metadata=codec.meta(places=3))
     created: str
     cudaenv: str = __version__
+
+    json_form: ClassVar[codec.Form] = codec.Form(
+        head={"schema_version": SCHEMA_VERSION, "kind": "verify"},
+        keys=("cudaenv", "created", "spec", "env", "python", "lock_hash", "archs", "versions",
+              "status", "seconds", "checks"),
+        required=("cudaenv",),
+    )  # fmt: skip
 
     @property
     def status(self) -> Verdict:
@@ -68,43 +77,11 @@ class VerifyReport:
         return next((c for c in self.checks if c.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "verify",
-            "cudaenv": self.cudaenv,
-            "created": self.created,
-            "spec": self.spec,
-            "env": self.env,
-            "python": self.python,
-            "lock_hash": self.lock_hash,
-            "archs": archs.texts(self.archs),
-            "versions": dict(self.versions),
-            "status": self.status,
-            "seconds": round(self.seconds, 3),
-            "checks": [c.to_json() for c in self.checks],
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: object, where: str) -> VerifyReport:
-        r = Reader(doc, where, "verify report", SCHEMA_VERSION)
-        return cls._from_reader(r)
-
-    @classmethod
-    def _from_reader(cls, r: Reader) -> VerifyReport:
-        if r.text("kind") != "verify":
-            raise r.error(f"kind is {r.text('kind')!r}, not 'verify'", "kind")
-        return cls(
-            spec=r.opt_text("spec"),
-            env=r.opt_text("env"),
-            python=r.text("python"),
-            lock_hash=r.opt_text("lock_hash"),
-            archs=r.archs("archs"),
-            versions=tuple(r.text_map("versions").items()),
-            checks=tuple(CheckResult.from_json(c) for c in r.subs("checks")),
-            seconds=r.num("seconds"),
-            created=r.text("created"),
-            cudaenv=r.text("cudaenv"),
-        )
+        return codec.from_json(cls, doc, where)
 
 
 def verify_report(
@@ -143,7 +120,7 @@ def verify_report(
 
 @dataclass(frozen=True, kw_only=True)
 class BuildRecord:
-    """What a build (``cudaenv build --record FILE``, a matrix cell: pipeline.Run) ran into,
+    """What a build (``cudaenv build --record FILE``, a matrix cell: buildrun.Run) ran into,
     for the matrix to read instead of scraping a log: the stage it ended in, the grid
     status, the reason, the exit code."""
 
@@ -153,30 +130,16 @@ class BuildRecord:
     exit_code: int
     verify: VerifyReport | None = None
 
+    json_form: ClassVar[codec.Form] = codec.Form(
+        head={"schema_version": SCHEMA_VERSION, "kind": "build"}
+    )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "build",
-            "stage": self.stage,
-            "status": self.status,
-            "reason": self.reason,
-            "exit_code": self.exit_code,
-            "verify": self.verify.to_json() if self.verify else None,
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: object, where: str) -> BuildRecord:
-        r = Reader(doc, where, "build record", SCHEMA_VERSION)
-        if r.text("kind") != "build":
-            raise r.error(f"kind is {r.text('kind')!r}, not 'build'", "kind")
-        sub = r.opt_sub("verify")
-        return cls(
-            stage=r.text("stage"),
-            status=r.choice("status", CELL_STATUSES),
-            reason=r.text("reason"),
-            exit_code=int(r.num("exit_code")),
-            verify=VerifyReport._from_reader(sub) if sub else None,
-        )
+        return codec.from_json(cls, doc, where)
 
 
 # --------------------------------------------------------------------------- matrix
@@ -191,45 +154,19 @@ class CellReport:
     values: tuple[tuple[str, str], ...]
     archs: tuple[Arch, ...]
     runs_on: tuple[str, ...]
-    seconds: float
+    seconds: float = field(metadata=codec.meta(places=1))
     log: str | None
-    columns: tuple[tuple[str, ColumnStatus], ...]  # in COLUMNS order
+    # In COLUMNS order.
+    columns: tuple[tuple[str, ColumnStatus], ...] = field(metadata=codec.meta(noun="status"))
     verify: VerifyReport | None
+
+    json_form: ClassVar[codec.Form] = codec.Form(absent={"seconds": 0.0})
 
     def column(self, name: str) -> ColumnStatus:
         return dict(self.columns).get(name, "-")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "spec": self.spec,
-            "status": self.status,
-            "reason": self.reason,
-            "values": dict(self.values),
-            "archs": archs.texts(self.archs),
-            "runs_on": list(self.runs_on),
-            "seconds": round(self.seconds, 1),
-            "log": self.log,
-            "columns": dict(self.columns),
-            "verify": self.verify.to_json() if self.verify else None,
-        }
-
-    @classmethod
-    def from_reader(cls, r: Reader) -> CellReport:
-        sub = r.opt_sub("verify")
-        return cls(
-            name=r.text("name"),
-            spec=r.opt_text("spec"),
-            status=r.choice("status", CELL_STATUSES),
-            reason=r.text("reason"),
-            values=tuple(r.text_map("values").items()),
-            archs=r.archs("archs"),
-            runs_on=r.texts("runs_on"),
-            seconds=r.num("seconds", 0.0),
-            log=r.opt_text("log"),
-            columns=tuple(r.choice_map("columns", COLUMN_STATUSES, "status").items()),
-            verify=VerifyReport._from_reader(sub) if sub else None,
-        )
+        return codec.to_json(self)
 
 
 def columns_of(
@@ -257,33 +194,23 @@ class MatrixReport:
     cells: tuple[CellReport, ...]
     columns: tuple[str, ...] = COLUMNS
 
+    json_form: ClassVar[codec.Form] = codec.Form(
+        head={"schema_version": SCHEMA_VERSION, "kind": "matrix"},
+        keys=("name", "created", "status", "columns", "cells"),
+        required=("columns",),
+    )
+
     @property
     def status(self) -> Verdict:
         bad = [c for c in self.cells if c.status not in ("passed", "refused")]
         return "failed" if bad else "passed"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "matrix",
-            "name": self.name,
-            "created": self.created,
-            "status": self.status,
-            "columns": list(self.columns),
-            "cells": [c.to_json() for c in self.cells],
-        }
+        return codec.to_json(self)
 
     @classmethod
     def from_json(cls, doc: object, where: str) -> MatrixReport:
-        r = Reader(doc, where, "matrix report", SCHEMA_VERSION)
-        if r.text("kind") != "matrix":
-            raise r.error(f"kind is {r.text('kind')!r}, not 'matrix'", "kind")
-        return cls(
-            name=r.text("name"),
-            created=r.text("created"),
-            cells=tuple(CellReport.from_reader(c) for c in r.subs("cells")),
-            columns=r.texts("columns"),
-        )
+        return codec.from_json(cls, doc, where)
 
 
 AnyReport = VerifyReport | MatrixReport
@@ -475,7 +402,7 @@ def write_matrix_outputs(
 
 
 def append_step_summary(markdown_text: str, environ: Mapping[str, str] | None = None) -> None:
-    summary = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    summary = settings.of(environ).github_step_summary
     if summary:
         with Path(summary).open("a") as fh:
             fh.write(markdown_text + "\n")

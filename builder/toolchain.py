@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, cachefiles, caches, channels, proc, variables
+from builder import archs, cachefiles, caches, channels, proc, settings, variables
 from builder.archs import Arch
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ToolMissing
@@ -217,7 +217,7 @@ _STUB_MAX = 1 << 20
 
 
 def _c_compiler() -> str:
-    cc = os.environ.get("CC") or proc.which("cc") or proc.which("gcc")
+    cc = settings.current().cc or proc.which("cc") or proc.which("gcc")
     if not cc:
         raise ToolMissing(
             "no C compiler (cc/gcc) to build the libcuda.so link stub; install one "

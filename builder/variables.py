@@ -7,7 +7,9 @@ what the start-up hook and each shell's activation save and give back (toolchain
 them to the templates), the JIT caches and Triton's tools (caches.py), what a spec's ``env:``
 may not set (spec.py), what doctor's and verify's probes report (the probes run inside
 foreign interpreters and import nothing of cudaenv: they are given the names on their command
-line, :func:`probe_arg`), what the fingerprint hashes, the arch lists doctor reads.
+line, :func:`probe_arg`), what the fingerprint hashes, the arch lists doctor reads, and what
+cudaenv itself reads as configuration (a row's :class:`Setting`: the ``settings.Settings``
+field it fills, its type and default; ``builder/settings.py`` is the one reader of those).
 
 The hook's and the activation scripts' code still spells the toolkit and arch-list names, as
 each is set its own way; tests run the hook and ``bin/activate`` and compare what they set
@@ -18,10 +20,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-from builder.errors import UsageError
 
 
 class Kind(enum.Enum):
@@ -52,13 +52,26 @@ class Hook(enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class Number:
     """What the value of a numeric variable must be, checked once at start-up
-    (:func:`check_numbers`): a value that is not one would crash a check deep inside a
+    (``settings.establish``): a value that is not one would crash a check deep inside a
     verify (``float("nan")`` passes ``float()``; requests refuses a timeout of 0, a socket one
     of ``inf``) or wait forever (``nan`` compares false to every deadline)."""
 
     unit: str  # "seconds" (a finite number) or "size" (10G, 500M or bytes)
     zero: bool = False  # whether 0 is a value (a lock wait of 0: do not wait)
     example: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """A variable cudaenv itself reads as configuration: the field of ``settings.Settings``
+    it fills, the type of that field and its default (as the variable would spell it)."""
+
+    field: str
+    # "text" (str | None), "path" (Path | None), "switch" (1: on), "remote" (a URL, or `off`:
+    # none); a numeric row's type is its Number's unit.
+    type: str = "text"
+    default: str = ""
+    pyproject: str | None = None  # the [tool.cudaenv] key that sets it too, below the variable
 
 
 SECONDS_MAX = 1_000_000.0  # ~11 days: past it a socket or a timer refuses the value
@@ -84,6 +97,7 @@ class Variable:
     doctor: bool = False  # doctor's probe reports it (the fingerprint reads those facts)
     verify: bool = False  # verify's probe reports it
     number: Number | None = None  # a numeric value, checked at start-up
+    setting: Setting | None = None  # read by cudaenv itself: the Settings field it fills
 
 
 def _cache(
@@ -106,17 +120,20 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="CUDA_HOME", kind=Kind.TOOLKIT,
              reader="FlashInfer's JIT, torch's cpp_extension, TVM-FFI",
              read_at="get_cuda_path() (FlashInfer), _find_cuda_home() (torch)",
-             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True,
+             setting=Setting(field="cuda_home", type="path")),
     Variable(name="CUDA_PATH", kind=Kind.TOOLKIT,
              reader="FlashInfer's JIT, torch's cpp_extension (where CUDA_HOME is unset)",
-             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True,
+             setting=Setting(field="cuda_path", type="path")),
     Variable(name="PATH", kind=Kind.TOOLKIT,
              reader="FlashInfer and torch (nvcc on it when no CUDA_HOME is set), nvcc (the "
              "host compiler)",
              hook=Hook.PREPENDS, reserved=True),
     Variable(name="FLASHINFER_CUDA_ARCH_LIST", kind=Kind.ARCHS, reader="FlashInfer's JIT",
              read_at="flashinfer/compilation_context.py",
-             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
+             hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True,
+             setting=Setting(field="flashinfer_arch_list")),
     Variable(name="TORCH_CUDA_ARCH_LIST", kind=Kind.ARCHS, reader="torch's cpp_extension",
              read_at="_get_cuda_arch_flags() (torch/utils/cpp_extension.py)",
              hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True),
@@ -176,82 +193,107 @@ TABLE: tuple[Variable, ...] = (
              reader="the start-up hook and activation (an arch list instead of the env's)"),
     Variable(name="CUDAENV_CACHE_DIR", kind=Kind.CUDAENV,
              reader="cudaenv (its cache; default $XDG_CACHE_HOME/cudaenv or ~/.cache/cudaenv)",
-             reserved=True),
-    # The JIT store (builder/probe/jit_store.py) and its remote tier (builder/jit_share.py).
+             reserved=True,
+             setting=Setting(field="cache_dir", type="path")),
+    # The JIT store (builder/store/) and its remote tier (builder/jit_share.py).
     # Reserved: a spec from a pull request must not point the store elsewhere or push.
     Variable(name="CUDAENV_JIT_STORE", kind=Kind.CUDAENV,
-             reader="cudaenv (the JIT store's directory; `off`: no store)", reserved=True),
+             reader="cudaenv (the JIT store's directory; `off`: no store)", reserved=True,
+             setting=Setting(field="jit_store")),
     Variable(name="CUDAENV_JIT_STORE_MAX", kind=Kind.CUDAENV,
              reader="cudaenv (the store's size cap, like 10G; default 10G)", reserved=True,
-             number=_SIZE),
+             number=_SIZE,
+             setting=Setting(field="jit_store_max", default="10G")),
     Variable(name="CUDAENV_JIT_LOCK_TIMEOUT", kind=Kind.CUDAENV,
              reader="cudaenv (seconds to wait for another builder of one key; default 900)",
-             reserved=True, number=_SECONDS_OR_ZERO),
+             reserved=True, number=_SECONDS_OR_ZERO,
+             setting=Setting(field="jit_lock_timeout", default="900")),
     Variable(name="CUDAENV_JIT_REMOTE", kind=Kind.CUDAENV,
              reader="cudaenv (oci://HOST[:PORT]/REPO: the store's registry tier; `off`: none)",
-             reserved=True),
+             reserved=True,
+             setting=Setting(field="jit_remote", type="remote", pyproject="jit-remote")),
     Variable(name="CUDAENV_JIT_PUSH", kind=Kind.CUDAENV,
-             reader="cudaenv (1: push compiled and used entries to the remote)", reserved=True),
+             reader="cudaenv (1: push compiled and used entries to the remote)", reserved=True,
+             setting=Setting(field="jit_push", type="switch")),
     Variable(name="CUDAENV_JIT_REMOTE_INSECURE", kind=Kind.CUDAENV,
              reader="cudaenv (1: plain http to a remote that is not on loopback)",
-             reserved=True),
+             reserved=True,
+             setting=Setting(field="jit_remote_insecure", type="switch")),
     Variable(name="CUDAENV_JIT_REMOTE_TIMEOUT", kind=Kind.CUDAENV,
              reader="cudaenv (seconds one registry request may wait for an answer; a whole "
              "transfer may take that plus 1 s per MiB it carries; default 30)",
-             reserved=True, number=_SECONDS),
+             reserved=True, number=_SECONDS,
+             setting=Setting(field="jit_remote_timeout", default="30")),
     # Signed entries (builder/jit_signing.py): off unless one is set.
     Variable(name="CUDAENV_JIT_SIGNING_KEY", kind=Kind.CUDAENV,
              reader="cudaenv (an SSH private key: a warmer signs each entry it pushes with it)",
-             read_at="builder/jit_signing.py", reserved=True),
+             read_at="builder/jit_signing.py", reserved=True,
+             setting=Setting(field="jit_signing_key", type="path")),
     Variable(name="CUDAENV_JIT_ALLOWED_SIGNERS", kind=Kind.CUDAENV,
              reader="cudaenv (an ssh-keygen allowed-signers file: an entry pulled from the "
              "remote is placed only if one of its principals signed it)",
-             read_at="builder/jit_signing.py", reserved=True),
+             read_at="builder/jit_signing.py", reserved=True,
+             setting=Setting(field="jit_allowed_signers", type="path")),
     Variable(name="CUDAENV_JIT_REQUIRE_SIGNED", kind=Kind.CUDAENV,
              reader="cudaenv (1: take nothing from the remote unless "
              "CUDAENV_JIT_ALLOWED_SIGNERS names the signers to check)",
-             read_at="builder/jit_signing.py", reserved=True),
+             read_at="builder/jit_signing.py", reserved=True,
+             setting=Setting(field="jit_require_signed", type="switch")),
     Variable(name="CUDAENV_JIT_SHARE", kind=Kind.CUDAENV,
              reader="verify's probe (the command that reaches the remote; set by cudaenv)",
              reserved=True),
     # Read by cudaenv itself (not by the env): which uv, which driver, how long a probe waits.
     Variable(name="CUDAENV_UV", kind=Kind.CUDAENV,
              reader="cudaenv (the uv binary to run; default the one installed with cudaenv, "
-             "else PATH's)", read_at="builder/proc.py", reserved=True),
+             "else PATH's)", read_at="builder/proc.py", reserved=True,
+             setting=Setting(field="uv")),
     Variable(name="CUDAENV_DRIVER_VERSION", kind=Kind.CUDAENV,
              reader="cudaenv (the NVIDIA driver version to assume, like 580.65; default read "
              "from the kernel module, nvidia-smi or libcuda)", read_at="builder/driver.py",
-             reserved=True),
+             reserved=True,
+             setting=Setting(field="driver_version")),
     Variable(name="CUDAENV_PROBE_TIMEOUT", kind=Kind.CUDAENV,
              reader="doctor's probe (seconds one `nvcc --version` may take; default 10)",
-             read_at="builder/probe/doctor_probe.py", reserved=True, number=_SECONDS),
+             read_at="builder/probe/doctor_probe.py", reserved=True, number=_SECONDS,
+             setting=Setting(field="probe_timeout", default="10")),
     Variable(name="CUDAENV_HEARTBEAT_SECONDS", kind=Kind.CUDAENV,
              reader="verify (seconds between its \"still probing\" lines; default 15)",
-             read_at="builder/verify/__init__.py", reserved=True, number=_SECONDS),
+             read_at="builder/verify/__init__.py", reserved=True, number=_SECONDS,
+             setting=Setting(field="heartbeat_seconds", default="15")),
     Variable(name="CUDAENV_GPU_CHECK", kind=Kind.CUDAENV,
              reader="verify's sampling check (1: no GPU, or a half that did not run, fails "
              "instead of skipping; the GPU check sets it)",
-             read_at="builder/verify/sampling.py", reserved=True),
-    Variable(name="CUDAENV_FAULT_PAUSE", kind=Kind.CUDAENV,
-             reader="build (tests only: hold the build at the named stage, to interrupt it)",
-             read_at="builder/build.py", reserved=True),
-    Variable(name="CUDAENV_FAULT_PAUSE_SECONDS", kind=Kind.CUDAENV,
-             reader="build (tests only: how long CUDAENV_FAULT_PAUSE holds; default 30)",
-             read_at="builder/build.py", reserved=True,
-             number=Number(unit="seconds", zero=True, example="30")),
+             read_at="builder/verify/sampling.py", reserved=True,
+             setting=Setting(field="gpu_check", type="switch")),
     Variable(name="CUDA_DEVICE_ORDER", kind=Kind.RUNTIME,
              reader="the CUDA runtime (the sampling check sets PCI_BUS_ID, as nvidia-smi "
              "numbers GPUs)", read_at="builder/verify/sampling.py"),
     Variable(name="GITHUB_STEP_SUMMARY", kind=Kind.OUTSIDE,
              reader="verify, matrix (the Markdown report is appended to this file)",
-             read_at="builder/report.py"),
+             read_at="builder/report.py",
+             setting=Setting(field="github_step_summary", type="path")),
     Variable(name="DOCKER_CONFIG", kind=Kind.OUTSIDE,
              reader="the store's registry tier (credentials: $DOCKER_CONFIG/config.json, "
-             "default ~/.docker/config.json)", read_at="builder/jit_remote.py"),
+             "default ~/.docker/config.json)", read_at="builder/oci.py",
+             setting=Setting(field="docker_config", type="path")),
     Variable(name="XDG_CACHE_HOME", kind=Kind.OUTSIDE,
              reader="cudaenv (its cache is $XDG_CACHE_HOME/cudaenv when CUDAENV_CACHE_DIR is "
-             "unset)", read_at="builder/paths.py"),
-    Variable(name="VIRTUAL_ENV", kind=Kind.VENV, reader="the venv's activation", reserved=True),
+             "unset)", read_at="builder/paths.py",
+             setting=Setting(field="xdg_cache_home", type="path")),
+    Variable(name="CC", kind=Kind.OUTSIDE,
+             reader="cudaenv (the C compiler of the libcuda.so link stub; default cc, else gcc)",
+             read_at="builder/toolchain.py", setting=Setting(field="cc")),
+    Variable(name="PYENV_ROOT", kind=Kind.OUTSIDE,
+             reader="cudaenv (where pyenv's interpreters are looked for; default ~/.pyenv)",
+             read_at="builder/interpreters.py", setting=Setting(field="pyenv_root", type="path")),
+    Variable(name="CONDA_PREFIX", kind=Kind.OUTSIDE,
+             reader="cudaenv (a conda environment whose interpreters are looked for)",
+             read_at="builder/interpreters.py", setting=Setting(field="conda_prefix")),
+    Variable(name="CONDA_EXE", kind=Kind.OUTSIDE,
+             reader="cudaenv (the conda whose environments' interpreters are looked for)",
+             read_at="builder/interpreters.py", setting=Setting(field="conda_exe")),
+    Variable(name="VIRTUAL_ENV", kind=Kind.VENV, reader="the venv's activation", reserved=True,
+             setting=Setting(field="virtual_env", type="path")),
     Variable(name="VIRTUAL_ENV_PROMPT", kind=Kind.VENV, reader="the venv's activation",
              reserved=True),
     Variable(name="PYTHONHOME", kind=Kind.VENV, reader="the Python interpreter", reserved=True),
@@ -278,7 +320,7 @@ RESERVED_PREFIXES = ("_OLD_VIRTUAL_", "_CUDAENV_")
 def number_problem(number: Number, text: str) -> str | None:
     """Why ``text`` is not a value of ``number``, or None when it is one."""
     if number.unit == "size":
-        from builder.probe.jit_store import parse_size
+        from builder.store import parse_size
 
         try:
             parse_size(text)
@@ -295,18 +337,6 @@ def number_problem(number: Number, text: str) -> str | None:
     ):
         return f"not a number of seconds (a finite number {low} and at most {SECONDS_MAX:.0f}, like {number.example})"
     return None
-
-
-def check_numbers(environ: Mapping[str, str]) -> None:
-    """Every numeric variable that is set holds a value of its kind; else UsageError (exit 2)
-    naming the variable and the value, before any command starts work."""
-    for v in TABLE:
-        text = environ.get(v.name, "")
-        if v.number is None or text == "":
-            continue
-        why = number_problem(v.number, text)
-        if why is not None:
-            raise UsageError(f"{v.name}={text}: {why}")
 
 
 def probe_arg(variables: Iterable[str]) -> str:

@@ -1,12 +1,14 @@
-"""Shared fixtures. Markers (pyproject): network, e2e, gpu. Plain helpers: tests/helpers.py."""
+"""Shared fixtures. Markers (pyproject): network, e2e, gpu, slow. Plain helpers: tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +123,23 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
         yield served
     finally:
         served.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many tests skipped for want of a program (the registry, a shell, Chromium): a
+    developer's green run says what it did not test, once per program."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        found = re.search(r"(\S+(?: \([^)]*\))?) is not installed", reason)
+        if found:
+            counts[found.group(1)] = counts.get(found.group(1), 0) + 1
+    if not counts:
+        return
+    terminalreporter.section("skipped for want of a program")
+    for program, n in sorted(counts.items()):
+        terminalreporter.write_line(f"{n} test(s) skipped: {program} is not installed here")
+    terminalreporter.write_line(
+        "(.ci/run, and the nox test sessions for the registry, install them where they can)"
+    )

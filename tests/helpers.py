@@ -25,9 +25,12 @@ from packaging.version import Version
 
 from builder import archs, lock, proc, project, spec
 from builder.manifest import Manifest
-from builder.verify import EnvFacts
+from builder.verify.model import EnvFacts
 
 REPO = Path(__file__).resolve().parent.parent
+# A child started with this PYTHONPATH holds at the fault point CUDAENV_FAULT_PAUSE names
+# (tests/faults/sitecustomize.py); cudaenv itself reads neither variable.
+FAULTS_PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "tests" / "faults")))
 ENVSPECS = REPO / "envspecs"
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import adopt, lock, proc
+from builder import adopt, adopt_journal, lock, proc
 from builder.errors import ReportError
-from tests.helpers import ENVSPECS, cudaenv, lock_of, write
+from tests.helpers import ENVSPECS, FAULTS_PYTHONPATH, cudaenv, lock_of, write
 
 
-def an_env(tmp_path: Path, **changes: object) -> adopt.Env:
-    base = adopt.Env(
+def an_env(tmp_path: Path, **changes: object) -> adopt_journal.Env:
+    base = adopt_journal.Env(
         python=tmp_path / "venv" / "bin" / "python",
         prefix=tmp_path / "venv",
         version="3.12",
@@ -57,7 +57,7 @@ def test_refusals_name_why_and_change_nothing(
 ) -> None:
     monkeypatch.setattr(adopt, "SYSTEM_TOOLKITS", ())
     env = an_env(tmp_path, **changes)
-    with pytest.raises(adopt.Refused) as info:
+    with pytest.raises(adopt_journal.Refused) as info:
         adopt.plan(env)
     assert str(info.value) == f"{env.python}: {why}; nothing was changed"
     assert info.value.exit_code == 3
@@ -99,7 +99,7 @@ def test_a_set_uv_cannot_resolve_is_refused_with_uvs_words(
     )
     fake_uv.chmod(0o755)
     monkeypatch.setenv("CUDAENV_UV", str(fake_uv))
-    with pytest.raises(adopt.Refused) as info:
+    with pytest.raises(adopt_journal.Refused) as info:
         adopt.plan(an_env(tmp_path))
     assert "uv cannot install the matched toolkit without breaking what this env pins" in str(
         info.value
@@ -245,7 +245,7 @@ def test_a_killed_adopt_leaves_the_env_as_it_was_or_a_rerun_finishes(
     before (the hook's .pth is written last) and the next adopt undoes the rest, then adopts."""
     python = plain_venv / "bin" / "python"
     before = freeze(python)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    env = {**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH,
            "CUDAENV_FAULT_PAUSE": stage, "CUDAENV_FAULT_PAUSE_SECONDS": "60"}  # fmt: skip
     child = subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "adopt", "--python", str(python), "--no-verify"],
@@ -266,7 +266,7 @@ def test_a_killed_adopt_leaves_the_env_as_it_was_or_a_rerun_finishes(
     if sig == signal.SIGTERM:
         assert freeze(python) == before
         assert not (plain_venv / "cuda-home").exists()
-        assert adopt.read_journal(plain_venv) is None
+        assert adopt_journal.read_journal(plain_venv) is None
     rerun = cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path)
     if sig == signal.SIGKILL:
         assert "did not finish: undoing it first" in rerun.stderr
@@ -282,16 +282,16 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
 
     venv = tmp_path / "venv"
     proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(venv)])
-    scripts = adopt._activation_scripts(venv)
+    scripts = adopt_journal.activation_scripts(venv)
     assert {"activate", "activate.fish", "activate.nu", "activate.ps1"} <= set(scripts)
     before = {name: path.read_text() for name, path in scripts.items()}
     # A journal as a file: the old one is one no current cudaenv writes.
     journal = {"activate": before["activate"]} if old_journal else {"activation": before}
-    write(venv / adopt.JOURNAL, json.dumps(journal))
+    write(venv / adopt_journal.JOURNAL, json.dumps(journal))
     s = spec.load(write(tmp_path / "s.yaml", 'name: a\npython: "3.12"\ncuda: "13.0"\n'))
     toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     assert all(path.read_text() != before[name] for name, path in scripts.items())
-    done = adopt.undo(venv, venv / "bin" / "python", lambda _: None)
+    done = adopt_journal.undo(venv, venv / "bin" / "python", lambda _: None)
     after = {name: path.read_text() for name, path in scripts.items()}
     if old_journal:
         assert after["activate"] == before["activate"] and done.count("restored bin/activate") == 1
@@ -305,8 +305,8 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
 # --------------------------------------------------------------------------- the journal
 
 
-def a_journal(**changes: object) -> adopt.Journal:
-    base = adopt.Journal(
+def a_journal(**changes: object) -> adopt_journal.Journal:
+    base = adopt_journal.Journal(
         state="started",
         python="/v/bin/python",
         before=(("torch", "2.14.1"),),
@@ -320,17 +320,17 @@ def a_journal(**changes: object) -> adopt.Journal:
 
 
 def test_the_journal_reads_back_what_was_written(tmp_path: Path) -> None:
-    assert adopt.read_journal(tmp_path) is None
+    assert adopt_journal.read_journal(tmp_path) is None
     for journal in (
         a_journal(),
         a_journal(state="done", before=None),
         a_journal(state="undoing", broken_before=("/v/x-1.dist-info",), site_before=("nvidia",),
                   nvidia_before=("nvidia/cu13/lib/libcudart.so.13",)),
     ):  # fmt: skip
-        adopt._write_journal(tmp_path, journal)
-        assert adopt.read_journal(tmp_path) == journal
+        adopt_journal.write_journal(tmp_path, journal)
+        assert adopt_journal.read_journal(tmp_path) == journal
     # The file's keys are the ones adopt has always written.
-    assert set(json.loads((tmp_path / adopt.JOURNAL).read_text())) == {
+    assert set(json.loads((tmp_path / adopt_journal.JOURNAL).read_text())) == {
         "state", "python", "before", "changes", "activation", "var_before", "var_existed",
         "started_at", "broken_before", "site_before", "nvidia_before",
     }  # fmt: skip
@@ -339,17 +339,17 @@ def test_the_journal_reads_back_what_was_written(tmp_path: Path) -> None:
 def test_a_journal_where_earlier_releases_kept_it_is_read_and_moved(tmp_path: Path) -> None:
     """var/cudaenv/adopt.json (its directory made first, which a kill could leave behind) is
     still read; the next write puts the journal at the env's top and removes the old file."""
-    old = write(tmp_path / adopt.OLD_JOURNAL, json.dumps(a_journal().to_json()))
-    assert adopt.read_journal(tmp_path) == a_journal()
-    adopt._write_journal(tmp_path, a_journal(state="undoing"))
+    old = write(tmp_path / adopt_journal.OLD_JOURNAL, json.dumps(a_journal().to_json()))
+    assert adopt_journal.read_journal(tmp_path) == a_journal()
+    adopt_journal.write_journal(tmp_path, a_journal(state="undoing"))
     assert not old.exists()
-    assert adopt.read_journal(tmp_path) == a_journal(state="undoing")
-    assert (tmp_path / adopt.JOURNAL).is_file()
+    assert adopt_journal.read_journal(tmp_path) == a_journal(state="undoing")
+    assert (tmp_path / adopt_journal.JOURNAL).is_file()
 
 
 def test_an_old_journal_with_bin_activate_alone_still_reads(tmp_path: Path) -> None:
-    write(tmp_path / adopt.JOURNAL, json.dumps({"activate": "# old\n"}))
-    journal = adopt.read_journal(tmp_path)
+    write(tmp_path / adopt_journal.JOURNAL, json.dumps({"activate": "# old\n"}))
+    journal = adopt_journal.read_journal(tmp_path)
     assert journal is not None
     # Not marked done: an adopt that did not finish. No "before": undo leaves packages alone.
     assert (journal.state, journal.before, journal.activation) == (
@@ -372,13 +372,13 @@ def test_an_old_journal_with_bin_activate_alone_still_reads(tmp_path: Path) -> N
 def test_a_malformed_journal_names_the_file_and_the_key(
     tmp_path: Path, doc: object, message: str
 ) -> None:
-    path = write(tmp_path / adopt.JOURNAL, json.dumps(doc))
+    path = write(tmp_path / adopt_journal.JOURNAL, json.dumps(doc))
     with pytest.raises(ReportError) as info:
-        adopt.read_journal(tmp_path)
+        adopt_journal.read_journal(tmp_path)
     assert str(info.value) == f"{path}: adopt journal: {message}"
 
 
 def test_a_journal_that_is_not_json_is_an_error_not_no_journal(tmp_path: Path) -> None:
-    path = write(tmp_path / adopt.JOURNAL, '{"state": "do')
+    path = write(tmp_path / adopt_journal.JOURNAL, '{"state": "do')
     with pytest.raises(ReportError, match=f"^{path}: the adopt journal is not JSON"):
-        adopt.read_journal(tmp_path)
+        adopt_journal.read_journal(tmp_path)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import adopt, archs, manifest, proc, spec, toolchain
+from builder import adopt, adopt_journal, archs, manifest, proc, spec, toolchain
 from builder.errors import EnvBusy
-from tests.helpers import REPO, a_manifest, cudaenv, write
+from tests.helpers import FAULTS_PYTHONPATH, REPO, a_manifest, cudaenv, write
 
 NVCC_12_8 = "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
 
@@ -73,7 +73,7 @@ def start(venv: Path, cuda_home: Path, args: list[str], pause: str) -> subproces
     """A `cudaenv` process held at the fault point ``pause`` (returned once it is there)."""
     child = subprocess.Popen(
         args, cwd=venv.parent, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_HOME": str(cuda_home),
+        env={**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, "CUDA_HOME": str(cuda_home),
              "CUDAENV_FAULT_PAUSE": pause, "CUDAENV_FAULT_PAUSE_SECONDS": "3"},
     )  # fmt: skip
     assert child.stderr is not None
@@ -108,6 +108,7 @@ def errors(done: subprocess.CompletedProcess[str]) -> list[str]:
 # --------------------------------------------------------------------------- the env's lock
 
 
+@pytest.mark.slow
 def test_a_second_adopt_waits_for_the_first_then_finds_the_env_adopted(
     venv: Path, cuda_home: Path
 ) -> None:
@@ -120,15 +121,16 @@ def test_a_second_adopt_waits_for_the_first_then_finds_the_env_adopted(
     assert f"{venv} is adopted already" in second.stderr
     assert (venv / "cuda-home").readlink() == cuda_home
     assert (venv / "cuda-home" / "bin" / "nvcc").is_file()
-    journal = adopt.read_journal(venv)
+    journal = adopt_journal.read_journal(venv)
     assert journal is not None and journal.state == "done"
     assert manifest.read(venv).spec == manifest.ADOPTED_SPEC
 
 
+@pytest.mark.slow
 def test_a_lock_held_past_the_wait_is_refused_naming_its_holder(venv: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from builder import adopt\n"
-        "with adopt.locked(Path(sys.argv[1]), print):\n"
+        "import sys, time; from pathlib import Path; from builder import adopt_journal\n"
+        "with adopt_journal.locked(Path(sys.argv[1]), print):\n"
         "    print('held', flush=True); time.sleep(30)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code, str(venv)], stdout=subprocess.PIPE,
@@ -136,9 +138,9 @@ def test_a_lock_held_past_the_wait_is_refused_naming_its_holder(venv: Path) -> N
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         said: list[str] = []
-        with pytest.raises(EnvBusy) as info, adopt.locked(venv, said.append, wait=0.3):
+        with pytest.raises(EnvBusy) as info, adopt_journal.locked(venv, said.append, wait=0.3):
             pass
-        lock = venv / adopt.LOCK_FILE
+        lock = venv / adopt_journal.LOCK_FILE
         assert str(info.value) == (
             f"{venv}: cudaenv adopt pid {holder.pid} holds its lock {lock} after a wait of "
             "0.3 s; nothing was changed: run again when it has finished"
@@ -150,9 +152,9 @@ def test_a_lock_held_past_the_wait_is_refused_naming_its_holder(venv: Path) -> N
         holder.kill()
         holder.wait()
     # The holder died holding it: the kernel dropped the lock, and the next one takes it.
-    with adopt.locked(venv, print, wait=0):
+    with adopt_journal.locked(venv, print, wait=0):
         pass
-    assert not (venv / adopt.LOCK_FILE).exists()  # no journal: nothing of cudaenv stays
+    assert not (venv / adopt_journal.LOCK_FILE).exists()  # no journal: nothing of cudaenv stays
 
 
 # --------------------------------------------------------------------------- envs adopt leaves alone
@@ -166,6 +168,7 @@ def built_env(venv: Path, cuda_home: Path) -> None:
     manifest.write(a_manifest(spec="envspecs/x.yaml", path=str(venv)), venv)
 
 
+@pytest.mark.slow
 def test_adopt_refuses_an_env_cudaenv_built_and_changes_nothing(
     venv: Path, cuda_home: Path
 ) -> None:
@@ -193,11 +196,11 @@ def test_adopt_refuses_an_env_cudaenv_built_and_changes_nothing(
 def test_apply_leaves_an_env_cudaenv_built_as_it_was(venv: Path, cuda_home: Path) -> None:
     """apply itself checks again (what plan saw may have changed before the lock was held): a
     plan made before the build wired the env fails with nothing of the build's undone."""
-    found = adopt.inspect(venv / "bin" / "python")
+    found = adopt_journal.inspect(venv / "bin" / "python")
     planned = adopt.plan(dataclasses.replace(found, cuda_home=str(cuda_home)))
     built_env(venv, cuda_home)
     before = snapshot(venv)
-    with pytest.raises(adopt.Refused, match=r"was built by cudaenv from envspecs/x\.yaml"):
+    with pytest.raises(adopt_journal.Refused, match=r"was built by cudaenv from envspecs/x\.yaml"):
         adopt.apply(planned, lambda _: None)
     assert snapshot(venv) == before
 
@@ -213,12 +216,13 @@ def test_cudaenv_files_with_no_journal_are_refused_not_removed(venv: Path, cuda_
     done = run(venv, cuda_home, "--no-verify", "--no-driver-check")
     assert (done.returncode, errors(done)) == (3, [
         f"error: {venv / 'bin' / 'python'}: {venv} holds cudaenv's cuda-home/, the cudaenv block "
-        f"in bin/activate but no adopt journal ({adopt.JOURNAL}) says what they replaced; remove "
+        f"in bin/activate but no adopt journal ({adopt_journal.JOURNAL}) says what they replaced; remove "
         "them, then adopt; nothing was changed"
     ])  # fmt: skip
     assert snapshot(venv) == before
 
 
+@pytest.mark.slow
 def test_a_failure_at_the_overlay_step_leaves_the_env_as_it_was(
     venv: Path, cuda_home: Path
 ) -> None:
@@ -289,6 +293,7 @@ def half_uninstall(site: Path, dist: str, keep_record: bool = True) -> None:
         (info / "RECORD").unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [True, False])
 def test_an_undo_killed_midway_is_finished_by_the_next(
     venv: Path, cuda_home: Path, killed: bool
@@ -300,7 +305,7 @@ def test_an_undo_killed_midway_is_finished_by_the_next(
         child = start(venv, cuda_home, adopt_argv(venv, "--undo"), "undo-packages")
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-        journal = adopt.read_journal(venv)
+        journal = adopt_journal.read_journal(venv)
         assert journal is not None and journal.state == "undoing"  # the journal says how far
     # ... the uninstall that undo runs, killed midway through cccl.
     half_uninstall(site, "nvidia_cuda_cccl-13.0.85")
@@ -311,12 +316,13 @@ def test_an_undo_killed_midway_is_finished_by_the_next(
     assert "removed the half-removed nvidia_cuda_cccl-13.0.85.dist-info" in done.stderr
     assert sorted(p.name for p in site.glob("*.dist-info") if "nvidia" in p.name) == []
     assert not (site / "nvidia").exists()  # the tree adopt's packages made, gone
-    assert not (venv / "var").exists() and not (venv / adopt.LOCK_FILE).exists()
+    assert not (venv / "var").exists() and not (venv / adopt_journal.LOCK_FILE).exists()
     again = run(venv, cuda_home, "--undo")
     assert again.returncode == 0, again.stderr
     assert f"nothing to undo: {venv} has no adopt journal" in again.stderr
 
 
+@pytest.mark.slow
 def test_files_no_package_names_that_adopt_left_are_removed(venv: Path, cuda_home: Path) -> None:
     """A half-removed distribution whose RECORD is gone too: its remaining files are named by
     nothing, but they were not below nvidia/ before adopt (the journal lists what was): undo
@@ -331,9 +337,10 @@ def test_files_no_package_names_that_adopt_left_are_removed(venv: Path, cuda_hom
     assert sorted(p.relative_to(site).as_posix() for p in (site / "nvidia").rglob("*")) == [
         "nvidia/mine", "nvidia/mine/notes.txt"
     ]  # fmt: skip
-    assert adopt.read_journal(venv) is None
+    assert adopt_journal.read_journal(venv) is None
 
 
+@pytest.mark.slow
 def test_an_undo_says_what_it_could_not_put_back_and_keeps_the_journal(
     venv: Path, cuda_home: Path
 ) -> None:
@@ -341,7 +348,7 @@ def test_an_undo_says_what_it_could_not_put_back_and_keeps_the_journal(
     distribution without RECORD left are named by nothing, so undo cannot tell they are
     adopt's; it names the tree, exits 4, keeps the journal."""
     site = adopted_with_packages(venv, cuda_home)
-    journal = venv / adopt.JOURNAL
+    journal = venv / adopt_journal.JOURNAL
     doc = json.loads(journal.read_text())
     del doc["nvidia_before"]
     journal.write_text(json.dumps(doc))
@@ -352,12 +359,13 @@ def test_an_undo_says_what_it_could_not_put_back_and_keeps_the_journal(
         f"journal is kept: `cudaenv adopt --undo --python {venv / 'bin' / 'python'}` tries "
         "again)"
     ])  # fmt: skip
-    assert adopt.read_journal(venv) is not None
+    assert adopt_journal.read_journal(venv) is not None
     shutil.rmtree(site / "nvidia")  # what the user does with that message
     assert run(venv, cuda_home, "--undo").returncode == 0
-    assert adopt.read_journal(venv) is None
+    assert adopt_journal.read_journal(venv) is None
 
 
+@pytest.mark.slow
 def test_a_second_undo_has_nothing_to_undo_and_exits_0(venv: Path, cuda_home: Path) -> None:
     before = snapshot(venv)
     assert run(venv, cuda_home, "--no-verify", "--no-driver-check").returncode == 0
@@ -366,7 +374,7 @@ def test_a_second_undo_has_nothing_to_undo_and_exits_0(venv: Path, cuda_home: Pa
     again = run(venv, cuda_home, "--undo")
     assert (again.returncode, errors(again)) == (0, [])
     assert again.stderr.strip().endswith(
-        f"nothing to undo: {venv} has no adopt journal ({adopt.JOURNAL}); it is not adopted"
+        f"nothing to undo: {venv} has no adopt journal ({adopt_journal.JOURNAL}); it is not adopted"
     )
 
 
@@ -498,7 +506,7 @@ class Cu13:
 @pytest.fixture
 def cu13(tmp_path: Path) -> Cu13:
     wheels = toolkit_wheels(tmp_path / "wheels")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "UV_FIND_LINKS": str(wheels), "UV_NO_INDEX": "true", "UV_OFFLINE": "true",
+    env = {**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, "UV_FIND_LINKS": str(wheels), "UV_NO_INDEX": "true", "UV_OFFLINE": "true",
            "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
     env.pop("CUDA_HOME", None)
     v = tmp_path / "v"
@@ -524,13 +532,14 @@ def clean(venv: Path) -> dict[str, str]:
 
 
 def is_adopted(cu13: Cu13) -> None:
-    journal = adopt.read_journal(cu13.venv)
+    journal = adopt_journal.read_journal(cu13.venv)
     assert journal is not None and journal.state == "done"
     assert (cu13.venv / "cuda-home" / "bin" / "nvcc").is_file()
     site = toolchain.site_packages(cu13.venv)
     assert len(list((site / "nvidia" / "cu13" / "include" / "cccl").rglob("*.h"))) == CCCL_HEADERS
 
 
+@pytest.mark.slow
 def test_the_cu13_stand_in_adopts_and_undoes(cu13: Cu13) -> None:
     before = clean(cu13.venv)
     done = cu13.adopt()
@@ -608,6 +617,7 @@ UNDO_POINTS = ["undo-files", "undo-packages", "uninstall", "undo-sweep", "undo-j
                "undo-done"]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["undo", "adopt"])
 @pytest.mark.parametrize("point", ADOPT_POINTS)
 def test_an_adopt_killed_at_any_point_is_set_right_by_one_more_run(
@@ -633,6 +643,7 @@ def test_an_adopt_killed_at_any_point_is_set_right_by_one_more_run(
     assert clean(cu13.venv) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["undo", "adopt"])
 @pytest.mark.parametrize("point", UNDO_POINTS)
 def test_an_undo_killed_at_any_point_is_finished_by_one_more_run(
@@ -650,6 +661,7 @@ def test_an_undo_killed_at_any_point_is_finished_by_one_more_run(
     assert clean(cu13.venv) == before
 
 
+@pytest.mark.slow
 def test_kills_at_random_points_under_load_are_each_set_right_by_one_more_run(cu13: Cu13) -> None:
     """adopt and undo SIGKILLed at random moments while the CPUs are busy: after each kill, one
     more `adopt --undo` gives the env back as it was, or one more `adopt` leaves it adopted.
@@ -666,7 +678,7 @@ def test_kills_at_random_points_under_load_are_each_set_right_by_one_more_run(cu
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         for i in range(6):
-            op = "undo" if adopt.read_journal(cu13.venv) is not None else "adopt"
+            op = "undo" if adopt_journal.read_journal(cu13.venv) is not None else "adopt"
             args = ["--undo"] if op == "undo" else ["--no-verify", "--no-driver-check"]
             delay = rng.uniform(0, took[op])
             child = subprocess.Popen(cu13.argv(*args), cwd=cu13.venv.parent, env=cu13.env,

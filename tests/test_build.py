@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, interpreters, lock, platforms, proc
+from builder import build, installproof, interpreters, lock, platforms, proc
 
 
 def make_tree(path: Path, marker: str) -> Path:
@@ -68,6 +68,7 @@ def hold_lock(env: Path, seconds: float) -> subprocess.Popen[str]:
     return child
 
 
+@pytest.mark.slow
 def test_second_builder_waits_for_the_lock_and_says_why(tmp_path: Path) -> None:
     first = hold_lock(tmp_path / "env", 1.5)
     messages: list[str] = []
@@ -189,8 +190,8 @@ LOCKED = (
 
 def test_a_complete_install_has_no_problems(tmp_path: Path) -> None:
     site = a_site(tmp_path)
-    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
-    assert build.record_problems(site, tmp_path / "env", LOCKED, hash_linked=True) == []
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == []
+    assert installproof.problems(site, tmp_path / "env", LOCKED, hash_linked=True) == []
 
 
 def test_what_a_full_disk_leaves_is_named(tmp_path: Path) -> None:
@@ -200,11 +201,12 @@ def test_what_a_full_disk_leaves_is_named(tmp_path: Path) -> None:
     (bin_dir / "nvcc").write_bytes(b"nvcc")  # cut short
     (site / "cuda_toolkit-13.0.3.0.dist-info" / "RECORD").unlink()
     locked = (*LOCKED, lock.LockedPackage(name="nvidia-nvvm", version="13.0.88"))
-    assert build.record_problems(site, tmp_path / "env", locked) == [
+    assert installproof.problems(site, tmp_path / "env", locked) == [
         "nvidia-nvvm 13.0.88: not installed (no .dist-info)",
         "cuda_toolkit-13.0.3.0.dist-info/RECORD: No such file or directory",
-        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: 4 bytes, RECORD says 400",
         "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/ptxas: missing",
+        # A file that differs from its RECORD is said after the rest (its wheel is asked).
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: 4 bytes, RECORD says 400",
     ]
 
 
@@ -213,7 +215,7 @@ def test_another_version_or_a_path_outside_the_env_is_a_problem(tmp_path: Path) 
     record = site / "nvidia_cuda_nvcc-13.0.88.dist-info" / "RECORD"
     record.write_text(record.read_text() + "../../../../outside,,\n")
     locked = (lock.LockedPackage(name="nvidia-cuda-nvcc", version="13.0.96"),)
-    assert build.record_problems(site, tmp_path / "env", locked) == [
+    assert installproof.problems(site, tmp_path / "env", locked) == [
         "nvidia-cuda-nvcc: 13.0.88 installed, the lock says 13.0.96",
         "nvidia_cuda_nvcc-13.0.88.dist-info: ../../../../outside: outside the env",
     ]
@@ -228,20 +230,20 @@ def test_a_copied_file_is_hashed_a_hard_linked_one_only_when_asked(tmp_path: Pat
     wrong = (
         "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/ptxas: sha256 differs from RECORD's"
     )
-    assert build.record_problems(site, tmp_path / "env", LOCKED) == [wrong]
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == [wrong]
     os.link(ptxas, tmp_path / "cache-copy")  # now two links, as uv's hard-link install makes
-    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
-    assert build.record_problems(site, tmp_path / "env", LOCKED, hash_linked=True) == [wrong]
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == []
+    assert installproof.problems(site, tmp_path / "env", LOCKED, hash_linked=True) == [wrong]
 
 
 def test_many_bytes_are_hashed_by_a_pool_with_the_same_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(build, "_POOL_BYTES", 1)
+    monkeypatch.setattr(installproof, "_POOL_BYTES", 1)
     site = a_site(tmp_path)
-    assert build.record_problems(site, tmp_path / "env", LOCKED) == []
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == []
     (site / "nvidia" / "cu13" / "bin" / "nvcc").write_bytes(b"x" * 400)
-    assert build.record_problems(site, tmp_path / "env", LOCKED) == [
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == [
         "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: sha256 differs from RECORD's"
     ]
 
@@ -281,9 +283,9 @@ def test_a_package_whose_marker_does_not_hold_is_not_required() -> None:
     only_old = lock.LockedPackage(name="x", version="1", marker="python_full_version < '3.12'")
     unreadable = lock.LockedPackage(name="y", version="1", marker="nonsense ==")
     plain = lock.LockedPackage(name="z", version="1")
-    assert not build._applies(only_old, here)
-    assert build._applies(unreadable, here)  # required: uv's reading is not guessed
-    assert build._applies(plain, here)
+    assert not installproof.applies(only_old, here)
+    assert installproof.applies(unreadable, here)  # required: uv's reading is not guessed
+    assert installproof.applies(plain, here)
 
 
 def test_a_full_disk_is_said_with_uvs_line_naming_the_file(tmp_path: Path) -> None:
@@ -299,3 +301,47 @@ def test_a_full_disk_is_said_with_uvs_line_naming_the_file(tmp_path: Path) -> No
         "122)); free space there or pass --env-dir on a larger filesystem. Nothing was replaced: "
         "the previous env, if any, is intact"
     )
+
+
+def test_a_path_two_wheels_ship_is_as_one_of_them_records(tmp_path: Path) -> None:
+    """flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5 both install a top-level
+    build_backend.py (48458 and 3802 bytes): the installer's last write stays, and the env is
+    complete. A file that is neither's is still found."""
+    site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
+    installed_dist(site, "flashinfer-python", "0.7.2", {"build_backend.py": b"f" * 48458})
+    installed_dist(site, "torch-c-dlpack-ext", "0.1.5", {"build_backend.py": b"t" * 3802})
+    env = tmp_path / "env"
+    assert (site / "build_backend.py").stat().st_size == 3802  # the second one's
+    assert installproof.problems(site, env) == []
+    (site / "build_backend.py").write_bytes(b"t" * 3801 + b"x")  # same size, other bytes
+    assert installproof.problems(site, env) == [
+        "build_backend.py: 3802 bytes, as none of the RECORDs that name it say "
+        "(flashinfer_python-0.7.2.dist-info, torch_c_dlpack_ext-0.1.5.dist-info)"
+    ]
+    (site / "build_backend.py").unlink()
+    assert installproof.problems(site, env) == [
+        "flashinfer_python-0.7.2.dist-info: build_backend.py: missing"
+    ]
+
+
+def test_a_file_its_own_wheel_contradicts_the_record_of_is_the_wheels(tmp_path: Path) -> None:
+    """pynvvideocodec 2.0.4's RECORD gives two of its .so files 36191 bytes less than the
+    wheel holds: what uv unpacked from that wheel (its cache) is the reference then; a file
+    cut short is still found."""
+    site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
+    info = installed_dist(site, "pynvvideocodec", "2.0.4", {"PyNvVideoCodec/c.so": b"s" * 100})
+    real = b"s" * 120  # what the wheel really holds
+    (site / "PyNvVideoCodec" / "c.so").write_bytes(real)
+    archive = tmp_path / "uv-cache" / "archive-v0" / "AbC123"
+    (archive / info.name).mkdir(parents=True)
+    (archive / "PyNvVideoCodec").mkdir()
+    (archive / "PyNvVideoCodec" / "c.so").write_bytes(real)
+    env = tmp_path / "env"
+    wrong = f"{info.name}: PyNvVideoCodec/c.so: 120 bytes, RECORD says 100"
+    assert installproof.problems(site, env) == [wrong]
+    lookup = installproof.uv_archive_file(tmp_path / "uv-cache")
+    assert installproof.problems(site, env, wheel_file=lookup) == []
+    (site / "PyNvVideoCodec" / "c.so").write_bytes(real[:50])  # a copy cut short
+    assert installproof.problems(site, env, wheel_file=lookup) == [
+        f"{info.name}: PyNvVideoCodec/c.so: 50 bytes, RECORD says 100"
+    ]

@@ -4,6 +4,8 @@ that another spec built."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
 import json
 import os
@@ -11,16 +13,30 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 import pytest
 
-from builder import archs, cli, cliargs, lock, manifest, pipeline, platforms, resolve, spec, verify
+from builder import (
+    archs,
+    cli,
+    cliargs,
+    commandargs,
+    lock,
+    manifest,
+    pipeline,
+    platforms,
+    resolve,
+    spec,
+    verify,
+    verifyrun,
+)
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.manifest import Manifest
 from builder.report import VerifyReport
 from builder.reporter import silent
-from builder.verify import CheckResult
+from builder.verify.model import CheckResult
 from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, lock_of, workspace, write
 
 TOOLCHAIN = ENVSPECS / "toolchain-cu130.yaml"
@@ -33,6 +49,7 @@ def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_help_says_what_cudaenv_is_and_every_command_has_an_example() -> None:
     parser = cli.make_parser()
     top = parser.format_help()
@@ -80,6 +97,7 @@ def test_usage_errors_exit_2_with_one_line(argv: list[str], tmp_path: Path) -> N
     one_error_line(done)
 
 
+@pytest.mark.slow
 def test_debug_is_taken_after_the_subcommand_too(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml", "name: [\n")
     quiet = cudaenv("plan", str(bad), cwd=tmp_path, check=False)
@@ -150,9 +168,9 @@ def test_a_missing_host_compiler_exits_6_a_failed_check_5() -> None:
         missing_tool="host compiler",
     )
     bad = CheckResult(name="cubin", status="failed", summary="no sm_120 cubin")
-    assert pipeline.verdict(a_report(ok)) is None
-    assert isinstance(pipeline.verdict(a_report(ok, bad)), VerifyFailed)
-    verdict = pipeline.verdict(a_report(no_cc, bad))
+    assert verifyrun.verdict(a_report(ok)) is None
+    assert isinstance(verifyrun.verdict(a_report(ok, bad)), VerifyFailed)
+    verdict = verifyrun.verdict(a_report(no_cc, bad))
     assert isinstance(verdict, ToolMissing) and verdict.exit_code == 6
     assert "install a C++ compiler" in str(verdict)
 
@@ -173,15 +191,15 @@ def test_verify_refuses_an_env_another_spec_or_lock_built(tmp_path: Path) -> Non
     s = spec.load(TOOLCHAIN)
     lk = lock.read(lock.lock_path(s.source, s.name))
     good = built_manifest(s, lk)
-    target = pipeline.spec_target(s, tmp_path, lk, good)
+    target = verifyrun.spec_target(s, tmp_path, lk, good)
     assert target.archs == s.archs and target.checks == s.verify
     other = built_manifest(s, lk, fingerprint="sha256:" + "1" * 64, spec="specs/b.yaml")
     with pytest.raises(VerifyFailed, match=r"built from another spec .*specs/b\.yaml") as info:
-        pipeline.spec_target(s, tmp_path, lk, other)
+        verifyrun.spec_target(s, tmp_path, lk, other)
     assert str(info.value).endswith(f"rebuild it: `cudaenv build {s.source}`")
     stale = built_manifest(s, lk, lock_hash="sha256:" + "2" * 64)
     with pytest.raises(VerifyFailed, match="built from another lock"):
-        pipeline.spec_target(s, tmp_path, lk, stale)
+        verifyrun.spec_target(s, tmp_path, lk, stale)
 
 
 def test_manifest_round_trip_and_unknown_schema(tmp_path: Path) -> None:
@@ -366,6 +384,7 @@ def fingerprint_doc(**versions: str) -> dict[str, object]:
     return doc.to_json()
 
 
+@pytest.mark.slow
 def test_fingerprint_compare_names_each_difference(tmp_path: Path) -> None:
     """The default env against a venv whose toolkit drifted (flashinfer#3493): nvcc, crt,
     nvvm and cccl are named with both versions; equal fingerprints say so and exit 0."""
@@ -428,6 +447,7 @@ def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
     """`list` shows the env with its lock state, size and last verify; `run` executes a
     command with the env's hook settings and its exit status; `remove` deletes it whole."""
@@ -509,6 +529,7 @@ ASKED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_offers_env_names_subcommands_and_help_once(shell: str, tmp_path: Path) -> None:
     exe = shutil.which(shell)
@@ -629,6 +650,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(argv: list[str], buffered:
     assert (done.returncode, done.stderr) == (code, "")
 
 
+@pytest.mark.slow
 def test_head_after_cudaenv_never_gets_a_traceback(tmp_path: Path) -> None:
     """The race a user sees: head reads one line and exits while cudaenv may still write.
     Output over the 8 KiB buffer (`list --json` of 60 envs) is written partly while the
@@ -724,3 +746,72 @@ def test_a_spec_that_is_not_there_lists_the_specs_that_are(tmp_path: Path) -> No
     done = cudaenv("plan", "nope.yaml", cwd=tmp_path / "sub", check=False)
     assert done.returncode == 2
     assert f"(specs in {tmp_path / 'envspecs'}: default.yaml, vllm.yaml)" in done.stderr
+
+
+def _leaf_commands(
+    parser: argparse.ArgumentParser, prog: str = "cudaenv"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every command a user runs (``cudaenv store gc``), with its parser."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [(prog, parser)]
+    return [
+        leaf for name, p in subs[0].choices.items() for leaf in _leaf_commands(p, f"{prog} {name}")
+    ]
+
+
+def test_every_command_has_one_typed_handler() -> None:
+    """Each command names the dataclass of its arguments; the CLI maps that type to exactly
+    one handler, whose ``args`` is annotated with it, and the dataclass has one field per
+    argument of the command (no more, no fewer)."""
+    kinds = []
+    for prog, parser in _leaf_commands(cliargs.make_parser()):
+        kind = parser.get_default("args_type")
+        assert isinstance(kind, type) and issubclass(kind, commandargs.Command), prog
+        kinds.append(kind)
+        dests = {a.dest for a in parser._actions} - {"help", "debug", "quiet"}
+        fields = {f.name for f in dataclasses.fields(kind)}
+        assert dests == fields, prog
+        handler = cli.HANDLERS[kind]
+        assert typing.get_type_hints(handler)["args"] is kind, prog
+    assert len(kinds) == len(set(kinds)) == len(cli.HANDLERS) >= 24
+    assert set(kinds) == set(cli.HANDLERS)
+
+
+def test_an_untyped_table_is_caught() -> None:
+    """The check above fails where a command's dataclass and its handler disagree."""
+    wrong = {**cli.HANDLERS, commandargs.LockArgs: cli.cmd_plan}
+    assert typing.get_type_hints(wrong[commandargs.LockArgs])["args"] is not commandargs.LockArgs
+
+
+HANDLER_MAX_LINES = 25
+
+
+def test_every_handler_is_short_and_reads_typed_arguments() -> None:
+    """cli.py parses, calls one use case, prints: each handler fits in a screenful, and none
+    reads an argument by name at run time (getattr)."""
+    tree = ast.parse(Path(cli.__file__).read_text())
+    handlers = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("cmd_")
+    ]
+    assert len(handlers) == len(cli.HANDLERS)
+    long = {h.name: h.end_lineno - h.lineno + 1 for h in handlers
+            if h.end_lineno is not None and h.end_lineno - h.lineno + 1 > HANDLER_MAX_LINES}  # fmt: skip
+    assert long == {}
+    calls = [n for h in handlers for n in ast.walk(h) if isinstance(n, ast.Call)]
+    assert not [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "getattr"]
+    assert len(Path(cli.__file__).read_text().splitlines()) < 400
+
+
+def test_typed_arguments_are_filled_from_the_parser() -> None:
+    parsed = cliargs.parse(
+        cliargs.make_parser(), ["--quiet", "build", "a.yaml", "b.yaml", "--record", "r.json"]
+    )
+    assert parsed.quiet and not parsed.debug
+    args = parsed.args
+    assert isinstance(args, commandargs.BuildArgs)
+    assert args.specs == (Path("a.yaml"), Path("b.yaml"))  # a tuple: frozen all the way
+    assert args.record == Path("r.json") and args.env_dir is None
+    assert args.picks_env()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.force = True  # type: ignore[misc]

@@ -78,6 +78,7 @@ def test_the_fields_are_whole_numbers() -> None:
             CudaVersion(major=major, minor=minor)
 
 
+@pytest.mark.slow
 def test_no_other_module_reads_a_cuda_version_by_hand() -> None:
     """``int(cuda.split(".")[0])`` and friends are what this module replaces."""
     offenders = []

@@ -140,6 +140,7 @@ def _parses(argv: list[str]) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_every_command_a_page_shows_parses() -> None:
     pages = [*DOCS.rglob("*.md"), REPO / "README.md"]
     bad = [f"{page.relative_to(REPO)}:{number}: cudaenv {shlex.join(argv)}: {problem}"
@@ -216,6 +217,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (the `test` dependency group)")
     pytest.importorskip("material", reason="mkdocs-material is not installed")
@@ -236,6 +238,7 @@ def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> No
     assert "orphan.md" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_search_index_holds_every_message_on_its_page(site: str) -> None:
     import json
     import urllib.request
@@ -251,6 +254,7 @@ def test_the_search_index_holds_every_message_on_its_page(site: str) -> None:
         assert all(w in text for w in words), (slug, [w for w in words if w not in text])
 
 
+@pytest.mark.slow
 def test_the_site_renders_in_headless_chromium_and_its_search_finds_each_message(
     site: str, tmp_path: Path
 ) -> None:
@@ -292,6 +296,7 @@ def test_the_site_renders_in_headless_chromium_and_its_search_finds_each_message
         )
 
 
+@pytest.mark.slow
 def test_the_docs_session_and_ci_build_the_site() -> None:
     noxfile = (REPO / "noxfile.py").read_text()
     assert '"mkdocs", "build", "--strict"' in noxfile and '"builder.docgen"' in noxfile

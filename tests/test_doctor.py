@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from builder import archs, caches, doctor, interpreters, manifest, proc
+from builder import archs, caches, doctor, doctor_rules, interpreters, manifest, proc
 from builder.errors import UsageError
 from builder.manifest import Manifest
 from tests.helpers import REPO, write
@@ -225,6 +225,7 @@ def test_no_nvcc_reachable(env: FakeEnv, tmp_path: Path, monkeypatch: pytest.Mon
     )
 
 
+@pytest.mark.slow
 def test_hanging_nvcc_is_a_finding_not_a_hang(
     env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -304,6 +305,7 @@ def test_an_interpreter_that_cannot_run_the_probe(tmp_path: Path) -> None:
     assert "could not run the probe (exit 3): boom" in findings[0].cause
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("minor", ["3.9", "3.10", "3.11", "3.12", "3.13"])
 def test_probe_runs_on_every_supported_python(minor: str) -> None:
     from builder import interpreters
@@ -350,7 +352,7 @@ def facts_doc(**changes: Any) -> dict[str, Any]:
 def diagnose(
     doc: dict[str, Any], built: Manifest | None = None, gpus: tuple[archs.Gpu, ...] = ()
 ) -> list[str]:
-    return problems(doctor.diagnose(doctor.Facts.from_json(doc, built, gpus=gpus)))
+    return problems(doctor_rules.diagnose(doctor.Facts.from_json(doc, built, gpus=gpus)))
 
 
 def test_driver_too_old_for_torchs_cuda() -> None:
@@ -404,7 +406,7 @@ def test_the_missing_arch_is_spelled_for_the_envs_nvcc() -> None:
     rtx = (gpu((12, 0), "RTX PRO 6000"),)
     for nvcc, spelled in (("13.0", "12.0f"), ("12.8", "12.0a")):
         facts = doctor.Facts.from_json(facts_doc(), a_manifest("9.0a", nvcc=nvcc), gpus=rtx)
-        found = next(f for f in doctor.diagnose(facts) if f.code == "gpu-arch-missing")
+        found = next(f for f in doctor_rules.diagnose(facts) if f.code == "gpu-arch-missing")
         assert found.cause == (
             "GPU RTX PRO 6000 (SM 12.0) is not in this env's arch list (9.0a): FlashInfer "
             "would build no kernel for it"
@@ -416,7 +418,7 @@ def test_the_missing_arch_is_spelled_for_the_envs_nvcc() -> None:
 def test_a_gpu_of_unknown_capability_is_not_reported_missing() -> None:
     # nvidia-smi printed no compute_cap: the old rule crashed on int("").
     facts = doctor.Facts.from_json(facts_doc(), a_manifest("12.0f"), gpus=(gpu(None),))
-    assert doctor.diagnose(facts) == []
+    assert doctor_rules.diagnose(facts) == []
     assert ("GPU 0", "NVIDIA H200 SM unknown") in doctor.facts_table(facts)
 
 
@@ -441,8 +443,8 @@ def test_a_crashing_rule_is_a_finding_and_the_others_still_report(
     def rule_boom(facts: doctor.Facts) -> list[doctor.Finding]:
         raise ValueError("invalid literal for int() with base 10: ''")
 
-    monkeypatch.setattr(doctor, "RULES", (rule_boom, doctor.rule_driver))
-    findings = doctor.diagnose(
+    monkeypatch.setattr(doctor_rules, "RULES", (rule_boom, doctor_rules.rule_driver))
+    findings = doctor_rules.diagnose(
         doctor.Facts.from_json(facts_doc(driver={"version": "550.54.15"}), None)
     )
     assert codes(findings) == ["driver-too-old", "rule-crashed"]
@@ -456,7 +458,7 @@ def test_a_crashing_rule_is_a_finding_and_the_others_still_report(
 
 def test_no_host_compiler_is_an_error() -> None:
     none = facts_doc(host_compiler={"error": "CXX is unset and neither c++ nor g++ is on PATH"})
-    findings = doctor.diagnose(doctor.Facts.from_json(none, None))
+    findings = doctor_rules.diagnose(doctor.Facts.from_json(none, None))
     assert problems(findings) == ["no-host-compiler"]
     assert findings[0].severity == doctor.ERROR
     assert findings[0].cause == (
@@ -615,6 +617,7 @@ def test_probe_of_a_file_that_cannot_be_executed_is_a_finding(tmp_path: Path) ->
         assert findings[0].cause == f"{target} cannot be run: Permission denied"
 
 
+@pytest.mark.slow
 def test_cli_json_and_exit_codes(
     env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -649,6 +652,7 @@ def test_deep_on_an_env_without_torch_or_flashinfer_is_healthy(
     assert problems(findings) == []
 
 
+@pytest.mark.slow
 def test_a_cache_outside_a_cudaenv_env_is_flagged(
     env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -745,7 +749,7 @@ def test_sm12_intent_reads_every_arch_list_as_archs(
     variable: str, value: str, intent: bool
 ) -> None:
     facts = doctor.Facts.from_json({"env": {variable: value}}, None)
-    assert doctor.sm12_intent(facts) == (f"{variable}={value}" if intent else "")
+    assert doctor_rules.sm12_intent(facts) == (f"{variable}={value}" if intent else "")
 
 
 OLD_NVCC = [
@@ -766,7 +770,7 @@ def test_sm12_leads_when_the_env_or_the_user_names_12x_on_a_box_without_gpu() ->
     assert diagnose(doc) == ["jit-toolkit-mismatch"]  # nothing says 12.x: the major mismatch
     assert diagnose(doc, a_manifest("12.0f"))[0] == "sm12x-nvcc-too-old"
     facts = doctor.Facts.from_json(doc, None, target_archs=archs.parse_list("12.0"))
-    found = doctor.diagnose(facts)
+    found = doctor_rules.diagnose(facts)
     assert [f.code for f in found] == ["sm12x-nvcc-too-old"]
     assert "--archs 12.0" in " ".join(found[0].evidence)
     assert [s.code for s in found[0].symptoms] == ["jit-toolkit-mismatch"]
@@ -778,10 +782,14 @@ def test_install_fixes_work_in_the_env_they_name() -> None:
     gets its own pip, never a bare `pip` (some other env's)."""
     dists = {k: v for k, v in HEALTHY_DISTS.items() if k != "pip"} | {"flashinfer-cubin": "0.6.0"}
     facts = doctor.Facts.from_json(facts_doc(distributions=dists), None)
-    found = next(f for f in doctor.diagnose(facts) if f.code == "flashinfer-companion-mismatch")
+    found = next(
+        f for f in doctor_rules.diagnose(facts) if f.code == "flashinfer-companion-mismatch"
+    )
     fi = HEALTHY_DISTS["flashinfer-python"]
     assert found.fix == (f"uv pip install --python /p flashinfer-cubin=={fi}",)
     with_pip = doctor.Facts.from_json(facts_doc(distributions={**dists, "pip": "25.3"}), None)
-    found = next(f for f in doctor.diagnose(with_pip) if f.code == "flashinfer-companion-mismatch")
+    found = next(
+        f for f in doctor_rules.diagnose(with_pip) if f.code == "flashinfer-companion-mismatch"
+    )
     assert found.fix == (f"/p -m pip install flashinfer-cubin=={fi}",)
-    assert not any(fix.startswith("pip ") for f in doctor.diagnose(facts) for fix in f.fix)
+    assert not any(fix.startswith("pip ") for f in doctor_rules.diagnose(facts) for fix in f.fix)

@@ -14,7 +14,19 @@ from typing import Any
 
 import pytest
 
-from builder import adopt, archs, cli, doctor, driver, pipeline, proc
+from builder import (
+    adopt,
+    adopt_journal,
+    archs,
+    buildrun,
+    cli,
+    cliargs,
+    doctor,
+    doctor_rules,
+    driver,
+    proc,
+)
+from builder.commandargs import BuildArgs
 from builder.cudaversion import CudaVersion
 from builder.errors import STATUS_OF_EXIT, BuildError, DriverTooOld, UsageError
 from builder.reporter import Reporter
@@ -346,7 +358,7 @@ def test_doctor_judges_torchs_cuda_by_the_same_table() -> None:
         },
         None,
     )
-    (found,) = doctor.rule_driver(facts)
+    (found,) = doctor_rules.rule_driver(facts)
     assert found.code == "driver-too-old"
     assert found.fix == (
         "install NVIDIA driver 580 or newer (or cuda-compat-13-0 on a datacenter GPU)",
@@ -360,7 +372,7 @@ def test_doctor_judges_torchs_cuda_by_the_same_table() -> None:
         },
         None,
     )
-    assert doctor.rule_driver(ok) == []
+    assert doctor_rules.rule_driver(ok) == []
 
 
 # --------------------------------------------------------------------------- build, plan
@@ -419,8 +431,8 @@ def test_a_machine_without_a_driver_builds_saying_so(
     lock_of(spec_file).unlink()
     monkeypatch.setattr(driver, "detect", lambda: None)
     said = io.StringIO()
-    request = pipeline.BuildRequest(spec=str(spec_file), env_dir=tmp_path / "env", offline=True)
-    with pytest.raises(BuildError), pipeline.Run(request, Reporter(stream=said)) as run:
+    request = buildrun.BuildRequest(spec=str(spec_file), env_dir=tmp_path / "env", offline=True)
+    with pytest.raises(BuildError), buildrun.Run(request, Reporter(stream=said)) as run:
         run.build()
     assert said.getvalue().splitlines()[0] == (
         "cudaenv: no NVIDIA driver on this machine: going on; the env runs where the "
@@ -429,10 +441,11 @@ def test_a_machine_without_a_driver_builds_saying_so(
 
 
 def test_a_build_request_carries_no_driver_check() -> None:
-    request = pipeline.BuildRequest(spec="x.yaml", no_driver_check=True)
-    assert pipeline.BuildRequest.from_json(request.to_json(), "r.json") == request
-    older = {k: v for k, v in request.to_json().items() if k != "no_driver_check"}
-    assert pipeline.BuildRequest.from_json(older, "r.json").no_driver_check is False
+    request = buildrun.BuildRequest(spec="x.yaml", no_driver_check=True)
+    parsed = cliargs.parse(cliargs.make_parser(), ["build", *request.argv()])
+    assert isinstance(parsed.args, BuildArgs)
+    assert buildrun.requests(parsed.args) == [request]
+    assert "--no-driver-check" not in buildrun.BuildRequest(spec="x.yaml").argv()
 
 
 @pytest.mark.network
@@ -455,6 +468,7 @@ def test_build_goes_on_with_a_new_enough_driver_or_when_told(
         ) in done.stderr.splitlines()
 
 
+@pytest.mark.slow
 def test_plan_shows_the_driver_and_the_minimum(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     old = {"CUDAENV_DRIVER_VERSION": "570.86.15"}
@@ -491,7 +505,7 @@ def test_adopt_refuses_a_torch_the_driver_cannot_run_before_changing_anything(
 ) -> None:
     # The env exists (adopt takes its lock inside it before anything else).
     (tmp_path / "v" / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
-    env = adopt.Env(
+    env = adopt_journal.Env(
         python=tmp_path / "v" / "bin" / "python",
         prefix=tmp_path / "v",
         version="3.12",

@@ -614,7 +614,9 @@ def test_a_toolkit_without_cccl_is_named_and_another_specs_env_is_refused(
 def test_cubin_check_fails_on_a_cubin_for_the_wrong_arch(
     toolchain_env: Path, tmp_path: Path
 ) -> None:
-    from builder.verify import FAILED, Target, cubin, kernel_compile
+    from builder.statuses import FAILED
+    from builder.verify import cubin, kernel_compile
+    from builder.verify.model import Target
 
     home = toolchain_env / "cuda-home"
     built = kernel_compile.build_kernel(home / "bin" / "nvcc", Arch.parse("9.0a"), tmp_path)

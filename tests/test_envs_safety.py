@@ -105,6 +105,7 @@ def test_remove_deletes_the_env_its_lock_file_and_what_killed_builds_left(
     assert manifest.exists(other)
 
 
+@pytest.mark.slow
 def test_remove_of_a_linked_env_removes_the_link_not_what_it_points_to(tmp_path: Path) -> None:
     """`.envs/NAME` may be a link to an env elsewhere (another project's, a shared disk): that
     target was not made by this project's build, so `remove` deletes the link only, as `rm`
@@ -124,6 +125,7 @@ def test_remove_of_a_linked_env_removes_the_link_not_what_it_points_to(tmp_path:
     assert list((root / ".envs").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_never_starts_an_env_a_link_points_to_outside_the_envs_dir(tmp_path: Path) -> None:
     """A checkout can carry `.envs/NAME` as a link to a directory anywhere, with a manifest
     and a bin/python of its author's: `run NAME` started that interpreter. A link to an env
@@ -157,6 +159,7 @@ def test_remove_checks_every_name_before_deleting_any(tmp_path: Path) -> None:
     assert one_error_line(done).startswith("error: /etc: not an env name")
 
 
+@pytest.mark.slow
 def test_run_says_which_command_is_missing_or_not_runnable_as_a_shell_does(
     tmp_path: Path,
 ) -> None:
@@ -210,6 +213,7 @@ def test_list_escapes_names_for_the_terminal_and_writes_valid_json(tmp_path: Pat
     assert listed[0]["path"] == f"{envs}/bad\\xff"
 
 
+@pytest.mark.slow
 def test_the_project_root_is_found_from_below_it(tmp_path: Path) -> None:
     """Run from envspecs/ or any directory below the root, cudaenv uses the root's .envs/ and
     says which root it took."""

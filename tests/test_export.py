@@ -111,6 +111,7 @@ def installs_exactly(pylock: Path, tmp: Path, expected: set[tuple[str, str]]) ->
     assert installed(by_pip) == expected
 
 
+@pytest.mark.slow
 def test_a_users_lock_carries_urls_and_installs_as_written(index: Index, tmp_path: Path) -> None:
     ws = tmp_path / "ws"  # no pyproject.toml: a user's project, default settings
     write(ws / "envspecs" / "tiny.yaml", SPEC)
@@ -127,6 +128,7 @@ def test_a_users_lock_carries_urls_and_installs_as_written(index: Index, tmp_pat
     installs_exactly(path, tmp_path, TINY)
 
 
+@pytest.mark.slow
 def test_an_index_neutral_lock_installs_once_export_fills_its_wheelhouse(
     index: Index, tmp_path: Path
 ) -> None:
@@ -153,6 +155,7 @@ def test_an_index_neutral_lock_installs_once_export_fills_its_wheelhouse(
     installs_exactly(path, tmp_path, TINY)
 
 
+@pytest.mark.slow
 def test_export_pylock_writes_this_index_urls_with_the_locked_hashes(
     index: Index, tmp_path: Path
 ) -> None:
@@ -175,6 +178,7 @@ def test_export_pylock_writes_this_index_urls_with_the_locked_hashes(
     installs_exactly(out, tmp_path, TINY)
 
 
+@pytest.mark.slow
 def test_export_pylock_refuses_a_file_the_index_serves_with_another_hash(
     index: Index, tmp_path: Path
 ) -> None:
@@ -256,6 +260,7 @@ def test_export_of_a_lock_of_urls_needs_a_destination(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_export_writes_only_into_the_wheelhouse_the_project_configures(tmp_path: Path) -> None:
     """An edited lock's paths never choose where `cudaenv export` writes wheels and its
     manifest: each must be the project's wheelhouse (beside the lock) and the file's name."""

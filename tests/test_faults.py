@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from builder import lock, proc, spec
-from tests.helpers import ENVSPECS, REPO, cudaenv, local_index, lock_of, workspace, write
+from tests.helpers import (
+    ENVSPECS,
+    FAULTS_PYTHONPATH,
+    cudaenv,
+    local_index,
+    lock_of,
+    workspace,
+    write,
+)
 
 TOOLCHAIN = "envspecs/toolchain-cu130.yaml"
 ENV = Path(".envs") / "toolchain-cu130"
@@ -49,7 +57,7 @@ def start(ws: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "build", TOOLCHAIN, *args],
         cwd=ws,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        env={**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -69,6 +77,7 @@ def wait_for(predicate: object, timeout: float = 120.0) -> None:
 # --------------------------------------------------------------------------- offline
 
 
+@pytest.mark.slow
 def test_missing_uv_is_one_line_exit_6(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     (lock_of(ws / TOOLCHAIN)).unlink()
@@ -81,6 +90,7 @@ def test_missing_uv_is_one_line_exit_6(tmp_path: Path) -> None:
     assert not (lock_of(ws / TOOLCHAIN)).exists()
 
 
+@pytest.mark.slow
 def test_an_unreachable_index_is_one_line_exit_3(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     (lock_of(ws / TOOLCHAIN)).unlink()
@@ -103,6 +113,7 @@ def test_an_unreachable_index_is_one_line_exit_3(tmp_path: Path) -> None:
     assert lines[0].endswith("`cudaenv build --offline --wheelhouse DIR`")
 
 
+@pytest.mark.slow
 def test_an_index_that_times_out_is_one_line_exit_3(tmp_path: Path) -> None:
     """A server on loopback that accepts and never answers: uv's timeout, then one line."""
     import socket
@@ -157,6 +168,7 @@ def test_an_index_that_times_out_is_one_line_exit_3(tmp_path: Path) -> None:
     assert lines[0].startswith("error: toolchain-cu130: the package index did not answer (")
 
 
+@pytest.mark.slow
 def test_a_missing_python_is_one_line_exit_6(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     text = (ws / TOOLCHAIN).read_text().replace('python: "3.12"', 'python: "3.99"')
@@ -188,6 +200,7 @@ def test_a_symlinked_env_path_is_refused(tmp_path: Path) -> None:
     assert (precious / "data").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_a_missing_wheelhouse_is_one_line_exit_2(tmp_path: Path) -> None:
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     write(tmp_path / "a-file", "")
@@ -377,7 +390,7 @@ def test_builds_of_different_envs_run_in_parallel(tmp_path: Path) -> None:
     b = subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "build", "envspecs/b.yaml"],
         cwd=ws,
-        env={**os.environ, "PYTHONPATH": str(REPO), **pause},
+        env={**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, **pause},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -684,6 +697,7 @@ def good_env(ws: Path) -> Path:
     return env
 
 
+@pytest.mark.slow
 def test_the_stand_in_builds_when_nothing_is_missing(tmp_path: Path) -> None:
     """The stand-in is complete enough that only the file it leaves out can fail a build."""
     ws = workspace(tmp_path / "ws", "toolchain-cu130.yaml")
@@ -692,6 +706,7 @@ def test_the_stand_in_builds_when_nothing_is_missing(tmp_path: Path) -> None:
     assert (ws / ENV / "cudaenv.json").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("force", [False, True], ids=["first", "force"])
 def test_a_full_disk_never_exits_0_nor_replaces_the_env(tmp_path: Path, force: bool) -> None:
     """uv's offline install meets a full disk: that is said as such (not taken for a cache
@@ -720,6 +735,7 @@ def test_a_full_disk_never_exits_0_nor_replaces_the_env(tmp_path: Path, force: b
     assert no_leftovers(ws)
 
 
+@pytest.mark.slow
 def test_an_install_missing_a_recorded_file_is_refused_before_the_swap(tmp_path: Path) -> None:
     """uv exits 0, yet a file nvcc's RECORD names is not there (ptxas, as a full disk left
     it): the build proves the install against RECORD and keeps the previous env."""

@@ -137,6 +137,7 @@ def judged(ws: Path, spec_file: Path, fleet_file: Path) -> tuple[int, dict[str, 
     return done.returncode, {t["target"]["name"]: t for t in doc["targets"]}
 
 
+@pytest.mark.slow
 def test_every_verdict_from_the_wheels_of_the_lock(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     fleet_file = write(tmp_path / "fleet.yaml", FLEET)
@@ -163,6 +164,7 @@ def test_every_verdict_from_the_wheels_of_the_lock(index: Path, tmp_path: Path) 
     assert "has no wheels for linux-aarch64" in str(got["arm"]["detail"])
 
 
+@pytest.mark.slow
 def test_a_binary_that_cannot_be_read_never_covers_a_target(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     fleet_file = write(tmp_path / "fleet.yaml", FLEET)
@@ -172,6 +174,7 @@ def test_a_binary_that_cannot_be_read_never_covers_a_target(index: Path, tmp_pat
     assert "could not be read" in json.dumps(got["a10"]["evidence"])
 
 
+@pytest.mark.slow
 def test_a_wheel_that_is_not_the_locked_zip_is_one_line(index: Path, tmp_path: Path) -> None:
     """The index now serves bytes that are not a wheel (and not the locked hash): one error
     line, exit 4, nothing judged from them."""
@@ -188,6 +191,7 @@ def test_a_wheel_that_is_not_the_locked_zip_is_one_line(index: Path, tmp_path: P
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_required_target_that_cannot_run_stops_the_build(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     spec_file = stack(
@@ -259,6 +263,7 @@ def test_the_aarch64_sglang_kernel_runs_on_a_dgx_spark_and_the_x86_one_not_on_a_
 # --------------------------------------------------------------------------- the table
 
 
+@pytest.mark.slow
 def test_compat_tabulates_stacks_by_target(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     a, b = stack(ws, "1.0"), stack(ws, "2.0")
@@ -320,6 +325,7 @@ def test_a_stale_compatibility_page_is_caught(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_lock_warns_for_each_target_the_new_set_cannot_serve(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     path = write(

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from builder import archs
-from builder.verify import PASSED, EnvFacts, Target, probe, sampling
+from builder.statuses import PASSED
+from builder.verify import probe, sampling
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel
+from builder.verify.model import EnvFacts, Target
 from tests.helpers import ENVSPECS, REPO
 
 

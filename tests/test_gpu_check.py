@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from builder import archs
-from builder.verify import Target, flashinfer_jit, sampling
+from builder.verify import flashinfer_jit, sampling
+from builder.verify.model import Target
 from tests.helpers import REPO, write
 from tests.test_sampling import H200, Fakes, facts
 
@@ -269,6 +270,7 @@ def test_the_archs_are_each_gpus_for_the_toolkits_cuda(
     assert summary["machine"]["nvcc"] == nvcc
 
 
+@pytest.mark.slow
 def test_a_failing_verify_fails_the_run_and_stops_nothing_silently(machine: Machine) -> None:
     """The real verify on the stand-in (a toolkit of empty files): it fails, and so does the
     run, with each check's and each half's verdict in the summary."""
@@ -304,6 +306,7 @@ def test_a_failed_preflight_runs_no_step(machine: Machine) -> None:
 # --------------------------------------------------------------------------- the summary
 
 
+@pytest.mark.slow
 def test_a_skipped_half_or_flashinfer_jit_fails_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +334,7 @@ def test_a_skipped_half_or_flashinfer_jit_fails_the_summary(
     assert judged[("verify:cubin", None)].reason == "not in verify's report"
 
 
+@pytest.mark.slow
 def test_a_skipped_gpu_test_fails_the_pytest_step(tmp_path: Path) -> None:
     tests = write(
         tmp_path / "test_x.py",
@@ -355,6 +359,7 @@ def test_a_skipped_gpu_test_fails_the_pytest_step(tmp_path: Path) -> None:
     assert mod.pytest_results(xml, done).status == "passed"
 
 
+@pytest.mark.slow
 def test_a_step_past_its_limit_is_killed_and_failed() -> None:
     mod = gpu_check_module()
     done = mod.run(["sleep", "30"], dict(os.environ), 1.0)

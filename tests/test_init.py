@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from builder import box as boxes
 from builder import init, lock, pipeline, spec
 from builder.archs import Arch, Gpu
 from builder.cudaversion import CudaVersion
@@ -21,7 +22,7 @@ from tests.helpers import cudaenv
 CU132 = CudaVersion(major=13, minor=2)
 CU130 = CudaVersion(major=13, minor=0)
 CU128 = CudaVersion(major=12, minor=8)
-NO_GPU = init.Box(platform="linux-x86_64", glibc="2.36", gpu_note="no NVIDIA driver")
+NO_GPU = boxes.Box(platform="linux-x86_64", glibc="2.36", gpu_note="no NVIDIA driver")
 
 # What torch pins for its CUDA, per release (the real releases' own metadata).
 TORCH_CUDA = {
@@ -111,7 +112,7 @@ class Lines(Reporter):
 
 
 def choose(
-    box: init.Box = NO_GPU,
+    box: boxes.Box = NO_GPU,
     *,
     uv: FakeUv | None = None,
     with_: Sequence[str] = (),
@@ -156,7 +157,7 @@ def test_without_packages_the_newest_torch_and_cuda() -> None:
 
 
 def test_driver_caps_the_cuda() -> None:
-    box = init.Box(
+    box = boxes.Box(
         platform="linux-x86_64",
         glibc="2.36",
         gpus=(Gpu(index=0, uuid="GPU-1", name="NVIDIA H200", capability=(9, 0)),),
@@ -174,11 +175,11 @@ def test_driver_caps_the_cuda() -> None:
 
 
 def test_cuda_12_needs_a_system_toolkit_and_gets_it(tmp_path: Path) -> None:
-    box = init.Box(
+    box = boxes.Box(
         platform="linux-x86_64",
         glibc="2.36",
         driver=Driver(version="570.86.15", cuda=None, source="CUDAENV_DRIVER_VERSION"),
-        toolkits=(init.Toolkit(cuda=CU128, path=tmp_path / "cuda-12.8"),),
+        toolkits=(boxes.Toolkit(cuda=CU128, path=tmp_path / "cuda-12.8"),),
     )
     choice, _ = choose(box, with_=["old-thing"], gpu=["12.0", "9.0a"])
     assert (choice.cuda, choice.torch) == (CU128, "2.10.0")
@@ -229,7 +230,7 @@ def test_a_box_without_gpu_needs_gpu() -> None:
 
 
 def test_visible_gpus_give_the_archs() -> None:
-    box = init.Box(
+    box = boxes.Box(
         platform="linux-x86_64",
         glibc="2.36",
         gpus=(
@@ -311,7 +312,7 @@ class SglangUv:
         ]
 
 
-DRIVER_580 = init.Box(
+DRIVER_580 = boxes.Box(
     platform="linux-x86_64",
     glibc="2.36",
     gpu_note="no NVIDIA driver",
@@ -485,7 +486,7 @@ def test_one_line_drops_uv_decoration() -> None:
 
 
 def test_glibc_is_read() -> None:
-    found = init.glibc_version()
+    found = boxes.glibc_version()
     assert found is None or found[0].isdigit()
 
 
@@ -493,7 +494,7 @@ def test_glibc_is_read() -> None:
 
 
 def test_cli_without_gpu_exits_2_and_writes_nothing(tmp_path: Path) -> None:
-    if init.detect_box().gpus:
+    if boxes.detect_box().gpus:
         pytest.skip("this box has a GPU: --gpu is not needed here")
     out = tmp_path / "x.yaml"
     done = cudaenv("init", "--with", "vllm==0.33.0", "--out", str(out), cwd=tmp_path, check=False)

@@ -26,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from builder import archs, jit_remote
-from builder.jit_remote import Remote, RemoteInsecure, RemoteTimeout, fetch, publish, tag_for
-from builder.probe import jit_store
+from builder import archs, jit_remote, oci
+from builder import store as jit_store
+from builder.jit_remote import fetch, publish, tag_for
+from builder.oci import Remote, RemoteInsecure, RemoteTimeout
 from builder.verify import kernel_compile
 from tests.conftest import Registry
 from tests.helpers import write
@@ -125,7 +126,7 @@ class Scripted(BaseHTTPRequestHandler):
                 self.slow == "headers",
                 self.slow == "manifest",
             )
-            kind = jit_remote.MANIFEST_MEDIA_TYPE
+            kind = oci.MANIFEST_MEDIA_TYPE
         elif "/blobs/" in self.path and self.path.rsplit("/", 1)[1] in self.blobs:
             digest = self.path.rsplit("/", 1)[1]
             body, slow_head = self.blobs[digest], False
@@ -165,8 +166,8 @@ def scripted() -> Iterator[tuple[type[Scripted], str]]:
     doc = json.dumps({"files": {}}).encode()
     kernel = b"\x7fELF" + bytes(4092)
     config = {**blob(doc), "mediaType": jit_remote.ENTRY_MEDIA_TYPE}
-    layer = {**blob(kernel), "annotations": {jit_remote.TITLE: "kernel"}}
-    manifest = {"schemaVersion": 2, "mediaType": jit_remote.MANIFEST_MEDIA_TYPE,
+    layer = {**blob(kernel), "annotations": {oci.TITLE: "kernel"}}
+    manifest = {"schemaVersion": 2, "mediaType": oci.MANIFEST_MEDIA_TYPE,
                 "config": config, "layers": [layer]}  # fmt: skip
     handler: type[Scripted] = type("Handler", (Scripted,), {
         "manifest": json.dumps(manifest).encode() + b" " * 200, "stop": threading.Event(),
@@ -185,6 +186,7 @@ def scripted() -> Iterator[tuple[type[Scripted], str]]:
 # --------------------------------------------------------------------------- a slow loris
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("slow", "bound"), [("headers", 6.5), ("manifest", 6.5), ("blob", 2.5)])
 def test_a_slow_loris_registry_is_cut_off_at_the_transfer_deadline(
     scripted: tuple[type[Scripted], str], tmp_path: Path, slow: str, bound: float
@@ -203,6 +205,7 @@ def test_a_slow_loris_registry_is_cut_off_at_the_transfer_deadline(
     assert list(dest.iterdir()) == []  # the partial kernel is gone
 
 
+@pytest.mark.slow
 def test_a_slow_loris_proxy_is_cut_off_too(
     scripted: tuple[type[Scripted], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,6 +221,7 @@ def test_a_slow_loris_proxy_is_cut_off_too(
     assert time.monotonic() - started < 6.5
 
 
+@pytest.mark.slow
 def test_a_slow_loris_costs_a_verify_seconds_and_the_key_lock_is_free(
     scripted: tuple[type[Scripted], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -310,7 +314,7 @@ def test_plain_http_on_this_machine_is_followed(sending: type[Sending], tmp_path
     blob store on one machine)."""
     with socket_port() as port:
         sending.redirect = f"http://localhost:{port}/v2/blob"
-        with pytest.raises(jit_remote.RemoteUnreachable):
+        with pytest.raises(oci.RemoteUnreachable):
             fetch(Remote.parse(sending.url), KEY, tmp_path, timeout=5)  # type: ignore[attr-defined]
 
 

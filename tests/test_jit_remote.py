@@ -1,5 +1,6 @@
-"""builder/jit_remote.py against a real OCI registry (Debian's docker-registry on loopback),
-and against servers that misbehave: one that never answers, ones that refuse."""
+"""builder/jit_remote.py and builder/oci.py against a real OCI registry (Debian's
+docker-registry on loopback), and against servers that misbehave: one that never answers, ones
+that refuse."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import requests
 
-from builder import jit_remote
-from builder.jit_remote import (
+from builder import jit_remote, oci
+from builder.jit_remote import fetch, fetch_index, publish, publish_index, tag_for
+from builder.oci import (
     Remote,
     RemoteBadContent,
     RemoteConflict,
@@ -29,11 +31,6 @@ from builder.jit_remote import (
     RemoteRefused,
     RemoteTimeout,
     RemoteUnreachable,
-    fetch,
-    fetch_index,
-    publish,
-    publish_index,
-    tag_for,
 )
 
 if TYPE_CHECKING:
@@ -64,7 +61,7 @@ def entry_files(where: Path, big: bytes = b"\x7fELF" + bytes(range(256)) * 4096)
 def manifest_of(registry: Registry, tag: str) -> tuple[str, dict[str, Any]]:
     """The digest the registry reports for ``tag`` and the manifest it serves."""
     url = f"{registry.base}/v2/cudaenv/jit/manifests/{tag}"
-    accept = {"Accept": jit_remote.MANIFEST_MEDIA_TYPE}
+    accept = {"Accept": oci.MANIFEST_MEDIA_TYPE}
     head = requests.head(url, headers=accept, timeout=5)
     got = requests.get(url, headers=accept, timeout=5)
     assert head.status_code == got.status_code == 200
@@ -100,17 +97,17 @@ def push_raw(
 
     descriptors = []
     for title, data in layers:
-        descriptors.append({**blob(data), "annotations": {jit_remote.TITLE: title}})
+        descriptors.append({**blob(data), "annotations": {oci.TITLE: title}})
     manifest = {
         "schemaVersion": 2,
-        "mediaType": jit_remote.MANIFEST_MEDIA_TYPE,
+        "mediaType": oci.MANIFEST_MEDIA_TYPE,
         "config": {**blob(config), "mediaType": config_type},
         "layers": descriptors,
     }
     put = requests.put(
         f"{registry.base}/v2/cudaenv/jit/manifests/{tag}",
         data=json.dumps(manifest),
-        headers={"Content-Type": jit_remote.MANIFEST_MEDIA_TYPE},
+        headers={"Content-Type": oci.MANIFEST_MEDIA_TYPE},
         timeout=5,
     )
     assert put.status_code == 201, put.text
@@ -160,19 +157,19 @@ def test_the_manifest_is_the_same_bytes_from_any_machine(
     assert "annotations" not in manifest
     assert manifest["config"]["mediaType"] == jit_remote.ENTRY_MEDIA_TYPE
     assert [layer["annotations"] for layer in manifest["layers"]] == [
-        {jit_remote.TITLE: "0-sampling.o"},
-        {jit_remote.TITLE: "kernel.so"},
+        {oci.TITLE: "0-sampling.o"},
+        {oci.TITLE: "kernel.so"},
     ]
 
     # A third entry with the same files uploads only its config blob.
     sent: list[str] = []
-    real = jit_remote._TimeoutSession.request
+    real = oci._TimeoutSession.request
 
     def spy(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> requests.Response:
         sent.append(method)
         return real(self, method, url, *args, **kwargs)
 
-    monkeypatch.setattr(jit_remote._TimeoutSession, "request", spy)
+    monkeypatch.setattr(oci._TimeoutSession, "request", spy)
     third = tag_for(hashlib.sha256(b"third").hexdigest())
     assert publish(remote, third, {**DOC, "n": 3}, two) == "pushed"
     assert sent.count("POST") == 1
@@ -224,7 +221,7 @@ def test_a_blob_changed_in_the_registry_is_refused(
     files = entry_files(tmp_path / "src")
     publish(remote, KEY, DOC, files)
     _, manifest = manifest_of(registry, KEY)
-    layer = next(x for x in manifest["layers"] if x["annotations"][jit_remote.TITLE] == "kernel.so")
+    layer = next(x for x in manifest["layers"] if x["annotations"][oci.TITLE] == "kernel.so")
     data = blob_data(registry, layer["digest"])
     original = data.read_bytes()
     edited = {
@@ -289,11 +286,11 @@ def test_a_tag_holding_an_image_index_is_seen_and_kept(registry: Registry, tmp_p
     publish(remote, KEY, DOC, entry_files(tmp_path / "src"))
     raw = requests.get(
         f"{registry.base}/v2/cudaenv/jit/manifests/{KEY}",
-        headers={"Accept": jit_remote.MANIFEST_MEDIA_TYPE},
+        headers={"Accept": oci.MANIFEST_MEDIA_TYPE},
         timeout=5,
     ).content
     entry = {
-        "mediaType": jit_remote.MANIFEST_MEDIA_TYPE,
+        "mediaType": oci.MANIFEST_MEDIA_TYPE,
         "digest": "sha256:" + hashlib.sha256(raw).hexdigest(),
         "size": len(raw),
     }
@@ -403,6 +400,7 @@ def silent_server() -> Iterator[int]:
         listener.close()
 
 
+@pytest.mark.slow
 def test_a_registry_that_never_answers_times_out(silent_server: int, tmp_path: Path) -> None:
     remote = Remote.parse(f"oci://127.0.0.1:{silent_server}/cudaenv/jit")
     for call in (

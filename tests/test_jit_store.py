@@ -1,4 +1,4 @@
-"""The machine-wide JIT store (builder/probe/jit_store.py) with real ninja, on a toy build
+"""The machine-wide JIT store (builder/store/) with real ninja, on a toy build
 laid out as FlashInfer lays out its own: absolute paths of the env in every command, a
 depfile per object (``deps = gcc``), a link step. The compiler is a script that records each
 run, so a test sees whether anything was compiled."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.probe import jit_store
+from builder import store as jit_store
 from tests.helpers import write
 
 # A compiler: output = flags + source + header; a depfile naming both; one line per run.
@@ -234,6 +234,7 @@ def test_a_stored_file_is_never_changed_through_an_env(
     assert not any("rewritten" in text for text in stored)
 
 
+@pytest.mark.slow
 def test_builders_of_one_key_wait_and_compile_once(
     tmp_path: Path, tools: Path, host_path: str
 ) -> None:

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from builder import archs, export
+from builder import store as jit_store
 from builder.errors import BuildError
 from builder.paths import jit_store_dir
-from builder.probe import jit_store
-from builder.verify import PASSED, kernel_compile
+from builder.statuses import PASSED
+from builder.verify import kernel_compile
 from tests.helpers import write
 from tests.test_jit_store import (
     FAKECC,
@@ -295,6 +296,7 @@ def holder(published: jit_store.Entry) -> Iterator[subprocess.Popen[str]]:
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_a_lock_held_too_long_names_its_holder_and_the_build_goes_on(
     tmp_path: Path,
     env: dict[str, str],
@@ -471,6 +473,7 @@ def test_store_commands_list_verify_gc(tmp_path: Path, env: dict[str, str]) -> N
     assert cli.main(["store", "gc", "--max", "lots"]) == 2
 
 
+@pytest.mark.slow
 def test_a_file_checked_once_is_copied_unread_until_it_changes(
     tmp_path: Path, env: dict[str, str], published: jit_store.Entry
 ) -> None:

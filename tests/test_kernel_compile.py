@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from builder import archs, channels
-from builder.verify import FAILED, PASSED, EnvFacts, Target, kernel_compile
+from builder.statuses import FAILED, PASSED
+from builder.verify import kernel_compile
+from builder.verify.model import EnvFacts, Target
 from tests.helpers import env_facts, write
 
 FAKE_NVCC = r"""#!/bin/sh

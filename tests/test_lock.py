@@ -4,16 +4,19 @@ fingerprints, and the lock of another spec."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.pylock import Pylock, is_valid_pylock_path
 
-from builder import build, lock, project, spec
-from builder.errors import BuildError
+from builder import build, lock, project, spec, tomlwriter
+from builder.errors import BuildError, ResolveError
 from tests.helpers import ENVSPECS, lock_of, write
 
 if sys.version_info >= (3, 11):
@@ -286,3 +289,96 @@ def test_a_lock_written_before_platforms_reads_as_its_one_platform(tmp_path: Pat
     write(out, text[:start] + text[end + 1 :])
     with pytest.raises(BuildError, match=r"\[tool.cudaenv\] lacks 'platforms'; run `cudaenv lock`"):
         lock.read(out)
+
+
+def test_a_lock_packaging_rejects_is_never_written(tmp_path: Path) -> None:
+    """lock.write validates its own text with packaging.pylock before the file exists."""
+    original = lock.read(lock_of(TOOLCHAIN))
+    bad = dataclasses.replace(
+        original,
+        packages=(dataclasses.replace(original.packages[0], version="not a version"),
+                  *original.packages[1:]),
+    )  # fmt: skip
+    out = tmp_path / "pylock.x.toml"
+    with pytest.raises(ResolveError) as raised:
+        lock.write(bad, out)
+    message = str(raised.value)
+    assert message.startswith(f"{out}: not a valid PEP 751 lock: ")
+    assert "packages[0].version" in message and message.endswith("; the lock was not written")
+    assert not out.exists()
+    lock.write(original, out)  # the good one is written
+    assert lock.read(out).packages == original.packages
+
+
+def test_a_lock_just_written_is_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The validation on write is the parse a later read would do: it is kept as the memo."""
+    original = lock.read(lock_of(TOOLCHAIN))
+    out = tmp_path / "pylock.toolchain-cu130.toml"
+    lock.write(dataclasses.replace(original, notes=("written here",)), out)
+
+    def no_parse(p: Path, raw: bytes) -> lock.Lock:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(lock, "_parse", no_parse)
+    again = lock.read(out)
+    assert again.packages == original.packages and again.notes == ("written here",)
+
+
+def test_every_committed_lock_is_written_back_byte_for_byte() -> None:
+    """The writer changed nothing in the files: each committed lock, read and written again
+    (with the command its header names), is the same text."""
+    for path in sorted(LOCKS.glob("pylock*.toml")):
+        text = path.read_text()
+        command = text.splitlines()[0].split("`")[1]
+        assert lock.dumps(dataclasses.replace(lock.read(path), command=command)) == text, path
+
+
+TOML_KEYS = st.text(max_size=8)
+TOML_VALUES = st.recursive(
+    st.text(alphabet=st.characters(codec="utf-8"))
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.datetimes(
+        timezones=st.sampled_from(
+            [
+                None,
+                dt.timezone.utc,
+                dt.timezone(dt.timedelta(hours=5, minutes=30)),
+                dt.timezone(-dt.timedelta(hours=8)),
+            ]
+        )
+    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TOML_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.mark.slow
+def test_every_toml_value_the_writer_writes_reads_back_equal() -> None:
+    """Strings (every control character, DEL, quotes), integers, booleans, datetimes with and
+    without an offset, arrays and inline tables of them, under any key: tomllib reads back what
+    tomlwriter wrote, as a value, an array of lines and a key."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(TOML_KEYS, TOML_VALUES)
+    def round_trips(key: str, value: object) -> None:
+        assert tomllib.loads(tomlwriter.pair(key, value))[key] == value
+        lines = "\n".join(tomlwriter.array_lines(key, [value, value]))
+        assert tomllib.loads(lines)[key] == [value, value]
+
+    round_trips()
+    assert tomlwriter.inline_table([]) == "{}"
+    with pytest.raises(ValueError, match="whole minutes"):
+        tomlwriter.value(dt.datetime(2025, 1, 1, tzinfo=dt.timezone(dt.timedelta(seconds=30))))
+    with pytest.raises(TypeError, match="no TOML value for float"):
+        tomlwriter.value(1.5)
+
+
+def test_a_lock_of_no_package_is_a_valid_pep751_file(tmp_path: Path) -> None:
+    empty = dataclasses.replace(lock.read(lock_of(TOOLCHAIN)), packages=())
+    out = tmp_path / "pylock.empty.toml"
+    lock.write(empty, out)
+    assert Pylock.from_dict(tomllib.loads(out.read_text())).packages == []
+    assert lock.read(out).packages == ()

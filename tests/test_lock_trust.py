@@ -312,6 +312,7 @@ def plan_bounded(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_lock_that_is_a_fifo_a_device_or_too_big_is_refused_at_once(tmp_path: Path) -> None:
     s = project(tmp_path)
     path = lock.lock_path(s.source, s.name)

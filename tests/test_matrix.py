@@ -14,10 +14,13 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from builder import cli, matrix, pipeline, report, spec
+from builder import buildrun, cli, cliargs, matrix, matrixfile, report, spec
 from builder.archs import Arch
+from builder.commandargs import BuildArgs
 from builder.errors import ReportError, SpecError
-from builder.verify import CHECKS, CheckResult, CheckStatus
+from builder.statuses import CellStatus, CheckStatus
+from builder.verify import CHECKS
+from builder.verify.model import CheckResult
 from tests import chromium
 from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
 
@@ -26,7 +29,7 @@ F120 = Arch.parse("12.0f")
 
 
 def test_release_matrix_expands_to_stable_named_cells(tmp_path: Path) -> None:
-    mx = matrix.load(RELEASE, out_root=tmp_path)
+    mx = matrixfile.load(RELEASE, out_root=tmp_path)
     names = [c.name for c in mx.cells]
     assert names == [
         "toolchain-cu130",
@@ -38,7 +41,7 @@ def test_release_matrix_expands_to_stable_named_cells(tmp_path: Path) -> None:
         "torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f",
         "torch2.14.1-cu13.2-fi0.7.2-sglang0.5.23",
     ]
-    again = matrix.load(RELEASE, out_root=tmp_path)
+    again = matrixfile.load(RELEASE, out_root=tmp_path)
     assert [c.name for c in again.cells] == names
     cell = mx.spec_of(mx.cell("torch2.11.0-cu13.0-fi0.6.15.post1-sglang0.5.17-sm12.0f"))
     assert (cell.torch, cell.cuda, cell.archs) == ("2.11.0", "13.0", (F120,))
@@ -66,7 +69,7 @@ runner: {}
 """,
     )
     with pytest.raises(SpecError) as info:
-        matrix.load(bad, out_root=tmp_path / "out")
+        matrixfile.load(bad, out_root=tmp_path / "out")
     shown = str(bad.relative_to(Path.cwd())) if bad.is_relative_to(Path.cwd()) else str(bad)
     assert info.value.what == "matrix file"
     assert info.value.problems == [
@@ -81,13 +84,13 @@ runner: {}
 
 def test_matrix_file_that_is_not_a_mapping_or_not_yaml(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
-        matrix.load(write(tmp_path / "l.yaml", "- a\n- b\n"), out_root=tmp_path)
+        matrixfile.load(write(tmp_path / "l.yaml", "- a\n- b\n"), out_root=tmp_path)
     assert "a matrix file is a YAML mapping, got a list" in info.value.problems[0]
     with pytest.raises(SpecError) as info:
-        matrix.load(write(tmp_path / "y.yaml", "a: [\n"), out_root=tmp_path)
+        matrixfile.load(write(tmp_path / "y.yaml", "a: [\n"), out_root=tmp_path)
     assert ":2:1: invalid YAML" in info.value.problems[0]
     with pytest.raises(SpecError) as info:
-        matrix.load(write(tmp_path / "e.yaml", "name: e\n"), out_root=tmp_path)
+        matrixfile.load(write(tmp_path / "e.yaml", "name: e\n"), out_root=tmp_path)
     assert "needs `specs:` or `base:` with `axes:`" in info.value.problems[0]
 
 
@@ -97,15 +100,15 @@ def test_two_specs_of_one_name_are_refused(tmp_path: Path) -> None:
     write(tmp_path / "b" / "s.yaml", body)
     m = write(tmp_path / "m.yaml", "specs: [a/s.yaml, b/s.yaml]\n")
     with pytest.raises(SpecError, match="two cells are named 'same'"):
-        matrix.load(m, out_root=tmp_path / "out")
+        matrixfile.load(m, out_root=tmp_path / "out")
 
 
 def test_cells_of_two_matrices_never_share_an_env(tmp_path: Path) -> None:
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
-    one = matrix.load(
+    one = matrixfile.load(
         write(tmp_path / "one.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
     )
-    two = matrix.load(
+    two = matrixfile.load(
         write(tmp_path / "two.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
     )
     assert one.cells[0].name == two.cells[0].name == "sm9.0a"
@@ -116,13 +119,17 @@ def test_cells_of_two_matrices_never_share_an_env(tmp_path: Path) -> None:
     assert request.verify and request.record == tmp_path / "r.json"
     # The cell's lock is the matrix's own: the build re-resolves it when it goes stale.
     assert request.relock
-    # What the cell's process reads back is the same request.
-    assert pipeline.BuildRequest.from_json(request.to_json(), "r") == request
+    # The cell's process is `cudaenv build` with arguments that make the same request.
+    argv = matrix.cell_argv(request)
+    assert argv[:4] == [sys.executable, "-m", "builder.cli", "build"]
+    parsed = cliargs.parse(cliargs.make_parser(), argv[3:])
+    assert isinstance(parsed.args, BuildArgs)
+    assert buildrun.requests(parsed.args) == [request]
 
 
 def test_loading_a_matrix_writes_nothing(tmp_path: Path) -> None:
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
-    mx = matrix.load(
+    mx = matrixfile.load(
         write(tmp_path / "m.yaml", "base: x.yaml\naxes: {archs: [[9.0a]]}\n"), tmp_path / "o"
     )
     assert not (tmp_path / "o").exists()
@@ -131,20 +138,19 @@ def test_loading_a_matrix_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no cell 'nosuch'"):
         mx.cell("nosuch")
     assert not (tmp_path / "o").exists()
-    assert matrix.write_cell_spec(cell).read_text() == cell.spec_text
+    assert matrixfile.write_cell_spec(cell).read_text() == cell.spec_text
     assert spec.load(cell.spec_path) == mx.spec_of(cell)
 
 
 def fake_cell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
-) -> tuple[matrix.Matrix, matrix.Cell]:
+) -> tuple[matrixfile.Matrix, matrixfile.Cell]:
     """A matrix whose one cell runs a tiny Python program instead of `cudaenv build`."""
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
-    mx = matrix.load(write(tmp_path / "m.yaml", "specs: [x.yaml]\n"), tmp_path / "o")
+    mx = matrixfile.load(write(tmp_path / "m.yaml", "specs: [x.yaml]\n"), tmp_path / "o")
 
-    def argv(request_file: Path) -> list[str]:
-        record = json.loads(request_file.read_text())["record"]
-        return [sys.executable, "-c", code, record]
+    def argv(request: buildrun.BuildRequest) -> list[str]:
+        return [sys.executable, "-c", code, str(request.record)]
 
     monkeypatch.setattr(matrix, "cell_argv", argv)
     return mx, mx.cells[0]
@@ -191,8 +197,8 @@ def test_the_cli_writes_a_record_for_a_refused_spec(tmp_path: Path) -> None:
 
 
 def test_github_matrix_round_trips_through_report_merge(tmp_path: Path) -> None:
-    mx = matrix.load(RELEASE, out_root=tmp_path)
-    emitted = json.loads(json.dumps(matrix.github_matrix(mx)))
+    mx = matrixfile.load(RELEASE, out_root=tmp_path)
+    emitted = json.loads(json.dumps(matrixfile.github_matrix(mx)))
     assert [e["cell"] for e in emitted["include"]] == [c.name for c in mx.cells]
     first = next(i for i, c in enumerate(mx.cells) if c.generated)  # after the spec files
     assert emitted["include"][first]["spec"].endswith(f"release.yaml:{mx.cells[first].name}")
@@ -267,6 +273,7 @@ def test_a_status_no_cudaenv_writes_is_refused_with_its_key(
         report.read_report(write(tmp_path / "m.json", json.dumps(doc)))
 
 
+@pytest.mark.slow
 def test_cli_report_merge_and_baseline_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     broken = write(tmp_path / "broken.json", "not json")
     for argv in (
@@ -309,7 +316,7 @@ def sample_report() -> report.MatrixReport:
     )
 
     def cell(
-        name: str, status: report.CellStatus, reason: str, v: report.VerifyReport | None
+        name: str, status: CellStatus, reason: str, v: report.VerifyReport | None
     ) -> report.CellReport:
         return report.CellReport(
             name=name,
@@ -494,8 +501,8 @@ def test_emitted_specs_are_relative_to_the_repository_however_the_file_is_named(
 ) -> None:
     """`--emit github` with an absolute matrix path: a CI checkout has the repository at
     another path, so every spec is written relative to the repository root."""
-    mx = matrix.load(RELEASE.absolute(), out_root=tmp_path)
-    emitted = matrix.github_matrix(mx)["include"]
+    mx = matrixfile.load(RELEASE.absolute(), out_root=tmp_path)
+    emitted = matrixfile.github_matrix(mx)["include"]
     assert all(not e["spec"].startswith("/") for e in emitted)
     generated = [e for e in emitted if ":" in e["spec"]]
     assert generated and all(
@@ -506,6 +513,7 @@ def test_emitted_specs_are_relative_to_the_repository_however_the_file_is_named(
         assert (REPO / path).is_file(), path
 
 
+@pytest.mark.slow
 def test_one_cell_runs_judged_as_in_the_whole_matrix(tmp_path: Path) -> None:
     """`matrix FILE --cell NAME` (one CI job per cell): a refused cell is a result, exit 0,
     as the whole matrix says locally; an unknown cell is a one-line error."""
@@ -521,16 +529,29 @@ def test_one_cell_runs_judged_as_in_the_whole_matrix(tmp_path: Path) -> None:
     assert cli.main(["--quiet", "matrix", str(tmp_path / "m.yaml"), "--cell", "nope"]) == 2
 
 
-def test_a_cell_process_refuses_what_is_not_a_build_request(tmp_path: Path) -> None:
-    doc = {**pipeline.BuildRequest(spec="x.yaml").to_json(), "verify": "yes"}
-    bad = write(tmp_path / "r.json", json.dumps(doc))
-    done = subprocess.run(
-        matrix.cell_argv(bad), capture_output=True, text=True, cwd=REPO, check=False
+def test_a_cell_runs_the_public_build_command(tmp_path: Path) -> None:
+    """A cell's process is `cudaenv build` (no private entry point): every option of a request
+    parses back to the same request, and a spec that looks like an option stays the spec."""
+    request = buildrun.BuildRequest(
+        spec="-odd.yaml",
+        env_dir=tmp_path / "env",
+        force=True,
+        verify=True,
+        report=tmp_path / "r.json",
+        record=tmp_path / "rec.json",
+        relock=True,
+        wheelhouse=tmp_path / "wh",
+        offline=True,
+        platform="linux-aarch64",
+        no_driver_check=True,
+        keep_going=True,
+        no_target_check=True,
     )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        f"error: {bad}: build request: in 'verify': expected true or false, got str"
-    ]
+    argv = matrix.cell_argv(request)
+    assert "builder.pipeline" not in argv and argv[2:4] == ["builder.cli", "build"]
+    parsed = cliargs.parse(cliargs.make_parser(), argv[3:])
+    assert isinstance(parsed.args, BuildArgs)
+    assert buildrun.requests(parsed.args) == [request]
 
 
 def test_a_refused_cells_cause_is_shown_not_cut() -> None:

@@ -62,6 +62,7 @@ def timed_out_run(argv: list[str], *, stream: bool, timeout: float) -> tuple[Com
 # --------------------------------------------------------------------------- timeouts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
 def test_timeout_kills_a_child_that_keeps_stderr_open(stream: bool) -> None:
     # Before the fix the streaming path read stderr to its end before waiting, so timeout=1
@@ -77,6 +78,7 @@ def test_timeout_kills_a_child_that_keeps_stderr_open(stream: bool) -> None:
     assert str(err).endswith("still working")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "captured"])
 @pytest.mark.parametrize("then_sleep", [True, False], ids=["child-sleeps", "child-exits"])
 def test_timeout_holds_when_a_grandchild_keeps_the_pipes_open(

@@ -68,6 +68,7 @@ def relock(ws: Path, tmp_path: Path, *flags: str) -> dict[str, str]:
     return versions(lock_of(ws / "envspecs" / "tiny.yaml"))
 
 
+@pytest.mark.slow
 def test_a_relock_keeps_every_locked_version_when_the_index_has_newer(
     index: Path, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_relock_keeps_every_locked_version_when_the_index_has_newer(
     assert path.read_text() == text  # not one byte moved
 
 
+@pytest.mark.slow
 def test_upgrade_package_moves_that_package_alone(index: Path, tmp_path: Path) -> None:
     ws = workspace(tmp_path / "ws")
     write(ws / "envspecs" / "tiny.yaml", SPEC)
@@ -102,6 +104,7 @@ def test_upgrade_package_moves_that_package_alone(index: Path, tmp_path: Path) -
     }
 
 
+@pytest.mark.slow
 def test_a_relock_after_a_spec_change_keeps_the_versions_it_can(
     index: Path, tmp_path: Path
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_lock_with_del_in_a_url_and_a_marker_is_read_by_every_reader(tmp_path:
     assert lock.read(path).packages[0].wheels[0].url == odd.wheels[0].url
 
 
+@pytest.mark.slow
 def test_a_relock_writes_nothing_through_a_link_in_the_cache(index: Path, tmp_path: Path) -> None:
     """A red team's attack: `resolutions/last-NAME-PLATFORM.pylock.toml` linked to a root-only
     file made `lock --upgrade` overwrite it. A re-lock's preferences are the lock's own now, and

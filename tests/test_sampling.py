@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from builder import archs, verify
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, sampling
+from builder.statuses import FAILED, PASSED, SKIPPED
 from builder.verify import reference as ref
+from builder.verify import sampling
 from builder.verify.kernel_compile import KernelBuild
+from builder.verify.model import CheckResult, EnvFacts, Target
 from tests.helpers import env_facts, write
 
 H200 = archs.Gpu(index=0, uuid="GPU-aaaa-1111", name="NVIDIA H200", capability=(9, 0))
@@ -112,6 +114,7 @@ class Fakes:
 # --------------------------------------------------------------------------- 1: archs
 
 
+@pytest.mark.slow
 def test_both_halves_pass_and_are_reported_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,6 +131,7 @@ def test_both_halves_pass_and_are_reported_apart(
     assert "chi2=" in shown["GPU 0 (NVIDIA H200, SM 9.0) FlashInfer"]
 
 
+@pytest.mark.slow
 def test_a_gpu_missing_from_the_envs_archs_fails_flashinfer_with_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,6 +150,7 @@ def test_a_gpu_missing_from_the_envs_archs_fails_flashinfer_with_the_command(
 # --------------------------------------------------------------------------- 2, 3: devices
 
 
+@pytest.mark.slow
 def test_runners_get_the_envs_whole_environment_and_one_device_by_uuid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,6 +218,7 @@ def test_a_gpu_in_mig_mode_is_tested_through_a_named_instance_only() -> None:
 # --------------------------------------------------------------------------- 4: halves
 
 
+@pytest.mark.slow
 def test_no_flashinfer_is_a_skipped_half_and_said_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,6 +232,7 @@ def test_no_flashinfer_is_a_skipped_half_and_said_so(
     assert fakes.fi_seeds == []
 
 
+@pytest.mark.slow
 def test_a_flashinfer_that_does_not_import_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +257,7 @@ def test_nothing_to_run_is_skipped_not_passed(
 # --------------------------------------------------------------------------- 4b: the GPU check
 
 
+@pytest.mark.slow
 def test_in_the_gpu_check_a_skipped_half_fails_naming_what_it_lacked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,6 +290,7 @@ def test_in_the_gpu_check_nothing_to_run_fails(
     assert sampling.check(target(tmp_path), facts(tmp_path)).status == SKIPPED
 
 
+@pytest.mark.slow
 def test_a_driver_too_old_for_torchs_cuda_fails_flashinfer_with_the_way_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +340,7 @@ def test_every_row_role_is_present_and_no_tie_sits_at_a_boundary() -> None:
     assert ref._tie_at_boundary(tied)  # token 1 kept, token 2 (the same prob) dropped
 
 
+@pytest.mark.slow
 def test_a_sampler_that_skips_top_p_when_top_k_is_set_fails() -> None:
     cases = ref.make_cases()
     bad = [
@@ -345,6 +355,7 @@ def test_a_sampler_that_skips_top_p_when_top_k_is_set_fails() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_chi_square_failure_is_redrawn_with_an_independent_seed() -> None:
     cases = ref.make_cases()
     good = draws(cases, correct)
@@ -373,6 +384,7 @@ def test_a_chi_square_failure_is_redrawn_with_an_independent_seed() -> None:
     assert len(redraws) == 1 and any("outside the top-k" in f for f in failures)
 
 
+@pytest.mark.slow
 def test_the_check_redraws_flashinfer_with_its_second_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -392,6 +404,7 @@ def test_the_check_redraws_flashinfer_with_its_second_seed(
 # --------------------------------------------------------------------------- 6: no crash
 
 
+@pytest.mark.slow
 def test_a_kernel_that_does_not_build_still_runs_flashinfer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -438,6 +451,7 @@ def test_a_flashinfer_runner_without_usable_output_is_a_failed_half(
     assert str(info.value) == why
 
 
+@pytest.mark.slow
 def test_a_failed_flashinfer_runner_is_that_halfs_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -395,6 +395,7 @@ def bounded(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_spec_that_is_no_regular_file_is_refused_at_once(in_tmp: Path) -> None:
     """/dev/zero was read until memory ran out (a MemoryError traceback); a FIFO hung."""
     os.mkfifo(in_tmp / "fifo.yaml")
@@ -586,12 +587,12 @@ def test_platforms_default_to_both_and_are_checked(in_tmp: Path) -> None:
 def test_the_reference_documents_every_key() -> None:
     """docs/reference/specs.md names every spec key, toolchain key, check, platform and matrix key:
     a key added to a validator table without a line there fails here."""
-    from builder import matrix, platforms
+    from builder import matrixfile, platforms
     from tests.helpers import REPO
 
     text = (REPO / "docs" / "reference" / "specs.md").read_text()
     names = [*spec.TOP_KEYS, *spec.TOOLCHAIN_KEYS, *spec.CHECKS, *platforms.KNOWN,
-             *matrix.MATRIX_KEYS, *matrix.AXES]  # fmt: skip
+             *matrixfile.MATRIX_KEYS, *matrixfile.AXES]  # fmt: skip
     missing = [n for n in names if f"`{n}`" not in text]
     assert missing == []
 

@@ -52,6 +52,7 @@ def check(path: Path) -> None:
     assert "/" not in loaded.name and ".." not in loaded.name
 
 
+@pytest.mark.slow
 @FUZZ
 @given(doc=documents)
 def test_random_yaml_documents(tmp_path: Path, doc: object) -> None:
@@ -109,6 +110,7 @@ def test_a_file_that_is_no_mapping_is_never_quoted(
             assert not any(run in text for run in shown), exc.problems
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     base=st.fixed_dictionaries(

@@ -140,6 +140,7 @@ def test_a_specs_bad_targets_are_located_in_their_file(in_tmp: Path) -> None:
     assert "nope.yaml" in err.value.problems[0]
 
 
+@pytest.mark.slow
 def test_a_node_writes_its_own_class(tmp_path: Path) -> None:
     out = tmp_path / "fleet.yaml"
     done = cudaenv(

@@ -320,6 +320,7 @@ def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path
         assert lines[1] == f"  to add a package: cudaenv add PACKAGE --spec {s.source}"
 
 
+@pytest.mark.slow
 def test_pips_read_only_commands_answer_from_the_env(in_tmp: Path, venv: Path) -> None:
     """`pip list` / `freeze` / `show` tell the truth about the env, so torch's collect_env
     (`python -m pip list --format=freeze`) lists its packages."""

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, caches, doctor, fingerprint, proc, spec, toolchain, variables
+from builder import archs, caches, doctor, fingerprint, proc, settings, spec, toolchain, variables
+from builder import store as jit_store
 from builder import verify as verify_mod
 from builder.errors import ReportError, UsageError
-from builder.probe import jit_store
 from builder.variables import Hook, Kind
 from tests.helpers import cudaenv, write
 
@@ -156,6 +156,7 @@ def test_the_probes_report_the_tables_variables(env: Path, tmp_path: Path) -> No
     assert verified.env["FLASHINFER_CUDA_ARCH_LIST"] == ARCHS
 
 
+@pytest.mark.slow
 def test_fingerprint_json_of_an_env_holds_its_arch_lists(env: Path, tmp_path: Path) -> None:
     """`cudaenv fingerprint --json` hashes TVM-FFI's arch list with the others, and what it
     writes reads back whole."""
@@ -200,8 +201,8 @@ def test_the_table_is_consistent() -> None:
 
 
 def test_jit_stores_nvcc_variables_are_the_tables() -> None:
-    """jit_store.py runs inside the env's interpreter and imports nothing of cudaenv, so it
-    writes its list out."""
+    """The JIT store (builder/store/) runs inside the env's interpreter and imports nothing
+    of cudaenv, so it writes its list out."""
     assert jit_store.NVCC_ENV == variables.NVCC
 
 
@@ -216,7 +217,7 @@ NOT_SECONDS = ["nan", "inf", "-inf", "-1", "1e300", "thirty", "30s"]
 def test_every_numeric_variable_is_in_the_table() -> None:
     assert {v.name for v in NUMERIC} == {
         "CUDAENV_JIT_STORE_MAX", "CUDAENV_JIT_LOCK_TIMEOUT", "CUDAENV_JIT_REMOTE_TIMEOUT",
-        "CUDAENV_PROBE_TIMEOUT", "CUDAENV_HEARTBEAT_SECONDS", "CUDAENV_FAULT_PAUSE_SECONDS",
+        "CUDAENV_PROBE_TIMEOUT", "CUDAENV_HEARTBEAT_SECONDS",
     }  # fmt: skip
 
 
@@ -230,11 +231,11 @@ def test_a_numeric_variable_refuses_what_is_not_its_kind(row: variables.Variable
         good = ["30", "0.5", "1000000", *(["0"] if row.number.zero else [])]
     for text in bad:
         with pytest.raises(UsageError) as caught:
-            variables.check_numbers({row.name: text})
+            settings.resolve({row.name: text}, strict=True)
         assert str(caught.value).startswith(f"{row.name}={text}: not a "), text
     for text in good:
-        variables.check_numbers({row.name: text})
-    variables.check_numbers({row.name: ""})  # unset: the default
+        settings.resolve({row.name: text}, strict=True)
+    settings.resolve({row.name: ""}, strict=True)  # unset: the default
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])

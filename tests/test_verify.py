@@ -13,16 +13,10 @@ from typing import Any
 import pytest
 
 from builder import archs, driver, report
-from builder.verify import (
-    FAILED,
-    PASSED,
-    SKIPPED,
-    Target,
-    flashinfer_jit,
-    sampling,
-    toolchain,
-)
+from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.verify import flashinfer_jit, sampling, toolchain
 from builder.verify import reference as ref
+from builder.verify.model import Target
 from tests.helpers import a_manifest, env_facts, write
 
 PROBS = (0.1, 0.3, 0.05, 0.3, 0.2, 0.05)  # ties: 1 & 3 (0.3), 2 & 5 (0.05)
@@ -89,11 +83,13 @@ def failed(verdicts: Sequence[ref.Verdict]) -> list[str]:
     return [v.detail for v in verdicts if not v.passed]
 
 
+@pytest.mark.slow
 def test_a_correct_sampler_passes_every_verdict() -> None:
     cases = ref.make_cases()
     assert failed(sampling.judge_draws(cases, draw(cases, correct))) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [ignores_top_p, ignores_top_k])
 def test_a_sampler_ignoring_a_filter_fails_membership_and_chi_square(broken: Sampler) -> None:
     cases = ref.make_cases()
@@ -102,6 +98,7 @@ def test_a_sampler_ignoring_a_filter_fails_membership_and_chi_square(broken: Sam
     assert any(b.split(": ", 1)[1].startswith("chi2=") for b in bad)
 
 
+@pytest.mark.slow
 def test_chi_square_sees_a_skew_that_membership_cannot() -> None:
     cases = ref.make_cases()
     bad = failed(sampling.judge_draws(cases, draw(cases, unnormalised_tail)))
@@ -109,6 +106,7 @@ def test_chi_square_sees_a_skew_that_membership_cannot() -> None:
     assert all("chi2=" in b for b in bad)
 
 
+@pytest.mark.slow
 def test_exact_check_catches_one_index_off() -> None:
     cases = ref.make_cases()
     us = sampling.uniforms(7, len(cases))
@@ -290,6 +288,7 @@ def test_flashinfer_jit_fails_when_it_built_other_archs_than_verified() -> None:
     assert flashinfer_jit.check(asked, honoured).status == PASSED
 
 
+@pytest.mark.slow
 def test_a_long_step_says_it_is_still_running(monkeypatch: pytest.MonkeyPatch) -> None:
     """FlashInfer's JIT takes ~90 s: a line with the elapsed time comes every few seconds
     instead of silence; none once the step is over."""
@@ -394,7 +393,7 @@ def test_flashinfer_jit_says_it_pushed_only_when_the_push_went_through() -> None
 def stored_build(store: Any, key: str, env: Path, header: Path) -> None:
     """A build of FlashInfer's sampling module as the store keeps it, compiled in ``env``
     reading ``header``."""
-    from builder.probe import jit_store
+    from builder import store as jit_store
 
     out = write(env / "var" / "flashinfer" / "sampling" / "sampling.so", "ELF")
     rel = jit_store.normalise(str(out), [str(env)])
@@ -424,7 +423,7 @@ def test_a_store_miss_names_the_input_that_differs_and_its_distribution(
 ) -> None:
     """The env's apache-tvm-ffi differs from the one the stored build read: the miss says
     which distribution, at which version here and there, instead of a silent recompile."""
-    from builder.probe import jit_store
+    from builder import store as jit_store
 
     rel = "tvm_ffi/include/tvm/ffi/c_api.h"
     old_env, new_env = tmp_path / "old-env", tmp_path / "new-env"

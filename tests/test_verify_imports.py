@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, pipeline, spec, verify
+from builder import archs, spec, verify, verifyrun
 from builder.reporter import NOTHING_BUILT, Reporter, run_main
-from builder.verify import FAILED, PASSED, SKIPPED, Target, flashinfer_jit, imports
+from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.verify import flashinfer_jit, imports
+from builder.verify.model import CheckResult, Target
 from tests.helpers import cudaenv, env_facts, uv_venv
 
 ENGINE = "sglang/srt/entrypoints/engine.py"
@@ -69,7 +71,7 @@ def target_of(python: Path, tmp_path: Path, packages: tuple[str, ...] | None) ->
     )
 
 
-def run_imports(target: Target) -> verify.CheckResult:
+def run_imports(target: Target) -> CheckResult:
     _, results = verify.run_checks(target, ["imports"])
     (result,) = results
     return result
@@ -96,6 +98,24 @@ def test_a_declared_but_missing_requirement_says_it_is_declared(venv: Path, tmp_
     result = run_imports(target_of(venv, tmp_path, ("sglang",)))
     assert result.status == FAILED
     assert "sglang 0.5.2 imports it and declares it" in result.summary
+
+
+def test_a_requirement_declared_only_under_an_extra_says_which(venv: Path, tmp_path: Path) -> None:
+    """The real sglang 0.5.2: `Requires-Dist: pybase64; extra == "runtime-common"`, and
+    `import sglang` imports it unconditionally."""
+    install(
+        venv,
+        "sglang",
+        "0.5.2",
+        sglang_files(init="import pybase64\n"),
+        requires=['pybase64; extra == "runtime-common"'],
+    )
+    result = run_imports(target_of(venv, tmp_path, ("sglang==0.5.2",)))
+    assert result.status == FAILED
+    assert (
+        "sglang 0.5.2 imports it and declares it only with its extra 'runtime-common', which "
+        "the spec does not ask for" in result.summary
+    )
 
 
 def test_a_good_env_passes_and_times_each_module(venv: Path, tmp_path: Path) -> None:
@@ -160,6 +180,7 @@ def test_an_interpreter_without_a_spec_imports_the_stack_it_has(venv: Path, tmp_
     )
 
 
+@pytest.mark.slow
 def test_an_import_that_hangs_fails_at_the_timeout_naming_it(
     venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -274,6 +295,7 @@ def test_keep_going_runs_what_fail_fast_would_not(venv: Path, tmp_path: Path) ->
     assert any("JIT-building" in line for line in said)
 
 
+@pytest.mark.slow
 def test_verify_exits_5_naming_pybase64_and_the_checks_not_run(venv: Path, tmp_path: Path) -> None:
     install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
     done = cudaenv(
@@ -290,7 +312,7 @@ def test_verify_exits_5_naming_pybase64_and_the_checks_not_run(venv: Path, tmp_p
 
 
 def verify_only(target: Target, reporter: Reporter) -> int:
-    pipeline.verify_and_report(target, None, reporter)
+    verifyrun.verify_and_report(target, None, reporter)
     return 0
 
 

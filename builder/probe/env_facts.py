@@ -9,6 +9,7 @@ With ``--jit sampling`` it also JIT-builds FlashInfer's sampling module in the s
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -17,11 +18,44 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import jit_store
 from doctor_probe import cuda_home_order, nvcc_info, requested_variables, which
 from flashinfer_light import cuda_facts, import_flashinfer_jit, installed
+
+# The name the store takes in this interpreter: its own, not builder.store, so that importing
+# it runs nothing else of cudaenv (builder/__init__.py and its siblings need cudaenv's own
+# dependencies, and the env's site-packages is not cudaenv's).
+STORE_MODULE = "cudaenv_store"
+
+
+def import_store() -> ModuleType:
+    """cudaenv's JIT store (``builder/store``, standard library only), imported from its
+    directory beside this one. Its modules import one another relatively, so it works under
+    any package name."""
+    if STORE_MODULE in sys.modules:
+        return sys.modules[STORE_MODULE]
+    where = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "store")
+    spec = importlib.util.spec_from_file_location(
+        STORE_MODULE, os.path.join(where, "__init__.py"), submodule_search_locations=[where]
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("%s: not cudaenv's JIT store" % where)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[STORE_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[STORE_MODULE]
+        raise
+    return module
+
+
+if TYPE_CHECKING:
+    from builder import store as jit_store
+else:
+    jit_store = import_store()
 
 
 def nvcc_release(cuda_home: str) -> dict[str, object]:
@@ -104,7 +138,7 @@ def jit_sampling() -> dict[str, object]:
 
 
 def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, object]:
-    """FlashInfer's build of ``spec`` through cudaenv's store (jit_store.py): a result some
+    """FlashInfer's build of ``spec`` through cudaenv's store (builder/store/): a result some
     env of the same toolchain built is placed with ninja logs for this env, so ninja has
     nothing to do; a miss is pulled from the store's remote tier where one is set, else built
     here and kept for the next env. An env that has the result already (``compiled``) only

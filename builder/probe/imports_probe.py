@@ -97,18 +97,24 @@ def safe_top_levels(dist: Any) -> list[str]:
         return []
 
 
-def declares(dist_name: str, module: str) -> bool:
-    """Whether ``dist_name`` requires a distribution named like ``module``."""
+def declares(dist_name: str, module: str) -> Any:
+    """How ``dist_name`` requires a distribution named like ``module``: True (always), the
+    name of the extra it is required under (sglang 0.5.2 asks pybase64 only with its
+    ``runtime-common`` extra, yet imports it unconditionally), or False."""
     try:
         requires = md.distribution(dist_name).requires or []
     except md.PackageNotFoundError:
         return False
     wanted = normalize(module)
+    extras = []
     for req in requires:
         m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
         if m and normalize(m.group(1)) == wanted:
-            return True
-    return False
+            extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", req)
+            if extra is None:
+                return True
+            extras.append(extra.group(1))
+    return extras[0] if extras else False
 
 
 def importer(exc: BaseException) -> dict[str, Any] | None:

@@ -7,10 +7,16 @@ interpreter's whole environment as its start-up hook left it, and every command 
 runs (nvcc, cuobjdump, the sampling kernels) gets exactly that environment: a check proves
 the env as its users meet it, with the spec's own variables (``NVCC_APPEND_FLAGS``, ...).
 
+This file is the run loop: the probe run, the registry and the order the checks run in. What
+they speak of (``Target``, ``EnvFacts``, ``CheckResult``, ``env_of``) is in ``model.py``, which
+every check imports; no check imports this file, so the imports go one way.
+
 How to add a check: write ``builder/verify/NAME.py`` with ``check(target, facts) ->
-CheckResult``, add it to :data:`CHECKS` below (order = run order) and to :data:`STAGES`,
-and give it a test that shows it failing on a broken input. ``spec.CHECKS`` (what a spec's
-``verify:`` may name) is this tuple's names; a test keeps them equal.
+CheckResult`` (its types from ``builder.verify.model``, its statuses from
+``builder.statuses``), add it to :data:`CHECKS` below (order = run order), to
+:data:`STAGES` and to :func:`registry`, and give it a test that shows it failing on a
+broken input. ``spec.CHECKS`` (what a spec's ``verify:`` may name) is this tuple's names;
+a test keeps them equal.
 
 The checks run cheapest first, whatever order a spec lists them in: those that only read the
 env (seconds), then those that compile (FlashInfer's JIT: minutes), then those that need a
@@ -27,196 +33,19 @@ import json
 import logging
 import os
 import re
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
-from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Final
 
-from builder import proc, variables
-from builder.archs import Arch
-from builder.cudaversion import CudaVersion
+from builder import proc, settings, variables
 from builder.errors import ToolMissing, UsageError, VerifyFailed
-from builder.jsondoc import Reader
-from builder.paths import jit_store_dir
+from builder.statuses import FAILED, SKIPPED
+from builder.verify.model import CheckResult, EnvFacts, target_env
+from builder.verify.model import Target as Target  # the run loop's input, named for its callers
 
 log = logging.getLogger("cudaenv")
-
-# What a check comes to; a report file holding anything else is refused on read.
-CheckStatus = Literal["passed", "failed", "skipped"]
-CHECK_STATUSES: tuple[CheckStatus, ...] = get_args(CheckStatus)
-PASSED: Final = "passed"
-FAILED: Final = "failed"
-SKIPPED: Final = "skipped"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckResult:
-    name: str
-    status: CheckStatus
-    summary: str
-    evidence: tuple[tuple[str, str], ...] = ()
-    seconds: float = 0.0
-    fix: str = ""
-    # A tool the check needs is missing (no host compiler): verify then exits with
-    # ToolMissing's code, not VerifyFailed's: the env is not wrong, the machine lacks a tool.
-    missing_tool: str | None = None
-    # What the user should hear of that is not the verdict (the JIT store could not be used,
-    # an entry was discarded): printed as warnings.
-    warnings: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": dict(self.evidence),
-            "seconds": round(self.seconds, 3),
-            "fix": self.fix,
-            "missing_tool": self.missing_tool,
-            "warnings": list(self.warnings),
-        }
-
-    @classmethod
-    def from_json(cls, r: Reader) -> CheckResult:
-        evidence = r.raw_map("evidence")
-        return cls(
-            name=r.text("name"),
-            status=r.choice("status", CHECK_STATUSES),
-            summary=r.text("summary"),
-            evidence=tuple((str(k), str(v)) for k, v in evidence.items()),
-            seconds=r.num("seconds", 0.0),
-            fix=r.opt_text("fix") or "",
-            missing_tool=r.opt_text("missing_tool"),
-            warnings=r.texts("warnings", required=False),
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    """What is verified: an interpreter, its env dir when cudaenv built it, the archs."""
-
-    python: Path
-    archs: tuple[Arch, ...]
-    work: Path  # where checks write their builds (the env's var/cudaenv, or a cache dir)
-    env_dir: Path | None = None
-    expected_cuda: str | None = None
-    spec_name: str | None = None
-    # The spec file as the user named it: what a fix tells them to run (`cudaenv build PATH`).
-    spec_path: str | None = None
-    checks: tuple[str, ...] = ()
-    extra_env: tuple[tuple[str, str], ...] = ()
-    fresh: bool = False  # rebuild what a check would reuse (`verify --fresh`)
-    # The JIT store's registry tier named by the project ([tool.cudaenv] jit-remote).
-    jit_remote: str | None = None
-    # The spec's requirements (torch first where it pins one) the `imports` check imports;
-    # None for an interpreter verified without a spec (the usual stack, where installed).
-    packages: tuple[str, ...] | None = None
-    # Run every asked check even after a cheap one failed (`--keep-going`).
-    keep_going: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnvFacts:
-    """The probe's JSON, parsed once at this edge."""
-
-    python: str
-    python_version: str
-    cuda_home: str
-    env: Mapping[str, str | None]
-    nvcc_release: str | None
-    nvcc_path: str
-    nvcc_error: str | None
-    cudart_version: str | None
-    cudart_error: str | None
-    torch_installed: bool
-    torch_version: str | None
-    torch_cuda: str | None
-    torch_error: str | None
-    flashinfer_installed: bool
-    flashinfer_version: str | None
-    flashinfer_cuda_path: str | None
-    flashinfer_cuda_version: str | None
-    flashinfer_error: str | None
-    flashinfer_import: str | None = None
-    jit: Mapping[str, Any] = field(default_factory=dict)
-    # The interpreter's whole environment after its start-up hook: what every check runs with.
-    environ: Mapping[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    # Where CUDA_HOME came from, in the JIT compilers' lookup order ($CUDA_HOME, $CUDA_PATH,
-    # `which nvcc`, /usr/local/cuda): the same answer doctor gives.
-    cuda_home_source: str = ""
-
-    @property
-    def nvcc_cuda(self) -> CudaVersion | None:
-        """The CUDA of CUDA_HOME's nvcc, None when there is no working one. The probe reports
-        the ``X.Y`` of nvcc's "release X.Y", so anything else is refused (ValueError)."""
-        return None if self.nvcc_release is None else CudaVersion.parse(self.nvcc_release)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], seconds: float) -> EnvFacts:
-        def sub(key: str) -> Mapping[str, Any]:
-            value = doc.get(key)
-            return value if isinstance(value, dict) else {}
-
-        nvcc, cudart, torch, fi = sub("nvcc"), sub("cudart"), sub("torch"), sub("flashinfer")
-
-        def opt(m: Mapping[str, Any], key: str) -> str | None:
-            v = m.get(key)
-            return None if v is None else str(v)
-
-        jit = fi.get("jit")
-        return cls(
-            python=str(doc.get("python", "")),
-            python_version=str(doc.get("python_version", "")),
-            cuda_home=str(doc.get("cuda_home", "")),
-            cuda_home_source=str(doc.get("cuda_home_source") or ""),
-            env={str(k): (None if v is None else str(v)) for k, v in sub("env").items()},
-            nvcc_release=opt(nvcc, "release"),
-            nvcc_path=str(nvcc.get("path", "")),
-            nvcc_error=opt(nvcc, "error"),
-            cudart_version=opt(cudart, "version"),
-            cudart_error=opt(cudart, "error"),
-            torch_installed=bool(torch.get("installed")),
-            torch_version=opt(torch, "version"),
-            torch_cuda=opt(torch, "cuda"),
-            torch_error=opt(torch, "error") if torch.get("installed") else None,
-            flashinfer_installed=bool(fi.get("installed")),
-            flashinfer_version=opt(fi, "version"),
-            flashinfer_cuda_path=opt(fi, "cuda_path"),
-            flashinfer_cuda_version=opt(fi, "cuda_version"),
-            flashinfer_error=opt(fi, "error") if fi.get("installed") else None,
-            flashinfer_import=opt(fi, "import"),
-            jit=jit if isinstance(jit, dict) else {},
-            environ={str(k): str(v) for k, v in sub("environ").items()},
-            seconds=seconds,
-        )
-
-
-def target_env(target: Target) -> dict[str, str]:
-    """The environment the probe starts with: ours plus the target's overrides, and where the
-    JIT store is (none with ``--fresh``: everything is compiled again)."""
-    env = dict(os.environ)
-    env.update(dict(target.extra_env))
-    store = jit_store_dir()
-    env["CUDAENV_JIT_STORE"] = "off" if target.fresh or store is None else str(store)
-    remote = os.environ.get("CUDAENV_JIT_REMOTE") or target.jit_remote
-    env.pop("CUDAENV_JIT_SHARE", None)
-    if remote and remote != "off" and store is not None and not target.fresh:
-        # The probe runs in the env's interpreter, which has no registry client: it asks
-        # this interpreter (builder/jit_share.py) to pull or push.
-        env["CUDAENV_JIT_REMOTE"] = remote
-        env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit_share"])
-    return env
-
-
-def env_of(target: Target, facts: EnvFacts) -> dict[str, str]:
-    """What a check runs its commands with: the env's own environment as its interpreter
-    reported it (hook applied, spec variables set), or ours when the probe said nothing."""
-    return dict(facts.environ) if facts.environ else target_env(target)
 
 
 def probe(target: Target, *, jit: bool) -> EnvFacts:
@@ -281,6 +110,8 @@ def run_order(names: Sequence[str]) -> list[str]:
 
 
 def registry() -> dict[str, Check]:
+    # Imported when checks run: a report, a spec or the model (whose import runs this file)
+    # reads the check names without loading every check and its tools (~40 ms).
     from builder.verify import (
         binaries,
         cubin,
@@ -314,8 +145,9 @@ def parse_checks(text: str) -> tuple[str, ...]:
     return names
 
 
-# Seconds between "still ..." lines while a long step (FlashInfer's ~90 s JIT) says nothing.
-HEARTBEAT_SECONDS = float(os.environ.get("CUDAENV_HEARTBEAT_SECONDS", "15"))
+# Seconds between "still ..." lines while a long step (FlashInfer's ~90 s JIT) says nothing:
+# CUDAENV_HEARTBEAT_SECONDS (settings) unless set here.
+HEARTBEAT_SECONDS: float | None = None
 
 
 @contextlib.contextmanager
@@ -324,9 +156,10 @@ def heartbeat(progress: Callable[[str], None], what: str) -> Iterator[None]:
     ends: a step that takes minutes is not mistaken for a hang."""
     done = threading.Event()
     started = time.monotonic()
+    every = HEARTBEAT_SECONDS or settings.current().heartbeat_seconds
 
     def beat() -> None:
-        while not done.wait(HEARTBEAT_SECONDS):
+        while not done.wait(every):
             progress(f"{what} ({time.monotonic() - started:.0f} s)")
 
     thread = threading.Thread(target=beat, daemon=True)

@@ -9,7 +9,8 @@ maps) is `cudaenv audit`'s; verify judges the files, which needs no import.
 from __future__ import annotations
 
 from builder import audit
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target
+from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.verify.model import CheckResult, EnvFacts, Target
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:

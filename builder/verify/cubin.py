@@ -17,8 +17,9 @@ from pathlib import Path
 from builder import cachefiles, proc
 from builder.archs import Arch
 from builder.paths import cache_dir
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
+from builder.statuses import FAILED, PASSED, SKIPPED
 from builder.verify.kernel_compile import build_kernel, nvcc_of
+from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 TOOL_REQUIREMENT = "nvidia-cuda-cuobjdump>=13.2,<14"
 

@@ -9,10 +9,12 @@ from importlib import metadata
 from pathlib import Path
 
 from builder import channels
+from builder import store as jit_store
 from builder.archs import Arch, flashinfer_spelling, parse_list
-from builder.paths import jit_store_dir
-from builder.probe import jit_store
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, imports
+from builder.paths import jit_store_dir, store_at
+from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.verify.imports import servers_asked
+from builder.verify.model import CheckResult, EnvFacts, Target
 
 
 def built_archs(facts: EnvFacts) -> tuple[Arch, ...] | None:
@@ -50,7 +52,7 @@ def why_missed(store_root: Path, key: str, library: Path, env_root: Path) -> str
     differ here, by the distribution that installs each ("apache-tvm-ffi 0.1.15.post2 here;
     the stored build's env had apache-tvm-ffi 0.1.11"). None when the store holds no build
     of that module (a first build has nothing to be compared with). Reads only."""
-    store = jit_store.Store(store_root)
+    store = store_at(store_root)
     same_key: list[jit_store.Entry] = []
     others: list[jit_store.Entry] = []
     for stored_key, variant in store.all()[:MAX_COMPARED]:
@@ -147,7 +149,7 @@ def store_miss(target: Target, facts: EnvFacts, key: str, library: Path) -> str 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     if not facts.flashinfer_installed:
-        needing = [s.distribution for s in imports.servers_asked(target) if s.needs_flashinfer]
+        needing = [s.distribution for s in servers_asked(target) if s.needs_flashinfer]
         if needing:
             # A server that cannot JIT its kernels cannot serve: not a skip.
             who = " and ".join(needing)

@@ -24,7 +24,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder import proc
-from builder.verify import FAILED, PASSED, SKIPPED, CheckResult, EnvFacts, Target, env_of
+from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,8 +152,13 @@ def why(doc: dict[str, Any]) -> str:
         source = "no installed distribution provides it"
     by = ""
     if where is not None and where.get("dist"):
+        how = where.get("declares")
         declared = (
-            "declares it" if where.get("declares") else "does not declare it in its requirements"
+            f"declares it only with its extra {how!r}, which the spec does not ask for"
+            if isinstance(how, str)
+            else "declares it"
+            if how
+            else "does not declare it in its requirements"
         )
         by = f"; {where['dist']} {where.get('version', '')} imports it and {declared}"
     elif where is not None:

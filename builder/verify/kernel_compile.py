@@ -23,14 +23,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import cachefiles, channels, jit_share, proc, variables
+from builder import cachefiles, channels, jit_share, proc, settings, variables
+from builder import store as jit_store
 from builder.archs import Arch
-from builder.paths import jit_store_dir
-from builder.probe import jit_store
-from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target, env_of
+from builder.paths import jit_store_here
+from builder.statuses import FAILED, PASSED
+from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 if TYPE_CHECKING:
-    from builder.jit_remote import Remote
+    from builder.oci import Remote
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
 NO_HOST_COMPILER_FIX = (
@@ -123,7 +124,7 @@ def build_kernel(
     """Our kernel for ``arch`` with ``nvcc``: reused from ``work`` when this env built it,
     else from the machine-wide JIT store when an env of the same toolchain did (``owner``
     names this env there), else compiled and kept in both."""
-    env = dict(env if env is not None else os.environ)
+    env = dict(env) if env is not None else settings.child_environ()
     src = source()
     host = host_compiler(env)
     out_name = f"topk_topp.{arch.sm}"
@@ -163,10 +164,9 @@ def build_kernel(
         out.unlink()  # never compiled into through a link left at the name
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "topk_topp.cu").write_text(src)
-    root = jit_store_dir()
-    if root is None:
+    store = jit_store_here()
+    if store is None:
         return _compile(nvcc, arch, out, env)
-    store = jit_store.Store(root)
     cuda_home = str(Path(nvcc).parent.parent)
     material = {
         "kind": "topk_topp",
@@ -175,15 +175,19 @@ def build_kernel(
         "tools": jit_store.tool_identities(store.hasher, cuda_home, [host.path], env),
     }
     key = jit_store.key_of(material)
+    seen = set(store.notes)
     try:
         remote = jit_share.configured(env)
-        lock = store.acquire(key)
+        lock = store.acquire(key, timeout=settings.current().jit_lock_timeout)
     except (jit_store.StoreError, jit_share.ShareError, OSError) as exc:
         # The store is a cache: whatever is wrong with it costs a compile, never the check.
         built = _compile(nvcc, arch, out, env)
         return dataclasses.replace(built, notes=(f"the JIT store was not used: {exc}",))
     try:
-        return _through_store(store, key, remote, nvcc, arch, out, env, fresh=fresh, owner=owner)
+        built = _through_store(store, key, remote, nvcc, arch, out, env, fresh=fresh, owner=owner)
+        # The store is this process's one: only what it noted during this build is this
+        # build's.
+        return dataclasses.replace(built, notes=tuple(n for n in built.notes if n not in seen))
     finally:
         lock.release()
         store.hasher.save()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import struct
 import tempfile
@@ -39,22 +38,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import archs, driver, proc
+import builder.verify.reference as ref
+from builder import archs, driver, proc, settings
 from builder.archs import Gpu
 from builder.cudaversion import CudaVersion
 from builder.errors import CudaenvError, DriverTooOld
-from builder.verify import (
-    FAILED,
-    PASSED,
-    SKIPPED,
-    CheckResult,
-    CheckStatus,
-    EnvFacts,
-    Target,
-    env_of,
-)
-from builder.verify import reference as ref
+from builder.statuses import FAILED, PASSED, SKIPPED, CheckStatus
 from builder.verify.kernel_compile import build_kernel, nvcc_of
+from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 DRAWS = 4000  # per row: a sampler ignoring top_k or top_p fails chi-square at alpha 1e-3
 KERNEL_SEEDS = (7, 8)  # the uniforms of the first draw and of the independent redraw
@@ -66,7 +57,7 @@ KERNEL, FLASHINFER = "our kernel", "FlashInfer"
 
 def gpu_check_mode(environ: Mapping[str, str] | None = None) -> bool:
     """Whether nothing may be skipped (``CUDAENV_GPU_CHECK=1``)."""
-    return (os.environ if environ is None else environ).get(GPU_CHECK, "").strip() == "1"
+    return settings.of(environ).gpu_check
 
 
 def uniforms(seed: int, rows: int) -> list[list[float]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from builder.verify import FAILED, PASSED, CheckResult, EnvFacts, Target
+from builder.statuses import FAILED, PASSED
+from builder.verify.model import CheckResult, EnvFacts, Target
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:

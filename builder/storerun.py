@@ -1,0 +1,175 @@
+"""`cudaenv store`: this machine's JIT store listed, checked and trimmed, and shared through
+the JIT remote (push what an env's verify used, pull what a warmer pushed for a spec)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builder import lock, platforms, settings, spec
+from builder import store as jit_store
+from builder.envs import human
+from builder.errors import BuildError, UsageError, VerifyFailed
+from builder.pipeline import built_env, jit_remote_for, load_spec, lock_file
+from builder.reporter import Reporter
+
+if TYPE_CHECKING:
+    from builder.oci import Remote
+
+
+def jit_store_here() -> jit_store.Store:
+    """This machine's JIT store, made and checked; UsageError when it is off or unusable."""
+    from builder import paths
+
+    store = paths.jit_store_here()
+    if store is None:
+        raise UsageError("the JIT store is off (CUDAENV_JIT_STORE=off)")
+    try:
+        store.ready()
+    except jit_store.StoreError as exc:
+        raise UsageError(f"the JIT store cannot be used: {exc}") from None
+    return store
+
+
+def _remote_for(s: spec.EnvSpec) -> Remote:
+    """The spec's JIT remote (pipeline.jit_remote_for); UsageError where none is set."""
+    remote = jit_remote_for(s.source)
+    if remote is None:
+        raise UsageError(
+            "no JIT remote: set CUDAENV_JIT_REMOTE=oci://HOST[:PORT]/REPO, or jit-remote in "
+            "[tool.cudaenv] of the project's pyproject.toml"
+        )
+    return remote
+
+
+def _index_tag(s: spec.EnvSpec) -> str:
+    from builder import jit_share
+
+    lk = lock.read(lock_file(s), spec=s)
+    return jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
+
+
+def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str]:
+    """Push every store entry the built env of ``spec_arg`` used (a warmer's job), and the
+    list of their keys under the tag of the spec's lock; (pushed, warnings, tag)."""
+    from builder import jit_share
+
+    s, env = built_env(spec_arg, env_dir)
+    used = jit_store.used_entries(env)
+    if not used:
+        raise BuildError(
+            f"{env} has used no JIT results from the store: verify it first (`cudaenv verify "
+            f"{spec_arg}`) with the store on"
+        )
+    remote, tag = _remote_for(s), _index_tag(s)
+    pushed, warnings = jit_share.push_env(jit_store_here(), used, remote, tag)
+    return pushed, warnings, tag
+
+
+def store_pull(spec_arg: str) -> tuple[int, list[str], str]:
+    """Add to this machine's store every entry a warmer pushed for the spec's lock."""
+    from builder import jit_share
+
+    s = load_spec(spec_arg)
+    remote, tag = _remote_for(s), _index_tag(s)
+    added, warnings = jit_share.pull_env(jit_store_here(), remote, tag)
+    return added, warnings, tag
+
+
+# --------------------------------------------------------------------------- list, verify, gc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listing:
+    """Every entry of the store, least recently used first, and the total against the cap."""
+
+    root: Path
+    cap: int
+    entries: tuple[jit_store.Listed, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(r.size for r in self.entries)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "cap": self.cap,
+            "bytes": self.total,
+            "entries": [dataclasses.asdict(r) for r in self.entries],
+        }
+
+    def lines(self) -> list[str]:
+        out = []
+        for r in self.entries:
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
+            out.append(
+                f"{r.key[:16]}/{r.variant}  {r.kind:<9}  {human(r.size):>10}  used {used}  "
+                f"made for {r.made_for or '?'}"
+            )
+        total, cap = human(self.total), human(self.cap)
+        return [*out, f"{len(self.entries)} entries, {total} of {cap} in {self.root}"]
+
+
+def listing() -> Listing:
+    store = jit_store_here()
+    return Listing(
+        root=store.root, cap=settings.current().jit_store_max, entries=tuple(store.listing())
+    )
+
+
+def verify_store(reporter: Reporter, show: Callable[[str], None]) -> None:
+    """Check every entry against its record (and a kernel's content); ``show`` each one
+    discarded; VerifyFailed (exit 5) when one was."""
+    from builder.verify import kernel_compile
+
+    store = jit_store_here()
+    entries = store.all()
+    bad = kept = 0
+    for key, variant in entries:
+        problem = store.check(key, variant)
+        if problem is None:
+            # Consistent with its record; a kernel must also be one (a record says nothing
+            # of who made the entry: docs, the store's trust rules).
+            problem = kernel_compile.stored_kernel_problem(store.load(key, variant))
+        if problem is not None:
+            bad += 1
+            kept += not store.discard(variant, problem)
+            show(store.notes[-1])
+    reporter(f"{len(entries) - bad} of {len(entries)} entries match their records in {store.root}")
+    if bad:
+        left = f"; {kept} could not be removed" if kept else ""
+        raise VerifyFailed(
+            f"the JIT store held {bad} damaged entr{'y' if bad == 1 else 'ies'}{left}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trimmed:
+    removed: int
+    freed: int
+    left: int
+    cap: int
+    notes: tuple[str, ...]
+
+    def summary(self) -> str:
+        return (
+            f"removed {self.removed} item(s), {human(self.freed)} freed; {human(self.left)} "
+            f"left (cap {human(self.cap)})"
+        )
+
+
+def gc(max_size: str | None) -> Trimmed:
+    """Trim the store to ``max_size`` (``5G``, ``500M``; default: the cap)."""
+    try:
+        cap = jit_store.parse_size(max_size) if max_size else settings.current().jit_store_max
+    except ValueError as exc:
+        raise UsageError(f"--max: {exc}") from None
+    store = jit_store_here()
+    removed, freed = store.gc(cap)
+    left = sum(store.size_of(v) for _, v in store.all())
+    return Trimmed(removed=len(removed), freed=freed, left=left, cap=cap, notes=tuple(store.notes))
