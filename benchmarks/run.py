@@ -278,7 +278,7 @@ class Bench:
         rm(target)
         return Case(
             name="proof of install, warm build",
-            what="build.record_problems on the env a warm `cudaenv build --force` of "
+            what="installproof.problems on the env a warm `cudaenv build --force` of "
             "envspecs/toolchain-cu130.yaml just made, vs that whole build (the proof "
             "included); ratio: median of the pairs' proof / build",
             figures={
@@ -844,7 +844,7 @@ class Bench:
                     platforms.get(p).uv_tag, "--python-version", self.lock.python,
                     "-r", path])  # fmt: skip
 
-        ours, raw = alternate(audit_cold, raw_uv, max(3, self.runs // 3))
+        ours, raw = alternate(audit_cold, raw_uv, max(6, self.runs))
         warm = Timing()
         for _ in range(max(3, self.runs // 2)):
 
