@@ -8,16 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, lock
+from builder import archs, spec
 from builder.commandargs import AuditArgs
-from builder.errors import BuildError, UsageError
+from builder.errors import UsageError
 from builder.pipeline import (
     Judged,
     built_env,
+    committed_lock,
     fleet_of,
     judge_targets,
     load_spec,
-    lock_file,
     parse_archs,
 )
 from builder.reporter import Reporter
@@ -87,19 +87,14 @@ def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
     )
 
 
-def audit_targets(spec_arg: Path | str, targets_file: Path | None, reporter: Reporter) -> Judged:
+def audit_targets(
+    s: spec.EnvSpec, spec_arg: Path | str, targets_file: Path | None, reporter: Reporter
+) -> Judged:
     """`cudaenv audit SPEC` with targets: every target judged from the spec's current lock."""
-    s = load_spec(spec_arg)
     fleet = fleet_of(s, targets_file)
     if not fleet:
         raise UsageError(f"{spec_arg}: no targets: give --targets FILE or a `targets:` key")
-    path = lock_file(s)
-    if not path.exists():
-        raise BuildError(f"{path} does not exist: `cudaenv lock {spec_arg}` first")
-    lk = lock.read(path, spec=s)
-    if lk.fingerprint != s.fingerprint():
-        raise BuildError(f"{path} is stale for {spec_arg}: re-lock with `cudaenv lock {spec_arg}`")
-    return judge_targets(s, lk, fleet, reporter)
+    return judge_targets(s, committed_lock(s, spec_arg), fleet, reporter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,12 +141,10 @@ def run_audit(request: AuditRequest, targets_file: Path | None, reporter: Report
     judged per target from its lock (no env needed); otherwise its built env (or
     ``--python``'s) is audited for its archs."""
     alone = request.python is None and request.env_dir is None and request.archs is None
-    if (
-        request.spec is not None
-        and alone
-        and (targets_file is not None or load_spec(request.spec).targets)
-    ):
-        return Audited(fleet=audit_targets(request.spec, targets_file, reporter))
+    if request.spec is not None and alone:
+        s = load_spec(request.spec)
+        if targets_file is not None or s.targets:
+            return Audited(fleet=audit_targets(s, request.spec, targets_file, reporter))
     if targets_file is not None:
         raise UsageError(
             "--targets judges a SPEC's lock: it takes no --python, --env-dir or --archs"

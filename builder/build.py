@@ -17,6 +17,7 @@ import ctypes
 import datetime as dt
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -339,7 +340,7 @@ def build(
             except proc.CommandFailed as exc:
                 # uv venv, the hook's self-check: a full disk is said as such, not as the
                 # command that met it.
-                if _out_of_space(exc.output):
+                if out_of_space(exc.output):
                     raise BuildError(_no_space(tmp, target, said=exc.output)) from exc
                 raise
             fault_point("swap", progress)
@@ -397,11 +398,11 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     packages = lock.packages_on(platforms.host_name())
     progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
     try:
-        argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *_install_argv(source)]
+        argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *install_argv(source)]
         if not _sync_from_cache(argv, req):
             proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
-        if _out_of_space(exc.output):
+        if out_of_space(exc.output):
             raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             # uv's messages were shown as it ran (streamed): not repeated here.
@@ -482,7 +483,7 @@ def _sync_from_cache(argv: Sequence[str], req: Path) -> bool:
     try:
         done = proc.run([*argv, "--offline", str(req)], env=proc.uv_env())
     except proc.CommandFailed as exc:
-        if _out_of_space(exc.output):
+        if out_of_space(exc.output):
             # Not a cache miss: installing online would meet the same full disk, or worse,
             # find the half-copied packages "installed" and exit 0 (the caller says it).
             raise
@@ -493,7 +494,7 @@ def _sync_from_cache(argv: Sequence[str], req: Path) -> bool:
     return True
 
 
-def _install_argv(source: Source) -> list[str]:
+def install_argv(source: Source) -> list[str]:
     """Where uv takes the lock's files from: the index, or only an exported wheelhouse."""
     argv = ["--require-hashes"]
     if source.wheelhouse is not None:
@@ -526,11 +527,11 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     )
     argv = [uv, "pip", "install", "--quiet", "--no-deps", "--target", str(site),
             "--python-platform", platform.uv_tag, "--python-version", spec.python,
-            *_install_argv(source), "-r", str(req)]  # fmt: skip
+            *install_argv(source), "-r", str(req)]  # fmt: skip
     try:
         proc.run(argv, env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
-        if _out_of_space(exc.output):
+        if out_of_space(exc.output):
             raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             f"{spec.name}: unpacking the lock for {platform.name} failed (uv's messages above)"
@@ -563,7 +564,7 @@ _NO_SPACE = re.compile(
 )
 
 
-def _out_of_space(output: str) -> bool:
+def out_of_space(output: str) -> bool:
     """Whether a command's output says it met a full filesystem or quota."""
     return _NO_SPACE.search(output) is not None
 
@@ -600,7 +601,7 @@ def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -
     needs = ""
     if target.is_dir() and not target.is_symlink():
         needs = f"; the env there now holds {_tree_bytes(target) // 2**20} MiB of files"
-    lines = [ln.strip() for ln in said.splitlines() if _out_of_space(ln)]
+    lines = [ln.strip() for ln in said.splitlines() if out_of_space(ln)]
     if lines:
         needs += f"; uv: {lines[-1][:400]}"
     return (
@@ -613,13 +614,21 @@ def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -
 
 def _in_uv_cache(dist_info: str, rel: str) -> Path | None:
     """Where uv's cache holds ``rel`` of the wheel of ``dist_info`` (asked only for a file
-    that differs from its RECORD; uv says where its cache is)."""
+    that differs from its RECORD)."""
+    cache = _uv_cache_dir()
+    return installproof.uv_archive_file(cache)(dist_info, rel) if cache is not None else None
+
+
+@functools.cache
+def _uv_cache_dir() -> Path | None:
+    """uv's cache directory, as uv says (once per process: one question, however many
+    files differ)."""
     try:
         done = proc.run([proc.uv_bin(), "cache", "dir"], env=proc.uv_env(), timeout=60)
     except (proc.CommandFailed, CudaenvError):
         return None
     cache = Path(done.stdout.strip())
-    return installproof.uv_archive_file(cache)(dist_info, rel) if cache.is_dir() else None
+    return cache if cache.is_dir() else None
 
 
 def _prove_installed(

@@ -122,13 +122,8 @@ def tabulate(args: Sequence[Path], targets_file: Path | None, reporter: Reporter
     fleet_ = targets.load_file(targets_file) if targets_file is not None else common_targets()
     rows: list[Row] = []
     for label, s in stacks(args):
-        path = pipeline.lock_file(s)
         try:
-            if not path.exists():
-                raise CudaenvError(f"not locked: `cudaenv lock {label}` first")
-            lk = lock.read(path, spec=s)
-            if lk.fingerprint != s.fingerprint():
-                raise CudaenvError(f"its lock is stale: `cudaenv lock {label}`")
+            lk = pipeline.committed_lock(s, label)
             reporter(f"judging {s.name} for {len(fleet_)} targets")
             done = pipeline.judge_targets(s, lk, fleet_, reporter)
         except CudaenvError as exc:

@@ -23,14 +23,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from builder import audit, codec, driver, platforms, proc
+from builder import audit, build, cachefiles, codec, driver, platforms, proc
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ReportError
 from builder.lock import Lock
@@ -72,23 +71,6 @@ class Verdict:
 # --------------------------------------------------------------------------- the lock's files
 
 
-def _private_dir(path: Path) -> Path:
-    """``path`` as a directory only this user can write (made so when missing). A directory
-    another user could write, or a link, is refused: its files would decide verdicts."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if (
-        not stat.S_ISDIR(st.st_mode)
-        or st.st_uid != os.geteuid()
-        or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        raise BuildError(
-            f"{path}: not a directory of this user's that only it can write; remove it (the "
-            "lock audit unpacks wheels there)"
-        )
-    return path
-
-
 def unpacked_root(spec: EnvSpec, lk: Lock, platform: str) -> Path:
     """Where the lock's files for ``platform`` are unpacked: named by everything they depend
     on (what is installed, the platform, the Python)."""
@@ -103,7 +85,13 @@ def unpack(
     root (``lib/pythonX.Y/site-packages``); reused when complete. ``wheelhouse``: take the files
     only from there (an exported lock), else from the index uv is configured with."""
     root = unpacked_root(spec, lk, platform)
-    parent = _private_dir(root.parent)
+    parent = root.parent
+    try:
+        # The cache's rules: unpacked files decide verdicts, so no directory another user
+        # could write.
+        cachefiles.check_dirs(parent, make=True)
+    except cachefiles.Refused as exc:
+        raise BuildError(f"the lock audit cannot unpack wheels there: {exc}") from None
     done = root / "complete"
     if done.is_file() and not root.is_symlink() and done.read_text() == lk.content_hash():
         return root
@@ -118,17 +106,17 @@ def unpack(
         f"unpacking {len(packages)} wheels of the lock of {spec.name} for {platform} "
         "(hashes required; nothing is run)"
     )
-    argv = [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--require-hashes",
-            "--target", str(site), "--python-platform", platforms.get(platform).uv_tag,
-            "--python-version", spec.python]  # fmt: skip
-    if wheelhouse is not None:
-        argv += ["--no-index", "--find-links", str(wheelhouse)]
+    argv = [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+            "--python-platform", platforms.get(platform).uv_tag, "--python-version", spec.python,
+            *build.install_argv(build.Source(wheelhouse=wheelhouse))]  # fmt: skip
     started = time.monotonic()
     try:
         try:
             # Every file in uv's cache: no index page asked (as a warm build does).
             proc.run([*argv, "--offline", "-r", str(req)], env=proc.uv_env())
-        except proc.CommandFailed:
+        except proc.CommandFailed as exc:
+            if build.out_of_space(exc.output):
+                raise  # a full disk, not a cache miss: online would meet it too
             proc.run([*argv, "-r", str(req)], env=proc.uv_env(), timeout=3600)
     except proc.CommandFailed as exc:
         shutil.rmtree(tmp, ignore_errors=True)

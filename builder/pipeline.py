@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import archs, driver, lock, matrixfile, platforms, spec
+from builder import archs, driver, lock, matrixfile, platforms, spec, targets
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, UsageError
 from builder.paths import project_root
@@ -27,7 +27,6 @@ from builder.reporter import Reporter
 
 if TYPE_CHECKING:
     from builder import fleet as fleet_
-    from builder import targets as targets_
     from builder.oci import Remote
 
 # resolve, build, fleet, jit_share and project are imported where used: a warm `cudaenv build`
@@ -106,6 +105,7 @@ def known_platform(given: str | None) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Locked:
+    spec: spec.EnvSpec
     path: Path
     lock: lock.Lock
     seconds: float
@@ -138,7 +138,7 @@ def write_lock(
     lock.write(plan.lock, out)
     for note in plan.lock.notes:
         reporter(f"note: {note}")
-    return Locked(path=out, lock=plan.lock, seconds=plan.seconds)
+    return Locked(spec=s, path=out, lock=plan.lock, seconds=plan.seconds)
 
 
 def lock_spec(
@@ -155,9 +155,8 @@ def lock_spec(
         f"(CUDA {lk.torch_cuda or '-'}), cuda-toolkit {lk.toolkit or '-'} "
         f"in {done.seconds:.1f} s"
     )
-    s = load_spec(spec_arg)
-    if s.targets:
-        for v in judge_targets(s, lk, s.targets, reporter).failures:
+    if done.spec.targets:
+        for v in judge_targets(done.spec, lk, done.spec.targets, reporter).failures:
             reporter(f"warning: target {v.line()}")
     return done
 
@@ -359,17 +358,27 @@ class Judged:
         return [v for v in self.verdicts if not v.ok]
 
 
-def fleet_of(s: spec.EnvSpec, targets_file: Path | None) -> tuple[targets_.Target, ...]:
+def fleet_of(s: spec.EnvSpec, targets_file: Path | None) -> tuple[targets.Target, ...]:
     """The targets a command judges: ``--targets FILE``, else the spec's own."""
-    from builder import targets
-
     return targets.load_file(targets_file) if targets_file is not None else s.targets
+
+
+def committed_lock(s: spec.EnvSpec, spec_arg: Path | str) -> lock.Lock:
+    """The spec's lock as it is written, for judging its wheels (which never resolves):
+    BuildError when it is missing or no longer the spec's."""
+    path = lock_file(s)
+    if not path.exists():
+        raise BuildError(f"{path} does not exist: `cudaenv lock {spec_arg}` first")
+    lk = lock.read(path, spec=s)
+    if lk.fingerprint != s.fingerprint():
+        raise BuildError(f"{path} is stale for {spec_arg}: re-lock with `cudaenv lock {spec_arg}`")
+    return lk
 
 
 def judge_targets(
     s: spec.EnvSpec,
     lk: lock.Lock,
-    fleet: Sequence[targets_.Target],
+    fleet: Sequence[targets.Target],
     reporter: Reporter,
 ) -> Judged:
     """Each target's verdict from the lock's wheels of its platform: the exported wheelhouse

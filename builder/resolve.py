@@ -24,10 +24,21 @@ from typing import Protocol
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, cachefiles, channels, interpreters, platforms, policy, proc, project
+from builder import (
+    archs,
+    cachefiles,
+    channels,
+    interpreters,
+    platforms,
+    policy,
+    proc,
+    project,
+    tomlwriter,
+)
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ResolveError, ToolMissing
 from builder.lock import (
+    LOCK_VERSION_LINE,
     Lock,
     LockedFile,
     LockedPackage,
@@ -36,7 +47,6 @@ from builder.lock import (
     parse_packages,
 )
 from builder.lock import read as read_lock
-from builder.lock import toml_string as lock_toml_string
 from builder.paths import cache_dir
 from builder.spec import EnvSpec
 
@@ -687,11 +697,11 @@ def preferences(previous: Lock, platform: str) -> bytes:
     as its preferences when it is the output file (names and versions are all uv takes from
     it). One platform's entries only: where a lock holds two versions of a package, one per
     platform, uv would prefer whichever came last."""
-    lines = ['lock-version = "1.0"', 'created-by = "cudaenv"']
+    lines = [LOCK_VERSION_LINE, tomlwriter.pair("created-by", "cudaenv")]
     for p in previous.packages:
         if p.on(platform):
-            lines += ["", "[[packages]]", f"name = {lock_toml_string(p.name)}"]
-            lines.append(f"version = {lock_toml_string(p.version)}")
+            lines += ["", "[[packages]]", tomlwriter.pair("name", p.name)]
+            lines.append(tomlwriter.pair("version", p.version))
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -135,6 +135,15 @@ def add_to_index(
     return wheel
 
 
+def add_tiny_pair(root: Path, version: str = "1.0") -> None:
+    """``cudaenv-tiny-alpha`` (which requires ``cudaenv-tiny-beta``) and ``cudaenv-tiny-beta``
+    at ``version`` on the index at ``root``: the two-package stack the lock tests install."""
+    add_to_index(root, "cudaenv-tiny-beta", version, "WHO = 'beta'\n")
+    add_to_index(
+        root, "cudaenv-tiny-alpha", version, "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
+    )
+
+
 def local_index(root: Path, name: str, version: str, body: str) -> str:
     """A PEP 503 index on disk holding one pure-Python wheel; returns its file:// URL."""
     add_to_index(root, name, version, body)

@@ -264,7 +264,7 @@ def test_an_offline_install_that_met_a_full_disk_is_not_a_cache_miss(
     uv = write_uv(tmp_path, f"import sys\nsys.stderr.write({output!r})\nsys.exit(2)\n")
     with pytest.raises(proc.CommandFailed) as info:
         build._sync_from_cache([str(uv), "pip", "sync"], tmp_path / "req.txt")
-    assert build._out_of_space(info.value.output)
+    assert build.out_of_space(info.value.output)
     assert build._over_quota(info.value.output) is quota
 
 

@@ -25,6 +25,7 @@ from builder import interpreters, lock, proc, spec
 from builder.export import sha256_of
 from tests.helpers import (
     ENVSPECS,
+    add_tiny_pair,
     add_to_index,
     cudaenv,
     installed,
@@ -62,10 +63,7 @@ class Index:
 def index(tmp_path: Path) -> Iterator[Index]:
     """The local index, and uv and pip (ours and every child's) configured with it alone."""
     root = tmp_path / "index"
-    add_to_index(root, "cudaenv-tiny-beta", "1.0", "WHO = 'beta'\n")
-    add_to_index(
-        root, "cudaenv-tiny-alpha", "1.0", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
-    )
+    add_tiny_pair(root)
     with the_only_index(root, tmp_path / "uv-cache") as url:
         yield Index(root=root, url=url)
 

@@ -406,7 +406,7 @@ def _fake_locker(path: Path, say: Reporter) -> pipeline.Locked:
     )
     out = lock.lock_path(s.source, s.name)
     lock.write(lk, out)
-    return pipeline.Locked(path=out, lock=lk, seconds=0.0)
+    return pipeline.Locked(spec=s, path=out, lock=lk, seconds=0.0)
 
 
 def test_writes_a_spec_that_loads_with_the_pins(tmp_path: Path) -> None:

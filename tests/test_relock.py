@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.pylock import Pylock
 
-from builder import lock
+from builder import lock, tomlwriter
 from tests.helpers import (
     ENVSPECS,
+    add_tiny_pair,
     add_to_index,
     cudaenv,
     lock_of,
@@ -47,10 +48,7 @@ packages: [cudaenv-tiny-alpha]
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "index"
-    add_to_index(root, "cudaenv-tiny-beta", "1.0", "WHO = 'beta'\n")
-    add_to_index(
-        root, "cudaenv-tiny-alpha", "1.0", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
-    )
+    add_tiny_pair(root)
     with the_only_index(root, tmp_path / "uv-cache"):
         yield root
 
@@ -79,10 +77,7 @@ def test_a_relock_keeps_every_locked_version_when_the_index_has_newer(
     path = lock_of(ws / "envspecs" / "tiny.yaml")
     text = path.read_text()
     # Newer releases of the asked package and of its dependency appear on the index.
-    add_to_index(
-        index, "cudaenv-tiny-alpha", "1.1", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
-    )
-    add_to_index(index, "cudaenv-tiny-beta", "1.1", "WHO = 'beta'\n")
+    add_tiny_pair(index, "1.1")  # newer releases of the asked package and its dependency
     assert relock(ws, tmp_path) == first
     assert path.read_text() == text  # not one byte moved
 
@@ -92,10 +87,7 @@ def test_upgrade_package_moves_that_package_alone(index: Path, tmp_path: Path) -
     ws = workspace(tmp_path / "ws")
     write(ws / "envspecs" / "tiny.yaml", SPEC)
     relock(ws, tmp_path)
-    add_to_index(
-        index, "cudaenv-tiny-alpha", "1.1", "WHO = 'alpha'\n", requires=["cudaenv-tiny-beta"]
-    )
-    add_to_index(index, "cudaenv-tiny-beta", "1.1", "WHO = 'beta'\n")
+    add_tiny_pair(index, "1.1")  # newer releases of the asked package and its dependency
     moved = relock(ws, tmp_path, "--upgrade-package", "cudaenv-tiny-beta")
     assert moved == {"cudaenv-tiny-alpha": "1.0", "cudaenv-tiny-beta": "1.1"}
     assert relock(ws, tmp_path, "--upgrade") == {
@@ -132,12 +124,12 @@ def test_toml_strings_round_trip_through_tomllib() -> None:
     @settings(max_examples=300, deadline=None)
     @given(st.text(alphabet=st.characters(codec="utf-8")))
     def round_trips(value: str) -> None:
-        assert tomllib.loads(f"k = {lock.toml_string(value)}")["k"] == value
+        assert tomllib.loads(f"k = {tomlwriter.string(value)}")["k"] == value
 
     round_trips()
-    assert lock.toml_string("a\x7fb") == '"a\\u007Fb"'
+    assert tomlwriter.string("a\x7fb") == '"a\\u007Fb"'
     with pytest.raises(ValueError, match="cannot be written to TOML"):
-        lock.toml_string("\ud800")
+        tomlwriter.string("\ud800")
 
 
 def test_a_lock_with_del_in_a_url_and_a_marker_is_read_by_every_reader(tmp_path: Path) -> None:

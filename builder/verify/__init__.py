@@ -13,10 +13,10 @@ every check imports; no check imports this file, so the imports go one way.
 
 How to add a check: write ``builder/verify/NAME.py`` with ``check(target, facts) ->
 CheckResult`` (its types from ``builder.verify.model``, its statuses from
-``builder.statuses``), add it to :data:`CHECKS` below (order = run order), to
-:data:`STAGES` and to :func:`registry`, and give it a test that shows it failing on a
-broken input. ``spec.CHECKS`` (what a spec's ``verify:`` may name) is this tuple's names;
-a test keeps them equal.
+``builder.statuses``), add its name to ``spec.CHECKS`` (what a spec's ``verify:`` may name;
+order = run order; :data:`CHECKS` here is that tuple), to :data:`STAGES` and to
+:func:`registry`, and give it a test that shows it failing on a broken input. A test keeps
+the names and the registry equal.
 
 The checks run cheapest first, whatever order a spec lists them in: those that only read the
 env (seconds), then those that compile (FlashInfer's JIT: minutes), then those that need a
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Final
 
-from builder import proc, settings, variables
+from builder import proc, settings, spec, variables
 from builder.errors import ToolMissing, UsageError, VerifyFailed
 from builder.statuses import FAILED, SKIPPED
 from builder.verify.model import CheckResult, EnvFacts, target_env
@@ -77,16 +77,9 @@ def probe(target: Target, *, jit: bool) -> EnvFacts:
 Check = Callable[[Target, EnvFacts], CheckResult]
 
 
-# Every check, in run order (what `--checks` and a spec's `verify:` may name): cheapest first.
-CHECKS = (
-    "imports",
-    "toolchain",
-    "binaries",
-    "kernel-compile",
-    "flashinfer-jit",
-    "cubin",
-    "sampling",
-)
+# Every check, in run order (what `--checks` and a spec's `verify:` may name): cheapest
+# first. The spec's validator holds the names; the registry below maps each to its check.
+CHECKS = spec.CHECKS
 
 # Each check's cost class: a failure in one stage leaves the later stages not run.
 READS: Final = "reads the env"
