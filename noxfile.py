@@ -95,13 +95,13 @@ def compat(session: nox.Session) -> None:
 
 
 # Programs some tests drive, and the Debian package of each (as .ci/run installs them).
-TEST_PROGRAMS = {"docker-registry": "docker-registry"}
+TEST_PROGRAMS = {"docker-registry": "docker-registry", "redis-server": "redis-server"}
 
 
 def _test_programs(session: nox.Session) -> None:
-    """The real services the tests start (an OCI registry on loopback): installed with apt
-    where this runs as root on Debian/Ubuntu; elsewhere their tests skip, and pytest's summary
-    counts them (tests/conftest.py)."""
+    """The real services the tests start (an OCI registry, a Redis server, on loopback):
+    installed with apt where this runs as root on Debian/Ubuntu; elsewhere their tests skip,
+    and pytest's summary counts them (tests/conftest.py)."""
     missing = [p for p in TEST_PROGRAMS if shutil.which(p) is None]
     if not missing:
         return

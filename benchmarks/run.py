@@ -10,7 +10,7 @@ ratio is the least disturbed figure a shared machine gives.
 Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png; with
 --merge, only the cases run replace theirs and the others keep their figures and date.
 Cases: build-warm, build-cold, plan, relock, platforms, second-env, verify, doctor, growth,
-matrix, audit, store, record-proof.
+matrix, audit, store, record-proof, warm-fleet, warm-default, remote-cache.
 Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,...]
 """
 
@@ -44,6 +44,22 @@ DEFAULT = REPO / "envspecs" / "default.yaml"
 # Where `cudaenv matrix` (run from this directory) keeps its cells' envs.
 MATRIX_ENVS = matrix_dir(REPO)
 TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
+# warm-fleet: the cheapest modules of the default set (FlashInfer's fused activations, ~5 s
+# each on 2 cores), and a load of each that prints how many ninja compiled (its log changed).
+WARM_ACTS = ("gelu", "silu")
+WARM_MODULES = tuple(f"{act}_and_mul" for act in WARM_ACTS)
+LOAD_WARMED = """
+import os, sys
+from flashinfer.jit.activation import gen_act_and_mul_module
+compiled = 0
+for act in sys.argv[1:]:
+    spec = gen_act_and_mul_module(act)
+    log = os.path.join(os.path.dirname(spec.get_library_path()), ".ninja_log")
+    before = open(log).read() if os.path.exists(log) else None
+    spec.build_and_load()
+    compiled += open(log).read() != before
+print(compiled)
+"""
 # Alternated pairs of the overhead cases (build-warm, relock): the tracker's goals are medians
 # of at least 6 pairs; a full run takes more for a steadier median.
 PAIRS_MIN = 6
@@ -345,6 +361,149 @@ class Bench:
             anchor="raw uv install (no verify)",
             goal="≤ 15 s here (was ~95 s: the sampling JIT)",
             met=ta.median <= 15.0,
+        )
+
+    def warm_fleet(self) -> Case:
+        """A second node's first load of the FlashInfer modules a warmer pushed: its build
+        (empty local store, the registry holding the warm list; the prefetch pulls and places
+        them) and one process loading each module through FlashInfer, vs the same with the
+        local store warm (no registry). Both must compile nothing (ninja's log untouched)."""
+        with registry_server(self.work / "registry-warm") as url:
+            seed, warm = self.work / "warm-seed", self.work / "store-warmed"
+            cudaenv("build", DEFAULT, "--env-dir", seed, env={"CUDAENV_JIT_STORE": str(warm)})
+            cudaenv("warm", DEFAULT, "--env-dir", seed, "--modules", *WARM_MODULES,
+                    env={"CUDAENV_JIT_STORE": str(warm), "CUDAENV_JIT_REMOTE": url})  # fmt: skip
+            a_dir, b_dir, empty = self.work / "warm-b", self.work / "warm-local", self.work / "e"
+            compiles: list[int] = []
+
+            def fresh() -> None:
+                rm_all(a_dir, b_dir, empty)
+                os.sync()
+
+            def first_load(env_dir: Path, store: Path, remote: str) -> None:
+                cudaenv("build", DEFAULT, "--env-dir", env_dir,
+                        env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": remote})  # fmt: skip
+                done = sh([env_dir / "bin" / "python", "-c", LOAD_WARMED, *WARM_ACTS],
+                          env={"PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}"})  # fmt: skip
+                compiles.append(int(done.stdout.strip().splitlines()[-1]))
+
+            ta, tb = alternate(
+                lambda: first_load(a_dir, empty, url),
+                lambda: first_load(b_dir, warm, "off"),
+                self.pairs,
+                before=fresh,
+            )
+            pairs = pair_ratios(ta, tb)
+            rm_all(a_dir, b_dir, empty, seed, warm)
+        return Case(
+            name="second node, warmed FlashInfer modules",
+            what=f"cudaenv build of the default spec into a new env (empty local store, the "
+            f"registry holding the {len(WARM_ACTS)} modules `cudaenv warm` pushed: prefetched), "
+            "then one process loading each through FlashInfer's build_and_load, vs the same "
+            "with the local store warm and no registry; ratio: median of alternated pairs",
+            figures={
+                "empty store, registry warm": ta.to_json(),
+                "local store warm": tb.to_json(),
+                "pair ratios": pairs,
+                "compiles (every run, both sides)": sum(compiles),
+            },
+            ratio=pairs["median"],
+            anchor="local store warm",
+            goal="≤ 1.3, 0 compiles",
+            met=pairs["median"] <= 1.3 and sum(compiles) == 0,
+        )
+
+    def warm_default(self) -> Case:
+        """`cudaenv warm` of the whole default set for the spec's one arch, from an empty
+        store: reported (nvcc-bound on this machine), with the share that was compiling."""
+        env_dir, store = self.work / "warm-all", self.work / "store-warm-all"
+        cudaenv("build", DEFAULT, "--env-dir", env_dir, env={"CUDAENV_JIT_STORE": str(store)})
+        started = time.perf_counter()
+        done = cudaenv("warm", DEFAULT, "--env-dir", env_dir, "--json", check=False,
+                       env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": "off"})  # fmt: skip
+        wall = time.perf_counter() - started
+        doc = json.loads(done.stdout)
+        rm_all(env_dir, store)
+        share = doc["compile_seconds"] / wall if wall else float("nan")
+        return Case(
+            name="warm of the default set, one arch",
+            what=f"cudaenv warm of the default spec (archs {self.default.archs[0]}, head dim 128, "
+            f"bf16: {len(doc['modules'])} FlashInfer modules) from an empty store on "
+            f"{os.cpu_count()} cores; ratio: the share of the wall time that was compiling",
+            figures={
+                "wall_s": round(wall, 1),
+                "compile_s": doc["compile_seconds"],
+                "modules": {m["module"]: round(m["seconds"], 1) for m in doc["modules"]},
+                "built": doc["built"],
+                "failed": doc["failed"],
+                "exit": done.returncode,
+            },
+            ratio=round(share, 3),
+            anchor="wall time of the warm",
+            goal="reported (nvcc-bound)",
+            met=None,
+        )
+
+    def remote_cache(self) -> Case:
+        """A second node's Triton compile with the shared Redis cache warm (node A compiled
+        the kernel), vs the same compile with a cold local cache and no remote. Each run is a
+        new process with an empty local cache; the time is triton.compile's alone."""
+        with redis_server(self.work / "redis") as url:
+            ws = self.work / "remote-cache"
+            spec_file = ws / "rc.yaml"
+            ws.mkdir(parents=True, exist_ok=True)
+            spec_file.write_text(
+                f"extends: {DEFAULT}\nname: bench-remote-cache\nremote-cache: {url}\n"
+            )
+            env_dir = ws / "env"
+            cudaenv("build", spec_file, "--env-dir", env_dir)
+            python = env_dir / "bin" / "python"
+            code = ws / "compile.py"
+            code.write_text(TRITON_COMPILE)
+            local = ws / "local-cache"
+            said: list[tuple[float, float]] = []
+
+            def compile_with(remote: str) -> Callable[[], None]:
+                def run() -> None:
+                    rm(local)
+                    done = sh([python, code, local], env={"CUDAENV_REMOTE_CACHE": remote})
+                    first, kernel = done.stdout.strip().splitlines()[-1].split()
+                    said.append((float(first), float(kernel)))
+
+                return run
+
+            compile_with(url)()  # node A: compiles and fills the cache
+            warm, cold, warm_first, cold_first = Timing(), Timing(), Timing(), Timing()
+            for _ in range(1 if self.quick else 2):  # warm-up of each
+                compile_with(url)()
+                compile_with("off")()
+            for _ in range(self.pairs):
+                compile_with(url)()
+                warm_first.samples.append(said[-1][0])
+                warm.samples.append(said[-1][1])
+                compile_with("off")()
+                cold_first.samples.append(said[-1][0])
+                cold.samples.append(said[-1][1])
+            rm_all(ws)
+        pairs = pair_ratios(warm, cold)
+        return Case(
+            name="second node, Triton from the shared cache",
+            what="triton.compile of a tiled fp16 matmul for sm_120 in a new process of an env "
+            "whose spec names a remote cache (redis-server on loopback, warm from node A), empty "
+            "local cache, vs the same compile with the remote off; each process's first "
+            "compile (Triton's start-up, once per process either way) is timed apart; ratio: "
+            "median of alternated pairs",
+            figures={
+                "remote cache warm": warm.to_json(),
+                "cold local cache": cold.to_json(),
+                "pair ratios": pairs,
+                "first compile of a process, remote warm": warm_first.to_json(),
+                "first compile of a process, cold": cold_first.to_json(),
+            },
+            ratio=pairs["median"],
+            anchor="cold local cache, no remote",
+            goal="≤ 0.1",
+            met=pairs["median"] <= 0.1,
         )
 
     def store(self) -> list[Case]:
@@ -1034,6 +1193,80 @@ class Bench:
         )
 
 
+# remote-cache: a second node's Triton compiles for sm_120 (no GPU needed). A process first
+# compiles a one-line kernel (Triton's own start-up: its key hashes its sources and asks ptxas'
+# version, paid once per process either way), then a tiled matmul, timed around its
+# triton.compile alone; prints both times.
+TRITON_COMPILE = """
+import os, sys, time
+os.environ["TRITON_CACHE_DIR"] = sys.argv[1]
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+@triton.jit
+def first(x):
+    tl.store(x, 1.0)
+
+@triton.jit
+def matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        x = tl.load(a + rm[:, None] * sam + (k + rk)[None, :] * sak)
+        y = tl.load(b + (k + rk)[:, None] * sbk + rn[None, :] * sbn)
+        acc += tl.dot(x, y)
+    tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
+
+target = GPUTarget("cuda", 120, 32)
+started = time.perf_counter()
+triton.compile(triton.compiler.ASTSource(fn=first, signature={"x": "*fp32"}), target=target)
+ready = time.perf_counter()
+ints = {n: "i32" for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")}
+src = triton.compiler.ASTSource(fn=matmul, signature={"a": "*fp16", "b": "*fp16", "c": "*fp16",
+    **ints}, constexprs={"BM": 128, "BN": 128, "BK": 64})
+triton.compile(src, target=target)
+print(ready - started, time.perf_counter() - ready)
+"""
+
+
+@contextlib.contextmanager
+def redis_server(root: Path) -> Iterator[str]:
+    """Debian's redis-server on a free loopback port, nothing saved; its redis:// URL."""
+    import socket
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("the remote-cache case needs redis-server (apt install redis-server)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", port), 1) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def registry_server(root: Path) -> Iterator[str]:
     """Debian's docker-registry on a free loopback port, storing under ``root``: its URL."""
@@ -1160,7 +1393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = args.cases.split(",")
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
-        "growth", "matrix", "audit", "store", "record-proof", "fleet",
+        "growth", "matrix", "audit", "store", "record-proof", "fleet", "warm-fleet",
+        "warm-default", "remote-cache",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -1185,6 +1419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("audit", bench.audit),
             ("fleet", bench.fleet),
             ("store", bench.store),
+            ("warm-fleet", bench.warm_fleet),
+            ("warm-default", bench.warm_default),
+            ("remote-cache", bench.remote_cache),
         ):
             if key not in wanted:
                 continue

@@ -481,6 +481,12 @@ def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest
         f"adopted {found.prefix}: nvcc {built.nvcc} in cuda-home/, archs "
         f"{archs.flashinfer_spelling(built.archs)}; `cudaenv adopt --undo` reverts"
     )
+    if "flashinfer-python" in found.dists:
+        from builder import prefetch
+
+        # From this machine's store only: an adopted env has no lock to name a warm list by.
+        done = prefetch.prefetch(python, flashinfer=found.dists["flashinfer-python"])
+        prefetch.say_prefetched(done, progress)
     return built
 
 

@@ -92,6 +92,7 @@ def up_to_date(
         and found.fingerprint == spec.fingerprint()
         and found.archs == env_archs
         and found.env == spec.env
+        and found.remote_cache == spec.remote_cache
         and found.cudaenv == __version__
     )
     return found if same else None
@@ -423,6 +424,9 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     fault_point("hooks", progress)
     toolchain.write_hooks(tmp, spec, env_archs)
     toolchain.write_pip_guard(tmp, spec)
+    note = toolchain.remote_cache_note(tmp, spec)
+    if note is not None:
+        progress(note)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
     t = time.monotonic()
     _check_hook(tmp)
@@ -461,6 +465,7 @@ def _manifest(
         spec_archs=spec.archs,
         packages=tuple((p.name, p.version) for p in packages),
         env=spec.env,
+        remote_cache=spec.remote_cache,
         built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         cudaenv=__version__,
         path=str(target),

@@ -239,6 +239,8 @@ class Run:
             verb += f" (for {cross}, not runnable here)"
         seconds = time.monotonic() - started
         say(f"{verb} {result.path} in {seconds:.1f} s")
+        if cross is None and not result.reused:  # a reused env had its prefetch when built
+            prefetch_into(s, lk, result.path, say)
         return Built(
             spec=s,
             lock=lk,
@@ -264,6 +266,27 @@ class Run:
             target, built.manifest, self.reporter, report_path=self.request.report
         )
         return self.verified
+
+
+def prefetch_into(s: spec.EnvSpec, lk: lock.Lock, env: Path, say: Reporter) -> None:
+    """Place the warmed FlashInfer modules that fit the env just built (builder/prefetch.py):
+    one line, at most one warning, never a failed build."""
+    from builder import jit_share, prefetch
+    from builder.pipeline import jit_remote_for
+
+    versions = [
+        p.version for p in lk.packages_on(platforms.host_name()) if p.name == "flashinfer-python"
+    ]
+    if not versions:
+        return
+    try:
+        remote = jit_remote_for(s.source)
+    except UsageError as exc:  # a malformed remote: said, and the local store still serves
+        say(f"warning: the JIT remote was not used for prefetch: {exc}")
+        remote = None
+    tag = jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
+    done = prefetch.prefetch(env / "bin" / "python", flashinfer=versions[0], remote=remote, tag=tag)
+    prefetch.say_prefetched(done, say)
 
 
 def write_record(

@@ -29,6 +29,7 @@ from builder import (
     storerun,
     targets,
     verifyrun,
+    warmrun,
 )
 from builder import commandargs as ca
 from builder.errors import UsageError, VerifyFailed
@@ -290,8 +291,7 @@ def cmd_report_merge(args: ca.ReportMergeArgs, say: Reporter) -> int:
 
 
 def cmd_store_list(args: ca.StoreListArgs, say: Reporter) -> int:
-    found = storerun.listing()
-    print(json.dumps(found.to_json(), indent=2) if args.json else "\n".join(found.lines()))
+    print(storerun.listing(args.spec).text(as_json=args.json))
     return 0
 
 
@@ -322,6 +322,10 @@ def cmd_store_pull(args: ca.StorePullArgs, say: Reporter) -> int:
         say(f"warning: {w}")
     say(f"added {added} entr{'y' if added == 1 else 'ies'} listed under {tag} to the store")
     return 1 if warnings and not added else 0
+
+
+def cmd_warm(args: ca.WarmArgs, say: Reporter) -> int:
+    return warmrun.outcome(warmrun.warm(warmrun.request(args), say), say, args.json)
 
 
 def cmd_add(args: ca.AddArgs, say: Reporter) -> int:
@@ -356,6 +360,7 @@ HANDLERS: dict[type[ca.Command], Callable[[Any, Reporter], int]] = {
     ca.StoreGcArgs: cmd_store_gc,
     ca.StorePushArgs: cmd_store_push,
     ca.StorePullArgs: cmd_store_pull,
+    ca.WarmArgs: cmd_warm,
 }
 
 

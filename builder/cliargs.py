@@ -593,9 +593,13 @@ def make_parser() -> argparse.ArgumentParser:
         ssub,
         "list",
         "every entry: key, kind, size, last use, where it was made",
-        "Every entry of the store, least recently used first, and the total against the cap.",
-        "cudaenv store list --json",
+        "Every entry of the store, least recently used first, and the total against the cap. "
+        "With SPEC, the FlashInfer modules that spec's env would get: those of its lock's "
+        "FlashInfer version, CUDA release, archs and machine (a build places each whose key, "
+        "computed in the env, is equal).",
+        "cudaenv store list envspecs/default.yaml",
     )
+    sl.add_argument("spec", nargs="?", metavar="SPEC", help="only what this spec's env would get")
     sl.add_argument("--json", action="store_true", help="print JSON, for scripts")
     sl.set_defaults(args_type=commandargs.StoreListArgs)
     sv = _sub(
@@ -641,6 +645,55 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sq.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     sq.set_defaults(args_type=commandargs.StorePullArgs)
+
+    wm = _sub(
+        sub,
+        "warm",
+        "JIT-build the FlashInfer modules a server loads into the store (and the JIT remote)",
+        "For each arch list (default: the spec's), build in the spec's env the FlashInfer "
+        "modules a server loads at its first requests (FlashInfer's own generators: norm, "
+        "rope, page, sampling, cascade, quantization, top-k, the fused activations, batch "
+        "prefill and decode attention of each --head-dim and --dtype) through the JIT store, "
+        "and push them with the spec's warm list to CUDAENV_JIT_REMOTE when one is set; "
+        "`cudaenv build` on a node places them. Modules already in the store are not built "
+        "again (a rerun resumes). Exit 4 when a module could not be built for an arch list: "
+        "each is listed with FlashInfer's reason.",
+        "cudaenv warm envspecs/default.yaml --modules 'batch_*' norm --head-dim 128",
+    )
+    wm.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    wm.add_argument(
+        "--archs",
+        action="append",
+        default=[],
+        metavar="A,B",
+        help="an arch list to warm (repeat for several; default: the spec's archs)",
+    )
+    wm.add_argument(
+        "--modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="PATTERN",
+        help="only modules whose FlashInfer name matches one of these fnmatch patterns",
+    )
+    wm.add_argument(
+        "--head-dim",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="attention head dim (repeat for several; default 128)",
+    )
+    wm.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        choices=("bf16", "fp16"),
+        help="attention dtype (repeat for several; default bf16)",
+    )
+    wm.add_argument("--env-dir", help="the env (default .envs/NAME)")
+    wm.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    wm.set_defaults(args_type=commandargs.WarmArgs)
 
     rp = _sub(
         sub,

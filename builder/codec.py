@@ -89,6 +89,10 @@ class Form:
     absent: Mapping[str, object] = dataclasses.field(default_factory=dict)
     # Fields a document must hold though they have a default (for code, not for files).
     required: tuple[str, ...] = ()
+    # Fields written only where they differ from their default: added to a format later, so
+    # a document without them is written back as it was, and a reader of the older release
+    # still reads what holds none.
+    sparse: tuple[str, ...] = ()
 
 
 _MISSING: Any = object()
@@ -112,6 +116,7 @@ class _Plan:
     head: tuple[tuple[str, object], ...]
     written: tuple[_Slot, ...]  # in the order written
     read: tuple[_Slot, ...]
+    sparse: Mapping[str, Any]  # name -> the default that is not written
 
 
 def to_json(obj: Any) -> dict[str, Any]:
@@ -119,7 +124,10 @@ def to_json(obj: Any) -> dict[str, Any]:
     plan = _plan(type(obj))
     out: dict[str, Any] = dict(plan.head)
     for slot in plan.written:
-        out[slot.key] = slot.encode(getattr(obj, slot.name))
+        value = getattr(obj, slot.name)
+        if slot.name in plan.sparse and value == plan.sparse[slot.name]:
+            continue
+        out[slot.key] = slot.encode(value)
     return out
 
 
@@ -223,7 +231,14 @@ def _make_plan(cls: type) -> _Plan:
     else:
         written = read
     what = form.what or _words(cls.__name__)
-    return _Plan(cls, what, tuple(form.head.items()), written, read)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    unknown = [
+        n for n in form.sparse if defaults.get(n, dataclasses.MISSING) is dataclasses.MISSING
+    ]
+    if unknown:
+        raise TypeError(f"{cls.__name__}.json_form.sparse names no field with a default: {unknown}")
+    sparse = {n: defaults[n] for n in form.sparse}
+    return _Plan(cls, what, tuple(form.head.items()), written, read, sparse)
 
 
 def _hook(read: Callable[[Reader, str], Any]) -> Decode:

@@ -225,7 +225,22 @@ class AddArgs(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class StoreListArgs(Command):
+    spec: str | None
     json: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmArgs(Command):
+    spec: str
+    archs: tuple[str, ...]
+    modules: tuple[str, ...]
+    head_dim: tuple[int, ...]
+    dtype: tuple[str, ...]
+    env_dir: Path | None
+    json: bool
+
+    def picks_env(self) -> bool:
+        return self.env_dir is None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -154,6 +154,12 @@ def _does(v: variables.Variable) -> str:
         said.append("the env's `cuda-home/bin` put first by the start-up hook")
     elif v.hook is variables.Hook.RECORDS:
         said.append("the shell's value, kept by the start-up hook for `doctor`")
+    elif v.hook is variables.Hook.REMOTE:
+        said.append(
+            "set by the start-up hook (and every activation script, from the spec) where the "
+            "env names a remote cache and may use it; removed by the hook where it is `off` "
+            "or refused"
+        )
     if v.fingerprint:
         said.append("hashed by `fingerprint`")
     if v.doctor or v.verify:

@@ -11,11 +11,12 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from builder import archs, caches, manifest, proc, settings, variables
+from builder import archs, caches, manifest, proc, remote_cache, settings, variables
 
 # The probe's result types, which every caller of probe() reads.
 from builder.doctor_facts import ERROR as ERROR
@@ -86,7 +87,26 @@ def probe(
     gpus, gpus_note = archs.visible_gpus()
     built = manifest.try_read(Path(prefix)) if prefix else None
     facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note, target_archs=target_archs)
+    facts = _remote_cache(facts)
     return facts, diagnose(facts), time.monotonic() - started
+
+
+def _remote_cache(facts: Facts) -> Facts:
+    """``facts`` with the remote cache this interpreter is to use (CUDAENV_REMOTE_CACHE, else
+    its env's `remote-cache:`) and, where the hook wired it, the server's answer to PING."""
+    found = settings.current()
+    if found.remote_cache is None and found.origin("remote_cache") != settings.DEFAULT:
+        return facts  # `off`
+    named = found.remote_cache or (facts.manifest.remote_cache if facts.manifest else None)
+    if not named:
+        return facts
+    try:
+        cache = remote_cache.parse(named).with_password(found.remote_cache_password)
+    except remote_cache.RemoteCacheError:
+        return replace(facts, remote_cache=named.split("@")[-1])  # the hook said why
+    wired = (facts.env.get(remote_cache.WIRING_VAR) or "").startswith("wired ")
+    answer = remote_cache.ping(cache) if wired else None
+    return replace(facts, remote_cache=cache.shown, remote_answer=answer)
 
 
 def facts_table(facts: Facts) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 
 from builder import archs, codec
 from builder.manifest import Manifest
+from builder.remote_cache import Answer
 
 Severity = Literal["error", "warning", "info"]
 ERROR: Final = "error"
@@ -80,6 +81,10 @@ class Facts:
     seconds: float
     # The archs the env is for, as `cudaenv doctor --archs` was told (the box may have no GPU).
     target_archs: tuple[archs.Arch, ...] = ()
+    # The Redis cache this interpreter's Triton and Inductor are to share (its URL without the
+    # password) and what it said to PING, asked by cudaenv (doctor.probe); None: none named.
+    remote_cache: str | None = None
+    remote_answer: Answer | None = None
 
     @property
     def jit_home(self) -> CudaHome | None:
@@ -216,6 +221,13 @@ class Facts:
             "manifest": self.manifest.to_json() if self.manifest is not None else None,
             "deep": dict(self.deep) if self.deep is not None else None,
             "errors": dict(self.errors),
+            "remote_cache": None
+            if self.remote_cache is None
+            else {
+                "url": self.remote_cache,
+                "status": self.remote_answer.status if self.remote_answer else None,
+                "detail": self.remote_answer.detail if self.remote_answer else None,
+            },
             "probe_seconds": round(self.seconds, 3),
         }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import archs, caches, channels, driver, manifest, policy, variables
+from builder import archs, caches, channels, driver, manifest, policy, remote_cache, variables
 from builder.cudaversion import CudaVersion
 from builder.doctor_facts import (
     ERROR,
@@ -606,6 +606,73 @@ def rule_drift(facts: Facts) -> list[Finding]:
     ]
 
 
+def rule_remote_cache(facts: Facts) -> list[Finding]:
+    """The Redis cache Triton and Inductor are to share: wired by the env's hook (or why not),
+    and whether it answers PING (AUTH first where a password is given). A cache that is down
+    costs local compiles, never a failure; one that refuses the password is a setting to fix."""
+    if facts.remote_cache is None:
+        return []
+    url = facts.remote_cache
+    said = facts.env.get(remote_cache.WIRING_VAR) or ""
+    rebuild = (
+        f"cudaenv build {facts.manifest.spec} --force" if facts.manifest else "cudaenv build SPEC"
+    )
+    if not said.startswith("wired "):
+        no_client = canonicalize_name(remote_cache.CLIENT) not in {
+            canonicalize_name(n) for n in facts.dists
+        }
+        if no_client:
+            cause = (
+                f"the remote cache {url} is named but this env has no Redis client "
+                f"(`{remote_cache.CLIENT}` is not installed): Triton and Inductor compile locally"
+            )
+            fix = f"add `remote-cache: {url}` to the env's spec (its lock gains `redis`), then {rebuild}"
+        elif said:
+            cause = f"the remote cache is {said}"
+            fix = (
+                "give the server's password in CUDAENV_REMOTE_CACHE_PASSWORD (or the URL of "
+                "CUDAENV_REMOTE_CACHE), or name a server on loopback"
+                if "password" in said
+                else "correct CUDAENV_REMOTE_CACHE or the spec's `remote-cache:`"
+            )
+        else:
+            cause = (
+                f"the remote cache {url} is named but this interpreter's start-up hook does not "
+                "wire it (an env built by an older cudaenv, or not by cudaenv)"
+            )
+            fix = rebuild
+        return [Finding(code="remote-cache-unwired", severity=WARNING, cause=cause,
+                        evidence=(said,) if said else (), fix=(fix,))]  # fmt: skip
+    answer = facts.remote_answer
+    if answer is None:
+        return []
+    if answer.status == "answers":
+        return [Finding(code="remote-cache", severity=INFO,
+                        cause=f"Triton and Inductor share the remote cache {url}: it answers",
+                        evidence=(answer.detail,))]  # fmt: skip
+    if answer.status == "auth-refused":
+        return [
+            Finding(
+                code="remote-cache-auth",
+                severity=ERROR,
+                cause=f"the remote cache {url} refuses this password: every compile asks it "
+                "in vain and compiles locally",
+                evidence=(answer.detail,),
+                fix=("set the server's password in CUDAENV_REMOTE_CACHE_PASSWORD (or the URL)",),
+            )
+        ]
+    return [
+        Finding(
+            code="remote-cache-down",
+            severity=WARNING,
+            cause=f"the remote cache {url} does not answer: Triton and Inductor compile "
+            f"locally (a request waits at most {remote_cache.TIMEOUT:g} s for it)",
+            evidence=(answer.detail,),
+            fix=("start the server or correct the URL; `CUDAENV_REMOTE_CACHE=off` stops asking",),
+        )
+    ]
+
+
 RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_probe,
     rule_nvcc,
@@ -615,6 +682,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_caches,
     rule_activation,
     rule_drift,
+    rule_remote_cache,
     rule_host_compiler,
     rule_no_host_compiler,
     rule_glibc,
@@ -639,6 +707,9 @@ ROOT_FIRST = (
     "cache-outside-env",
     "activation-unwired",
     "env-drift",
+    "remote-cache-auth",
+    "remote-cache-unwired",
+    "remote-cache-down",
     "gpu-arch-missing",
     "old-jit-cache",
     "no-driver",

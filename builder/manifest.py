@@ -49,8 +49,12 @@ class Manifest:
     # Assembled on another machine (`cudaenv build --platform`): its files were checked, never
     # run; it holds no interpreter until made a venv on its platform.
     assembled: bool = False
+    # The spec's `remote-cache:` URL the hook was written with; None: none.
+    remote_cache: str | None = None
 
-    json_form: ClassVar[codec.Form] = codec.Form(head={"schema_version": SCHEMA_VERSION})
+    json_form: ClassVar[codec.Form] = codec.Form(
+        head={"schema_version": SCHEMA_VERSION}, sparse=("remote_cache",)
+    )
 
     def to_json(self) -> dict[str, object]:
         return codec.to_json(self)

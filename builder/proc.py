@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -243,6 +243,58 @@ def _run_streaming(
     if deadline is not None and any(reader.is_alive() for reader in readers):
         raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines))
     return _completed(args, child.returncode, "".join(out_parts), "".join(err_lines), check=check)
+
+
+def run_lines(
+    argv: Sequence[str | os.PathLike[str]],
+    on_line: Callable[[str], None],
+    *,
+    env: Mapping[str, str] | None = None,
+    input_text: str = "",
+    timeout: float,
+) -> Completed:
+    """Run ``argv``, handing each line of its stdout to ``on_line`` as it comes (a probe's
+    progress events); stderr is kept for the result. Never raises for a non-zero exit: the
+    caller reads the lines. The timeout is a deadline on the whole run: past it the child
+    is killed and CommandFailed says so."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("$ %s", shlex.join(args))
+    child = _start(
+        args,
+        env=env,
+        cwd=None,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    err_pipe = child.stderr
+    err_parts: list[str] = []
+    reader = threading.Thread(target=lambda: err_parts.append(err_pipe.read()), daemon=True)
+    reader.start()
+    killer = threading.Timer(timeout, child.kill)
+    killer.daemon = True
+    killer.start()
+    started = time.monotonic()
+    try:
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write(input_text)
+            child.stdin.close()
+        for line in child.stdout:
+            on_line(line.rstrip("\n"))
+        child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    finally:
+        killer.cancel()
+    _join([reader], until=time.monotonic() + 5)
+    if time.monotonic() - started >= timeout and child.returncode != 0:
+        raise _timed_out(args, timeout, "".join(err_parts)[-4000:])
+    return Completed(
+        argv=tuple(args), returncode=child.returncode, stdout="", stderr="".join(err_parts)
+    )
 
 
 def _join(threads: Sequence[threading.Thread], *, until: float) -> None:

@@ -33,6 +33,7 @@ from builder import (
     policy,
     proc,
     project,
+    remote_cache,
     tomlwriter,
 )
 from builder.cudaversion import CudaVersion
@@ -505,6 +506,9 @@ def resolve(
     if spec.torch is not None:
         requirements.append(f"torch=={spec.torch}")
     requirements += list(spec.packages)
+    if spec.remote_cache:
+        # Triton and Inductor reach the shared cache through redis-py (remote_cache.py).
+        requirements.append(remote_cache.CLIENT)
     if toolkit is not None and spec.toolchain.source == "wheels":
         # Pin the compiler to the version torch pins so the resolver cannot drift.
         requirements.append(

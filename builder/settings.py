@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -57,11 +58,14 @@ class Settings:
     jit_lock_timeout: float = 900.0
     jit_remote: str | None = None  # oci://HOST[:PORT]/REPO; None: no remote
     jit_push: bool = False
+    no_prefetch: bool = False  # build and adopt place no warmed JIT entries
     jit_remote_insecure: bool = False
     jit_remote_timeout: float = 30.0
     jit_signing_key: Path | None = None
     jit_allowed_signers: Path | None = None
     jit_require_signed: bool = False
+    remote_cache: str | None = None  # redis://...; None: none (`off` or unset)
+    remote_cache_password: str | None = None
     uv: str | None = None
     driver_version: str | None = None
     probe_timeout: float = 10.0
@@ -220,6 +224,13 @@ def _shown(value: object) -> str:
     return "(unset)" if value is None else str(value)
 
 
+def _masked(value: str) -> str:
+    """A secret setting as ``--debug`` shows it: a URL without its password, else ``***``."""
+    if "://" not in value:
+        return "***"
+    return re.sub(r"^([a-z]+://[^:@/]*):[^@/]*@", r"\1:***@", value)
+
+
 def show(found: Settings) -> None:
     """``--debug``'s account of the settings, on stderr before any work."""
     for line in describe(found):
@@ -230,11 +241,14 @@ def describe(found: Settings) -> list[str]:
     """One line per setting, ``name = value  (where it came from)``, as ``--debug`` prints
     them: the variable's name where one sets it."""
     by_field = {row.setting.field: row.name for row in ROWS if row.setting is not None}
+    secret = {row.setting.field for row in ROWS if row.setting is not None and row.setting.secret}
     lines = []
     for f in fields(found):
         if f.name == "origins":
             continue
         label = by_field.get(f.name, f"--{f.name}")
         value = getattr(found, f.name)
+        if f.name in secret and value is not None:
+            value = _masked(str(value))
         lines.append(f"{label} = {_shown(value)}  ({found.origin(f.name)})")
     return lines

@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import platforms as platforms_mod
+from builder import remote_cache as remote_cache_mod
 from builder import targets as targets_mod
 from builder import variables
 from builder.archs import DEFAULT_ARCHS, Arch, cuda_problems
@@ -105,6 +106,9 @@ class EnvSpec:
     # The GPU classes the stack must serve (targets.py): judged from the lock's wheels of each
     # target's platform; the arch list follows from them when `archs:` is left out.
     targets: tuple[Target, ...] = ()
+    # Triton's and Inductor's shared cache (remote_cache.py): redis://HOST[:PORT][/DB], no
+    # password (it is given at run time); the lock gains the Redis client.
+    remote_cache: str | None = None
 
     @property
     def cuda_version(self) -> CudaVersion:
@@ -133,6 +137,8 @@ class EnvSpec:
         }
         if self.indexes:  # only when set, so locks of specs without it stay valid
             doc["indexes"] = dict(sorted(self.indexes))
+        if self.remote_cache:  # the lock holds the Redis client; the URL is the env's
+            doc["remote-cache-client"] = remote_cache_mod.CLIENT
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
@@ -239,7 +245,9 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: Problems) 
     # Any, not object: EnvSpec's fields are typed per key, which a table cannot carry; the
     # annotations of each validator against its field are checked by a test instead.
     fields: dict[str, Any] = {
-        key: check(data[key], problems) for key, check in _VALIDATORS.items() if key in data
+        FIELDS.get(key, key): check(data[key], problems)
+        for key, check in _VALIDATORS.items()
+        if key in data
     }
     fleet = data.get("targets")
     if fleet is not None and isinstance(fleet.value, str):
@@ -534,6 +542,29 @@ def _platforms(item: Item, problems: Problems) -> tuple[str, ...] | None:
     return tuple(found)
 
 
+def _remote_cache(item: Item, problems: Problems) -> str | None:
+    """A Redis URL. Its password, if the server asks one, is given at run time: what a spec
+    says is shared with it and written into the env's activation scripts."""
+    text = string(item, "remote-cache", problems, "a redis://HOST[:PORT][/DB] URL")
+    if text is None:
+        return None
+    try:
+        found = remote_cache_mod.parse(text)
+    except remote_cache_mod.RemoteCacheError as exc:
+        problems.add(item.mark, "remote-cache", str(exc))
+        return None
+    if found.password:
+        problems.add(
+            item.mark,
+            "remote-cache",
+            "a password in a spec is shared with the spec and written into the env's "
+            "activation scripts: leave it out and give it at run time in "
+            "CUDAENV_REMOTE_CACHE_PASSWORD",
+        )
+        return None
+    return text
+
+
 def _targets(item: Item, problems: Problems) -> tuple[Target, ...] | None:
     """An inline list of targets. A fleet file's path (a string) is read by _validate, which
     knows the spec's directory."""
@@ -557,7 +588,10 @@ _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "indexes": _indexes,
     "platforms": _platforms,
     "targets": _targets,
+    "remote-cache": _remote_cache,
 }
+# A key whose EnvSpec field is spelled otherwise.
+FIELDS = {"remote-cache": "remote_cache"}
 _REQUIRED = ("name", "python", "cuda")
 # `extends` is the loader's: _load_merged consumes it while merging the base, before validation.
 # It is listed after name and summary, where it has always stood in "expected one of: ...".

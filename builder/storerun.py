@@ -4,13 +4,15 @@ the JIT remote (push what an env's verify used, pull what a warmer pushed for a 
 from __future__ import annotations
 
 import dataclasses
+import json
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import lock, platforms, settings, spec
+from builder import archs, lock, platforms, settings, spec
 from builder import store as jit_store
 from builder.envs import human
 from builder.errors import BuildError, UsageError, VerifyFailed
@@ -46,7 +48,8 @@ def _remote_for(s: spec.EnvSpec) -> Remote:
     return remote
 
 
-def _index_tag(s: spec.EnvSpec) -> str:
+def index_tag_for(s: spec.EnvSpec) -> str:
+    """The tag of the spec's list of keys on the JIT remote (its lock, this platform)."""
     from builder import jit_share
 
     lk = lock.read(lock_file(s), spec=s)
@@ -65,7 +68,7 @@ def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str
             f"{env} has used no JIT results from the store: verify it first (`cudaenv verify "
             f"{spec_arg}`) with the store on"
         )
-    remote, tag = _remote_for(s), _index_tag(s)
+    remote, tag = _remote_for(s), index_tag_for(s)
     pushed, warnings = jit_share.push_env(jit_store_here(), used, remote, tag)
     return pushed, warnings, tag
 
@@ -75,7 +78,7 @@ def store_pull(spec_arg: str) -> tuple[int, list[str], str]:
     from builder import jit_share
 
     s = load_spec(spec_arg)
-    remote, tag = _remote_for(s), _index_tag(s)
+    remote, tag = _remote_for(s), index_tag_for(s)
     added, warnings = jit_share.pull_env(jit_store_here(), remote, tag)
     return added, warnings, tag
 
@@ -85,40 +88,85 @@ def store_pull(spec_arg: str) -> tuple[int, list[str], str]:
 
 @dataclass(frozen=True, kw_only=True)
 class Listing:
-    """Every entry of the store, least recently used first, and the total against the cap."""
+    """Every entry of the store, least recently used first, and the total against the cap;
+    with a spec, only the FlashInfer modules its env would get (``wanted`` says which)."""
 
     root: Path
     cap: int
     entries: tuple[jit_store.Listed, ...]
+    wanted: dict[str, str] | None = None
 
     @property
     def total(self) -> int:
         return sum(r.size for r in self.entries)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "root": str(self.root),
             "cap": self.cap,
             "bytes": self.total,
             "entries": [dataclasses.asdict(r) for r in self.entries],
         }
+        return out if self.wanted is None else {**out, "for": self.wanted}
 
     def lines(self) -> list[str]:
         out = []
         for r in self.entries:
             used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
+            module = f"  {r.module.get('name')} for {r.module.get('archs')}" if r.module else ""
             out.append(
                 f"{r.key[:16]}/{r.variant}  {r.kind:<9}  {human(r.size):>10}  used {used}  "
-                f"made for {r.made_for or '?'}"
+                f"made for {r.made_for or '?'}{module}"
             )
         total, cap = human(self.total), human(self.cap)
-        return [*out, f"{len(self.entries)} entries, {total} of {cap} in {self.root}"]
+        last = f"{len(self.entries)} entries, {total} of {cap} in {self.root}"
+        if self.wanted is not None:
+            what = ", ".join(f"{k} {v}" for k, v in self.wanted.items())
+            last = f"{len(self.entries)} FlashInfer module(s) for {what} in {self.root}"
+        return [*out, last]
+
+    def text(self, *, as_json: bool) -> str:
+        return json.dumps(self.to_json(), indent=2) if as_json else "\n".join(self.lines())
 
 
-def listing() -> Listing:
+def wanted_by(spec_arg: str) -> dict[str, str]:
+    """What an env of ``spec_arg`` on this machine asks of a FlashInfer module: its lock's
+    FlashInfer version, the spec's CUDA release and archs (as its start-up hook sets them),
+    this machine."""
+    s = load_spec(spec_arg)
+    lk = lock.read(lock_file(s), spec=s)
+    found = [
+        p.version for p in lk.packages_on(platforms.host_name()) if p.name == "flashinfer-python"
+    ]
+    if not found:
+        raise UsageError(f"{spec_arg}: its lock has no flashinfer-python, so no FlashInfer module")
+    return {
+        "flashinfer": found[0],
+        "cuda": s.cuda,
+        "archs": archs.flashinfer_spelling(s.archs),
+        "machine": platform.machine(),
+    }
+
+
+def fits(module: dict[str, Any] | None, wanted: dict[str, str]) -> bool:
+    """Whether a stored module was made for what ``wanted`` says (its CUDA release is the
+    spec's CUDA minor, or a patch of it)."""
+    if module is None:
+        return False
+    cuda = str(module.get("cuda") or "")
+    return all(str(module.get(k)) == wanted[k] for k in ("flashinfer", "archs", "machine")) and (
+        cuda == wanted["cuda"] or cuda.startswith(wanted["cuda"] + ".")
+    )
+
+
+def listing(spec_arg: str | None = None) -> Listing:
     store = jit_store_here()
+    rows = tuple(store.listing())
+    wanted = wanted_by(spec_arg) if spec_arg else None
+    if wanted is not None:
+        rows = tuple(r for r in rows if fits(r.module, wanted))
     return Listing(
-        root=store.root, cap=settings.current().jit_store_max, entries=tuple(store.listing())
+        root=store.root, cap=settings.current().jit_store_max, entries=rows, wanted=wanted
     )
 
 

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import archs, cachefiles, caches, channels, proc, settings, variables
+from builder import archs, cachefiles, caches, channels, proc, remote_cache, settings, variables
 from builder.archs import Arch
 from builder.cudaversion import CudaVersion
 from builder.errors import BuildError, ToolMissing
@@ -559,30 +559,94 @@ ACTIVATIONS: tuple[tuple[str, str, Callable[[Path, str, str], str]], ...] = (
 )
 
 
+def has_redis_client(site: Path) -> bool:
+    """The env can reach a Redis cache: redis-py is installed (its lock holds ``redis``)."""
+    return (site / remote_cache.CLIENT / "__init__.py").is_file()
+
+
+def remote_values(url: str | None, client: bool) -> dict[str, object]:
+    """What the hook's remote-cache part is rendered with (remote_cache.py's rules): the
+    spec's URL, whether the env has the Redis client."""
+    return {
+        "remote_cache": url or "",
+        "redis_client": client,
+        "remote_vars": remote_cache.WIRED,
+        "manager": remote_cache.MANAGER,
+        "backend": remote_cache.BACKEND,
+        "timeout": f"{remote_cache.TIMEOUT:g}",
+        "default_port": remote_cache.DEFAULT_PORT,
+    }
+
+
+def remote_cache_note(venv: Path, spec: EnvSpec) -> str | None:
+    """A warning for the build where the remote cache this process names (CUDAENV_REMOTE_CACHE,
+    which wins, else the spec's) would not be wired: the env's lock has no Redis client, the
+    URL is not one, or a server off loopback has no password here; None when all is well."""
+    found = settings.current()
+    url = found.remote_cache or spec.remote_cache
+    if not url:
+        return None
+    where = "CUDAENV_REMOTE_CACHE" if found.remote_cache else f"remote-cache of {spec.source}"
+    if not has_redis_client(site_packages(venv)):
+        return (
+            f"warning: {where} names a Redis cache but {spec.name}'s lock has no Redis client "
+            f"(`{remote_cache.CLIENT}`): Triton and Inductor are not wired to it; add "
+            f"`remote-cache:` to {spec.source} and build again"
+        )
+    try:
+        cache = remote_cache.parse(url).with_password(found.remote_cache_password)
+    except remote_cache.RemoteCacheError as exc:
+        return f"warning: {where}: {exc}; Triton and Inductor are not wired to it"
+    # A server off loopback gets its password at run time: say now, not at the first
+    # compile, that a process without one runs unwired.
+    why = remote_cache.refusal(cache)
+    return (
+        None if why is None else f"warning: {where}: {why}; a process without one compiles locally"
+    )
+
+
 def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Path]:
     """The .pth start-up hook and the block in every shell's activation script the venv has,
     values quoted by the templates."""
     site = site_packages(venv)
     depth = len(site.relative_to(venv).parts)
+    client = has_redis_client(site)
+    # Activation exports the spec's wiring (the hook decides again at each interpreter start:
+    # CUDAENV_REMOTE_CACHE, the password, the rules); never a password, as a spec holds none.
+    wired = (
+        remote_cache.wiring(remote_cache.parse(spec.remote_cache))
+        if spec.remote_cache and client
+        else ()
+    )
     values = {
         "name": spec.name,
         "pth_name": PTH_NAME,
         "depth": depth,
         "flashinfer_archs": archs.flashinfer_spelling(env_archs),
         "torch_archs": archs.torch_spelling(env_archs),
-        "env": list(spec.env),
+        "env": [*spec.env, *wired],
         "caches": [(c.variable, c.subdir) for c in caches.CACHES],
         # Only binaries the toolkit has: Triton falls back to its own silently otherwise.
         "tools": [
             (v, t) for v, t in caches.TRITON_TOOLS if (venv / "cuda-home" / "bin" / t).exists()
         ],
         # What activation saves and deactivate gives back: every variable it sets.
-        "saved": list(dict.fromkeys([*variables.SET_BY_HOOK, *[k for k, _ in spec.env]])),
+        "saved": list(
+            dict.fromkeys([*variables.SET_BY_HOOK, *[k for k, _ in [*spec.env, *wired]]])
+        ),
     }
     hook = site / f"{HOOK_MODULE}.py"
-    hook.write_text(_render("hook.py.j2", values))
+    # The hook sets the remote cache's variables in code of its own, at each start.
+    hook_values = {**values, "env": list(spec.env), **remote_values(spec.remote_cache, client)}
+    hook.write_text(_render("hook.py.j2", hook_values))
     pth = site / PTH_NAME
     written = [hook, pth]
+    if client:
+        backend = site / f"{remote_cache.BACKEND_MODULE}.py"
+        backend.write_text(
+            _render("remote_cache.py.j2", {"name": spec.name, "backend": remote_cache.BACKEND})
+        )
+        written.append(backend)
     for script, template, place in ACTIVATIONS:
         path = venv / "bin" / script
         if path.exists():

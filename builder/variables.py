@@ -29,6 +29,7 @@ class Kind(enum.Enum):
     ARCHS = "arch list"  # the archs a JIT build targets
     CACHE = "JIT cache"  # where a library keeps what it compiled
     TOOL = "Triton tool"  # which binary Triton runs instead of its bundled one
+    REMOTE = "remote cache"  # Triton's and Inductor's shared cache on Redis (remote_cache.py)
     NVCC = "nvcc"  # what nvcc reads on top of its command line
     COMPILE = "compile"  # what picks the host compiler of a JIT build
     RUNTIME = "runtime"  # what the loader and the driver read
@@ -47,6 +48,10 @@ class Hook(enum.Enum):
     PREPENDS = "prepends"
     # What the shell had, kept for doctor to show what the hook overrides (the hook only).
     RECORDS = "records"
+    # Set where the env names a remote cache (a spec's `remote-cache:`, CUDAENV_REMOTE_CACHE)
+    # and it may be wired (remote_cache.py): the hook at each interpreter start, activation
+    # from the spec's URL; removed by the hook where one is named and refused or `off`.
+    REMOTE = "remote"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,7 @@ class Setting:
     type: str = "text"
     default: str = ""
     pyproject: str | None = None  # the [tool.cudaenv] key that sets it too, below the variable
+    secret: bool = False  # may hold a password: `--debug` never prints it
 
 
 SECONDS_MAX = 1_000_000.0  # ~11 days: past it a socket or a timer refuses the value
@@ -107,6 +113,11 @@ def _cache(
     return Variable(name=name, kind=Kind.CACHE, reader=reader, read_at=read_at, hook=Hook.SETS,
                     cache=subdir, fingerprint=True, reserved=reserved, doctor=True,
                     verify=verify)  # fmt: skip
+
+
+def _remote(name: str, reader: str, read_at: str, *, doctor: bool = True) -> Variable:
+    return Variable(name=name, kind=Kind.REMOTE, reader=reader, read_at=read_at,
+                    hook=Hook.REMOTE, reserved=True, doctor=doctor)  # fmt: skip
 
 
 def _triton_tool(name: str, tool: str) -> Variable:
@@ -174,6 +185,28 @@ TABLE: tuple[Variable, ...] = (
     _triton_tool("TRITON_PTXAS_BLACKWELL_PATH", "ptxas"),
     _triton_tool("TRITON_CUOBJDUMP_PATH", "cuobjdump"),
     _triton_tool("TRITON_NVDISASM_PATH", "nvdisasm"),
+    # Triton's and Inductor's remote caches on a shared Redis (builder/remote_cache.py).
+    # Triton's own backend takes only a host and a port, with no timeout: the env's backend
+    # module reads TORCHINDUCTOR_REDIS_URL (password, database, TLS, timeouts) instead.
+    _remote("TRITON_CACHE_MANAGER", "Triton", "triton/knobs.py (cache_knobs.manager_class)"),
+    _remote("TRITON_REMOTE_CACHE_BACKEND", "Triton (RemoteCacheManager's backend class)",
+            "triton/knobs.py (cache_knobs.remote_manager_class)"),
+    _remote("TRITON_REDIS_HOST", "Triton's own Redis backend", "triton/knobs.py (redis_knobs)"),
+    _remote("TRITON_REDIS_PORT", "Triton's own Redis backend", "triton/knobs.py (redis_knobs)"),
+    _remote("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "torch Inductor (1: FX graphs from Redis)",
+            "torch/_inductor/config.py"),
+    _remote("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "torch Inductor (1: autotuning from Redis)",
+            "torch/_inductor/config.py"),
+    _remote("TORCHINDUCTOR_REDIS_HOST", "torch Inductor (where no URL is set)",
+            "torch/_inductor/remote_cache.py"),
+    _remote("TORCHINDUCTOR_REDIS_PORT", "torch Inductor (where no URL is set)",
+            "torch/_inductor/remote_cache.py"),
+    # Holds the password where one is given: not reported by doctor.
+    _remote("TORCHINDUCTOR_REDIS_URL", "torch Inductor and the env's Triton backend "
+            "(redis-py's from_url, with timeouts)", "torch/_inductor/remote_cache.py",
+            doctor=False),
+    _remote("CUDAENV_REMOTE_CACHE_WIRING", "cudaenv doctor (the hook's decision: `wired URL`, "
+            "the password shown as ***, or `not wired: WHY`)", "builder/doctor_rules.py"),
     # nvcc documentation, "NVCC_PREPEND_FLAGS".
     Variable(name="NVCC_PREPEND_FLAGS", kind=Kind.NVCC, reader="nvcc", fingerprint=True,
              doctor=True),
@@ -215,6 +248,9 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="CUDAENV_JIT_PUSH", kind=Kind.CUDAENV,
              reader="cudaenv (1: push compiled and used entries to the remote)", reserved=True,
              setting=Setting(field="jit_push", type="switch")),
+    Variable(name="CUDAENV_NO_PREFETCH", kind=Kind.CUDAENV,
+             reader="cudaenv (1: build and adopt place no warmed JIT entries into the env)",
+             reserved=True, setting=Setting(field="no_prefetch", type="switch")),
     Variable(name="CUDAENV_JIT_REMOTE_INSECURE", kind=Kind.CUDAENV,
              reader="cudaenv (1: plain http to a remote that is not on loopback)",
              reserved=True,
@@ -239,6 +275,16 @@ TABLE: tuple[Variable, ...] = (
              "CUDAENV_JIT_ALLOWED_SIGNERS names the signers to check)",
              read_at="builder/jit_signing.py", reserved=True,
              setting=Setting(field="jit_require_signed", type="switch")),
+    Variable(name="CUDAENV_REMOTE_CACHE", kind=Kind.CUDAENV,
+             reader="the start-up hook and cudaenv (redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] "
+             "or rediss://: Triton's and Inductor's shared cache, over a spec's "
+             "`remote-cache:`; `off`: none)", read_at="builder/remote_cache.py", reserved=True,
+             setting=Setting(field="remote_cache", type="remote", secret=True)),
+    Variable(name="CUDAENV_REMOTE_CACHE_PASSWORD", kind=Kind.CUDAENV,
+             reader="the start-up hook and cudaenv (the remote cache's password where its URL "
+             "names none; never written into the env)", read_at="builder/remote_cache.py",
+             reserved=True,
+             setting=Setting(field="remote_cache_password", secret=True)),
     Variable(name="CUDAENV_JIT_SHARE", kind=Kind.CUDAENV,
              reader="verify's probe (the command that reaches the remote; set by cudaenv)",
              reserved=True),

@@ -56,6 +56,17 @@ def in_tmp(tmp_path: Path) -> Iterator[Path]:
         os.chdir(old)
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """A service a fixture started, stopped: asked, then killed after 5 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
 class Registry:
     """A CNCF distribution registry serving plain http on loopback (see ``registry``)."""
 
@@ -80,13 +91,7 @@ class Registry:
             conn.close()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process)
 
 
 @pytest.fixture
@@ -125,8 +130,87 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
         served.stop()
 
 
+# The password of the test server that asks one: a throwaway of a loopback server.
+TEST_PASSWORD = "s3cret pass"  # noqa: S105 (a test server's, on loopback, gone at teardown)
+
+
+class Redis:
+    """A Redis server (Debian's redis-server) on loopback (see ``redis_server``)."""
+
+    def __init__(self, port: int, password: str | None, process: subprocess.Popen[bytes]) -> None:
+        self.port = port
+        self.password = password
+        self.process = process
+        # What a node names it by: the password is given apart (CUDAENV_REMOTE_CACHE_PASSWORD).
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def command(self, *words: str) -> str:
+        """One redis-cli command's answer (``KEYS *``, ``FLUSHALL``), bounded."""
+        argv = ["redis-cli", "-p", str(self.port), "--no-auth-warning"]
+        if self.password:
+            argv += ["-a", self.password]
+        done = subprocess.run([*argv, *words], capture_output=True, text=True, timeout=10)
+        return done.stdout
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        return sorted(k for k in self.command("--raw", "KEYS", pattern).splitlines() if k)
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def start_redis(root: Path, password: str | None = None) -> Redis:
+    """Debian's redis-server on a free 127.0.0.1 port, nothing saved to disk, its files
+    under ``root``; answering PING before it is returned. Skips where it is not installed."""
+    import socket
+    import time
+
+    binary = shutil.which("redis-server")
+    if binary is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server is not installed (apt install redis-server)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+            "no", "--dir", str(root)]  # fmt: skip
+    if password:
+        argv += ["--requirepass", password]
+    log = root / "redis.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=out)
+    served = Redis(port, password, process)
+    deadline = time.monotonic() + 10
+    while "PONG" not in served.command("PING"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            served.stop()
+            pytest.fail(f"redis-server did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return served
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Redis]:
+    """A real Redis server on loopback without a password, stopped at teardown."""
+    served = start_redis(tmp_path / "redis")
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[Redis]:
+    """A real Redis server on loopback that asks a password (``requirepass``)."""
+    served = start_redis(tmp_path / "redis-auth", password=TEST_PASSWORD)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """How many tests skipped for want of a program (the registry, a shell, Chromium): a
+    """How many tests skipped for want of a program (the registry, Redis, a shell, Chromium): a
     developer's green run says what it did not test, once per program."""
     counts: dict[str, int] = {}
     for report in terminalreporter.stats.get("skipped", []):
@@ -141,5 +225,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for program, n in sorted(counts.items()):
         terminalreporter.write_line(f"{n} test(s) skipped: {program} is not installed here")
     terminalreporter.write_line(
-        "(.ci/run, and the nox test sessions for the registry, install them where they can)"
+        "(.ci/run, and the nox test sessions for the registry and Redis, install them where "
+        "they can)"
     )

@@ -306,3 +306,46 @@ def a_manifest(**changes: Any) -> Manifest:
         path="/env",
     )
     return dataclasses.replace(base, **changes)
+
+
+@contextlib.contextmanager
+def loopback_server(reply: bytes | None) -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that is no real service: with ``reply`` None it accepts and
+    never answers (a hung server); else it reads a request and answers ``reply`` (a server
+    speaking something else). Yields the port; every connection is closed at the end."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            if reply is None:
+                held.append(conn)
+                continue
+            with conn:
+                try:
+                    conn.settimeout(2)
+                    conn.recv(4096)
+                    conn.sendall(reply)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        listener.close()

@@ -320,3 +320,21 @@ def test_a_type_without_a_json_form_is_refused_when_first_converted() -> None:
 
     with pytest.raises(TypeError, match="no JSON form"):
         codec.to_json(Odd(value=set()))
+
+
+def test_a_sparse_field_is_written_only_where_it_is_set() -> None:
+    path = DATA / "manifest.v1.json"
+    old = manifest.Manifest.from_json(json.loads(path.read_text()), str(path))
+    assert "remote_cache" not in old.to_json()
+    with_cache = dataclasses.replace(old, remote_cache="redis://127.0.0.1:6379/0")
+    doc = with_cache.to_json()
+    assert doc["remote_cache"] == "redis://127.0.0.1:6379/0"
+    assert manifest.Manifest.from_json(doc, "m.json") == with_cache
+
+    @dataclasses.dataclass(frozen=True)
+    class Wrong:
+        x: int
+        json_form: typing.ClassVar[codec.Form] = codec.Form(sparse=("x",))
+
+    with pytest.raises(TypeError, match="sparse names no field with a default"):
+        codec.to_json(Wrong(1))

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from builder.oci import (
     RemoteTimeout,
     RemoteUnreachable,
 )
+from tests.helpers import loopback_server
 
 if TYPE_CHECKING:
     from tests.conftest import Registry
@@ -374,33 +374,10 @@ def test_a_stopped_registry_is_unreachable_at_once(registry: Registry, tmp_path:
 @pytest.fixture
 def silent_server() -> Iterator[int]:
     """A port that accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def hold() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        for conn in held:
-            conn.close()
-        listener.close()
+    with loopback_server(None) as port:
+        yield port
 
 
-@pytest.mark.slow
 def test_a_registry_that_never_answers_times_out(silent_server: int, tmp_path: Path) -> None:
     remote = Remote.parse(f"oci://127.0.0.1:{silent_server}/cudaenv/jit")
     for call in (

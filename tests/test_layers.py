@@ -21,15 +21,15 @@ LAYERS = [
     "statuses", "errors", "commandargs", "cudaversion", "platforms", "variables", "settings",
     "reporter", "cachefiles", "paths", "proc",
     "driver", "archs", "fatbin", "yamldoc", "targets", "jsondoc", "codec", "tomlwriter",
-    "jit_signing", "oci", "jit_remote", "jit_share",
+    "jit_signing", "oci", "jit_remote", "jit_share", "remote_cache",
     "spec", "matrixfile", "lock", "channels", "project", "policy", "interpreters", "resolve",
-    "caches", "manifest", "toolchain", "box", "installproof", "build", "export", "adopt_journal", "adopt",
+    "caches", "manifest", "toolchain", "box", "installproof", "build", "prefetch", "export", "adopt_journal", "adopt",
     "audit",
     "fleet",
     "verify.model", "verify.reference", "verify.imports", "verify.toolchain", "verify.binaries",
     "verify.kernel_compile", "verify.flashinfer_jit", "verify.cubin", "verify.sampling", "verify",
     "doctor_facts", "doctor_rules", "doctor", "fingerprint", "report", "envs",
-    "pipeline", "verifyrun", "buildrun", "auditrun", "exportrun", "storerun",
+    "pipeline", "verifyrun", "buildrun", "auditrun", "exportrun", "storerun", "warmrun",
     "add", "init", "matrix", "compat", "completion", "cliargs", "docgen", "cli",
 ]  # fmt: skip
 # Packages placed as one unit: the probes run inside a foreign interpreter and import nothing

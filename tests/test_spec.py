@@ -445,17 +445,18 @@ def test_unknown_top_key_lists_every_key_in_order(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + "zzz: 1\n")
     assert problems(path) == [
         "s.yaml:7:1: zzz: unknown key; expected one of: name, summary, extends, python, cuda, "
-        "torch, packages, toolchain, archs, env, verify, indexes, platforms, targets"
+        "torch, packages, toolchain, archs, env, verify, indexes, platforms, targets, remote-cache"
     ]
 
 
 def test_each_validator_returns_its_envspec_field() -> None:
     # _validate passes the validators' results to EnvSpec(**...), which mypy cannot check.
     fields = typing.get_type_hints(spec.EnvSpec)
-    assert set(spec._VALIDATORS) == set(fields) - {"source"}
+    assert {spec.FIELDS.get(k, k) for k in spec._VALIDATORS} == set(fields) - {"source"}
     for key, check in spec._VALIDATORS.items():
         returns = typing.get_type_hints(check)["return"]
-        assert returns in (fields[key], fields[key] | None), key
+        field = fields[spec.FIELDS.get(key, key)]
+        assert returns in (field, field | None), key
 
 
 # --------------------------------------------------------------------------- yamldoc

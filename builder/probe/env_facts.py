@@ -137,23 +137,58 @@ def jit_sampling() -> dict[str, object]:
         return {"error": text[-6000:], "seconds": time.monotonic() - started}
 
 
-def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, object]:
+def module_meta(spec: Any, recipe: list[object] | None) -> dict[str, object]:
+    """What an entry records of the FlashInfer module it holds (its content, so it travels
+    with the entry to a registry): the module's name, how to generate it again (``recipe``,
+    the generator of builder/probe/jit_warm.py), the arch list, FlashInfer's version, the
+    toolkit's nvcc release and the machine. ``cudaenv store list SPEC`` and the prefetch at
+    build read it; an entry is placed only where the key computed in the env is equal."""
+    import platform
+
+    try:
+        from flashinfer import __version__ as version
+    except Exception:  # a FlashInfer without it: the entry still records the rest
+        version = ""
+    cuda_home = os.environ.get("CUDA_HOME", "")
+    release = nvcc_info(cuda_home).get("release") if cuda_home else None
+    return {
+        "name": str(getattr(spec, "name", "")),
+        "recipe": recipe,
+        "archs": os.environ.get("FLASHINFER_CUDA_ARCH_LIST", ""),
+        "flashinfer": str(version),
+        "cuda": str(release or ""),
+        "machine": platform.machine(),
+    }
+
+
+def store_key(spec: Any, store: Any, ninja: str) -> tuple[str, Path]:
+    """The store key of ``spec`` in this env (its ``build.ninja`` written first: the key is
+    made of it, normalised, and of the tools' identities) and its build directory."""
+    spec.write_ninja()
+    build_dir = Path(spec.ninja_path).parent
+    key = jit_store.key_of(
+        jit_store.ninja_material(store, build_dir, sys.prefix, ninja, os.environ)
+    )
+    return key, build_dir
+
+
+def build_through_store(
+    spec: Any, root: Path, *, compiled: bool, recipe: list[object] | None = None
+) -> dict[str, object]:
     """FlashInfer's build of ``spec`` through cudaenv's store (builder/store/): a result some
     env of the same toolchain built is placed with ninja logs for this env, so ninja has
     nothing to do; a miss is pulled from the store's remote tier where one is set, else built
-    here and kept for the next env. An env that has the result already (``compiled``) only
-    offers it to the store. Whatever fails in the store costs a compile, never the build."""
+    here and kept for the next env; with a ``recipe`` (a warm's module) the entry records
+    which module it is (:func:`module_meta`), so that prefetch can place it in another env.
+    An env that has the result already (``compiled``) only offers it to the store. Whatever
+    fails in the store costs a compile, never the build."""
     ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
     if ninja is None or not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
         spec.build(verbose=False)
         return {"used": False, "why": "no ninja on PATH or a FlashInfer without write_ninja"}
-    spec.write_ninja()
-    build_dir = Path(spec.ninja_path).parent
     store = jit_store.Store(root)
     try:
-        key = jit_store.key_of(
-            jit_store.ninja_material(store, build_dir, sys.prefix, ninja, os.environ)
-        )
+        key, build_dir = store_key(spec, store, ninja)
         lock = store.acquire(key)
     except (jit_store.StoreError, OSError) as exc:
         spec.build(verbose=False)
@@ -177,9 +212,10 @@ def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, o
         kept = None
         if not hit and usable:
             try:
-                kept = jit_store.publish_ninja(
-                    store, key, build_dir, sys.prefix, ninja, {"env": sys.prefix}
-                )
+                meta: dict[str, object] = {"env": sys.prefix}
+                if recipe is not None:  # a module a warm chose: what prefetch generates again
+                    meta["module"] = module_meta(spec, recipe)
+                kept = jit_store.publish_ninja(store, key, build_dir, sys.prefix, ninja, meta)
             except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
                 notes.append(f"the module was not kept in the JIT store: {exc}")
         used = entry.path if hit and entry is not None else kept
@@ -199,6 +235,8 @@ def build_through_store(spec: Any, root: Path, *, compiled: bool) -> dict[str, o
         out["env"] = entry.provenance.get("env") or entry.provenance.get("origin")
     else:
         out["kept"] = kept is not None
+    if used is not None:
+        out["entry"] = str(used.relative_to(store.root))
     return out
 
 

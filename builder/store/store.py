@@ -52,6 +52,9 @@ class Listed:
     last_used: float
     first_built: str | None
     made_for: str | None
+    # The FlashInfer module it holds, as its entry records it (name, recipe, archs, FlashInfer
+    # and CUDA versions, machine): None for any other entry.
+    module: dict[str, Any] | None = None
 
 
 class Store:
@@ -349,8 +352,9 @@ class Store:
             try:
                 entry = self.load(key, variant)
                 kind, made = str(entry.content.get("kind")), entry.provenance
+                module = entry.content.get("module")
             except (EntryError, StoreError) as exc:
-                kind, made = f"unreadable ({exc})", {}
+                kind, made, module = f"unreadable ({exc})", {}, None
             with contextlib.suppress(OSError):
                 rows.append(
                     Listed(
@@ -361,6 +365,7 @@ class Store:
                         last_used=os.lstat(variant).st_mtime,
                         first_built=made.get("first_built"),
                         made_for=made.get("env") or made.get("origin"),
+                        module=module if isinstance(module, dict) else None,
                     )
                 )
         return sorted(rows, key=lambda r: (r.last_used, r.key))

@@ -1,0 +1,204 @@
+"""Prefetch at ``build`` and ``adopt``: every JIT store entry a warmer made for this env's
+FlashInfer, toolkit and archs placed into the env's FlashInfer cache, so a server's first
+request on a new node runs no nvcc.
+
+Candidates are the store's entries that record a FlashInfer module (``cudaenv warm`` and
+verify record one) of the env's FlashInfer version, after the spec's warm list (the index tag
+of its lock and platform, ``jit_share.index_tag``) has been pulled from the JIT remote when
+one is set. Whether a candidate fits is never judged here: the probe
+(``builder/probe/jit_warm.py prefetch``) generates each module again inside the env, computes
+its key there (the key covers the toolkit, the host compiler, the flags and the archs) and
+places an entry only under an equal key, every file checked against its sha256 as it is
+placed. Whatever fails costs one warning and the compile the module would have cost anyway;
+a build never fails because of prefetch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builder import proc, settings
+from builder import store as jit_store
+from builder.errors import CommandFailed, ToolMissing
+from builder.paths import jit_store_here
+
+if TYPE_CHECKING:
+    from builder.oci import Remote
+
+# A probe that imports FlashInfer (~7 s) and copies files: minutes at most, even on a busy box.
+PREFETCH_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prefetched:
+    """What the prefetch placed, and the one warning it cost (if any)."""
+
+    placed: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()
+    candidates: int = 0
+    pulled: int = 0
+    remote: str | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+    skipped: str | None = None  # why nothing was tried
+
+    def line(self) -> str:
+        if self.skipped is not None:
+            return f"prefetch: {self.skipped}"
+        where = "the JIT store"
+        if self.remote is not None:
+            where += f" ({self.pulled} pulled from {self.remote})"
+        kept = f", {len(self.present)} already in the env" if self.present else ""
+        return (
+            f"prefetched {len(self.placed)} of {self.candidates} warmed FlashInfer module(s) "
+            f"from {where}{kept}"
+        )
+
+
+def module_of(content: dict[str, Any]) -> dict[str, Any] | None:
+    """What an entry records of the FlashInfer module it holds (builder/probe/env_facts.py
+    ``module_meta``), None for any other entry or a malformed record."""
+    module = content.get("module")
+    if not isinstance(module, dict):
+        return None
+    recipe = module.get("recipe")
+    if not (isinstance(recipe, list) and len(recipe) == 2 and isinstance(recipe[0], str)):
+        return None
+    if not isinstance(recipe[1], dict):
+        return None
+    return module
+
+
+def candidates(store: jit_store.Store, flashinfer: str | None) -> list[list[Any]]:
+    """The recipes of every stored module of FlashInfer ``flashinfer`` (any, when None), each
+    once: the probe judges each by its key."""
+    found: dict[str, list[Any]] = {}
+    for key, variant in store.all():
+        try:
+            entry = store.load(key, variant)
+        except (jit_store.EntryError, jit_store.StoreError, OSError):
+            continue
+        module = module_of(entry.content)
+        if module is None or (flashinfer and module.get("flashinfer") != flashinfer):
+            continue
+        recipe = module["recipe"]
+        found.setdefault(json.dumps(recipe, sort_keys=True), recipe)
+    return list(found.values())
+
+
+def pull_warmed(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, str | None]:
+    """The warm list ``tag`` pulled into ``store``: (entries added, one warning or None). A
+    remote with no such list is no warning: nothing was warmed for this lock yet."""
+    from builder import jit_remote, jit_share, oci
+
+    try:
+        if jit_remote.fetch_index(remote, tag, timeout=jit_share.timeout()) is None:
+            return 0, None
+    except oci.RemoteError as exc:
+        return 0, f"the JIT remote {remote.url} was not used: {exc}"
+    added, warnings = jit_share.pull_env(store, remote, tag)
+    if not warnings:
+        return added, None
+    more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    return added, f"the JIT remote {remote.url}: {warnings[0]}{more}"
+
+
+def prefetch(
+    python: Path,
+    *,
+    flashinfer: str | None,
+    remote: Remote | None = None,
+    tag: str | None = None,
+) -> Prefetched:
+    """Place every fitting store entry into the FlashInfer cache of the env of ``python``."""
+    if settings.current().no_prefetch:
+        return Prefetched(skipped="off (CUDAENV_NO_PREFETCH=1)")
+    store = jit_store_here()
+    if store is None:
+        return Prefetched(skipped="the JIT store is off")
+    warnings: list[str] = []
+    pulled = 0
+    try:
+        store.ready()
+        if remote is not None and tag is not None:
+            pulled, warning = pull_warmed(store, remote, tag)
+            warnings += [warning] if warning else []
+        recipes = candidates(store, flashinfer)
+    except (jit_store.StoreError, OSError) as exc:
+        return Prefetched(skipped=f"the JIT store was not used: {exc}", warnings=tuple(warnings))
+    where = remote.url if remote is not None and tag is not None else None
+    if not recipes:
+        return Prefetched(
+            skipped=f"no warmed FlashInfer module in the JIT store for FlashInfer {flashinfer}",
+            warnings=tuple(warnings),
+        )
+    doc, trouble = run_probe(python, store.root, {"recipes": recipes})
+    warnings += [trouble] if trouble else []
+    if doc is None:
+        return Prefetched(
+            candidates=len(recipes), pulled=pulled, remote=where, warnings=tuple(warnings)
+        )
+    notes = [str(w) for w in doc.get("warnings") or []]
+    if notes:
+        more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
+        warnings.append(f"prefetch: {notes[0]}{more}")
+    return Prefetched(
+        placed=tuple(str(n) for n in doc.get("placed") or []),
+        present=tuple(str(n) for n in doc.get("present") or []),
+        candidates=len(recipes),
+        pulled=pulled,
+        remote=where,
+        warnings=tuple(warnings),
+    )
+
+
+def with_env_bin(bin_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the env's bin/ first on PATH, as `cudaenv run` and activation put it: the
+    ninja FlashInfer runs at serve time is then the one the key names (its version is part of
+    the key), so what warm keeps and prefetch places is what a server finds up to date."""
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def run_probe(
+    python: Path, store_root: Path, request: dict[str, Any]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The prefetch probe's answer, or None and why there is none."""
+    script = str(resources.files("builder.probe").joinpath("jit_warm.py"))
+    env = with_env_bin(
+        python.parent,
+        settings.child_environ(
+            CUDAENV_JIT_SHARE=None, CUDAENV_ARCH_LIST=None, CUDAENV_JIT_STORE=str(store_root)
+        ),
+    )
+    lines: list[str] = []
+    try:
+        done = proc.run_lines(
+            [python, script, "prefetch"],
+            lines.append,
+            env=env,
+            input_text=json.dumps(request),
+            timeout=PREFETCH_TIMEOUT,
+        )
+    except (CommandFailed, ToolMissing, OSError) as exc:
+        return None, f"prefetch did not run: {str(exc)[-300:]}"
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or "placed" not in doc:
+        said = str(doc.get("error")) if isinstance(doc, dict) else done.stderr.strip()[-300:]
+        return None, f"prefetch failed in {python}: {said or 'no answer'}"
+    return doc, None
+
+
+def say_prefetched(done: Prefetched, say: Callable[[str], None]) -> None:
+    """The one line a build prints of its prefetch, and its one warning if any."""
+    say(done.line())
+    if done.warnings:
+        more = f" (and {len(done.warnings) - 1} more)" if len(done.warnings) > 1 else ""
+        say(f"warning: {done.warnings[0]}{more}")

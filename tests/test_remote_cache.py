@@ -1,0 +1,394 @@
+"""Triton's and Inductor's shared Redis cache: the URL and its refusals, the spec key, the
+setting, what the start-up hook and every shell's activation wire, and doctor's PING against a
+real redis-server (answers, wrong password, down, slow, not Redis). The two-node runs of the
+real tools are in tests/test_remote_cache_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import archs, doctor, proc, remote_cache, settings, spec, toolchain, variables
+from builder.doctor_facts import Facts
+from builder.doctor_rules import rule_remote_cache
+from builder.errors import SpecError
+from builder.remote_cache import Answer, RemoteCacheError, parse
+from tests.conftest import Redis
+from tests.helpers import loopback_server, write
+
+BARE = {"PATH": "/usr/bin:/bin", "PYTHONCOERCECLOCALE": "0"}
+
+
+# --------------------------------------------------------------------------- the URL
+
+
+def test_a_url_names_host_port_db_user_password_and_tls() -> None:
+    found = parse("rediss://ci:p%40ss@cache.internal:6380/3")
+    assert (found.tls, found.host, found.port, found.db) == (True, "cache.internal", 6380, 3)
+    assert (found.username, found.password) == ("ci", "p@ss")
+    assert found.shown == "rediss://ci:***@cache.internal:6380/3"
+    assert "p@ss" not in repr(found)
+    plain = parse("redis://127.0.0.1")
+    assert (plain.port, plain.db, plain.password, plain.loopback) == (6379, 0, None, True)
+    assert parse("redis://[::1]:7000/1").netloc == "[::1]:7000"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://cache:6379", "expected redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] or "
+         "rediss://... (TLS), got a http URL"),
+        ("cache:6379", "expected redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] or rediss://... "
+         "(TLS), got a cache URL"),
+        ("redis://", "the URL names no host"),
+        ("redis://cache:99999", "not a redis:// URL (Port out of range 0-65535)"),
+        ("redis://cache:0", "port 0 is not a port"),
+        ("redis://cache/db", "the path must be a database number like /0, got '/db'"),
+        ("redis://cache/0?ssl=1", "a query or fragment is not taken (?... or #...)"),
+    ],
+)  # fmt: skip
+def test_a_bad_url_says_why(url: str, why: str) -> None:
+    with pytest.raises(RemoteCacheError) as raised:
+        parse(url)
+    assert str(raised.value) == why
+
+
+def test_a_server_off_loopback_is_wired_only_with_a_password() -> None:
+    why = remote_cache.refusal(parse("redis://cache.internal:6379/0"))
+    assert why is not None
+    assert why.startswith("redis://cache.internal:6379/0 is not on loopback and no password")
+    assert "runs code on every node" in why and "Inductor's FX-graph entries are Python" in why
+    assert remote_cache.refusal(parse("redis://:pw@cache.internal")) is None
+    assert remote_cache.refusal(parse("redis://cache.internal").with_password("pw")) is None
+    for local in ("redis://localhost", "redis://127.0.0.2:7000", "redis://[::1]"):
+        assert remote_cache.refusal(parse(local)) is None, local
+
+
+def test_the_wiring_bounds_every_wait_and_carries_the_password_only_in_the_url() -> None:
+    wired = dict(remote_cache.wiring(parse("rediss://ci:a%20b@cache:6380/2")))
+    assert wired["TRITON_CACHE_MANAGER"] == "triton.runtime.cache:RemoteCacheManager"
+    assert wired["TRITON_REMOTE_CACHE_BACKEND"] == "_cudaenv_remote_cache:RedisBackend"
+    assert wired["TORCHINDUCTOR_REDIS_URL"] == (
+        "rediss://ci:a%20b@cache:6380/2?socket_timeout=3&socket_connect_timeout=3"
+    )
+    assert [k for k, v in wired.items() if "a b" in v or "a%20b" in v] == [
+        "TORCHINDUCTOR_REDIS_URL"
+    ]
+    assert wired[remote_cache.WIRING_VAR] == "wired rediss://ci:***@cache:6380/2"
+    assert tuple(wired) == remote_cache.WIRED
+
+
+# --------------------------------------------------------------------------- spec, setting
+
+SPEC = 'name: rc\npython: "3.12"\ncuda: "13.0"\n'
+
+
+def test_the_spec_key_is_read_and_a_bad_one_is_located(in_tmp: Path) -> None:
+    tmp_path = Path()
+    good = spec.load(write(tmp_path / "good.yaml", SPEC + "remote-cache: redis://127.0.0.1/1\n"))
+    assert good.remote_cache == "redis://127.0.0.1/1"
+    plain = spec.load(write(tmp_path / "plain.yaml", SPEC))
+    assert plain.remote_cache is None
+    # The lock gains the Redis client: a spec that names a cache is locked anew.
+    assert good.fingerprint() != plain.fingerprint()
+    bad = write(tmp_path / "bad.yaml", SPEC + "remote-cache: http://cache\n")
+    with pytest.raises(SpecError) as raised:
+        spec.load(bad)
+    assert str(raised.value).startswith("bad.yaml:4:15: remote-cache: expected redis://")
+    secret = write(tmp_path / "secret.yaml", SPEC + "remote-cache: redis://:pw@cache:6379\n")
+    with pytest.raises(SpecError) as raised:
+        spec.load(secret)
+    assert str(raised.value) == (
+        "secret.yaml:4:15: remote-cache: a password in a spec is shared with the spec and "
+        "written into the env's activation scripts: leave it out and give it at run time in "
+        "CUDAENV_REMOTE_CACHE_PASSWORD"
+    )
+
+
+def test_the_variable_is_a_setting_and_debug_never_shows_a_password() -> None:
+    found = settings.resolve({"CUDAENV_REMOTE_CACHE": "redis://u:hunter2@cache:6379/0",
+                              "CUDAENV_REMOTE_CACHE_PASSWORD": "other"})  # fmt: skip
+    assert found.remote_cache == "redis://u:hunter2@cache:6379/0"
+    assert found.remote_cache_password == "other"  # noqa: S105 (the value the test set)
+    text = "\n".join(settings.describe(found))
+    assert "hunter2" not in text and "other" not in text
+    assert "CUDAENV_REMOTE_CACHE = redis://u:***@cache:6379/0  (CUDAENV_REMOTE_CACHE)" in text
+    assert settings.resolve({"CUDAENV_REMOTE_CACHE": "off"}).remote_cache is None
+
+
+# --------------------------------------------------------------------------- hook, activation
+
+
+def make_env(tmp_path: Path, url: str | None, *, client: bool = True, name: str = "env") -> Path:
+    """A venv wired as a build wires it from a spec naming ``url``; ``client``: a stand-in
+    ``redis`` package, which is all the hook asks of the env (the real client is in the e2e)."""
+    path = tmp_path / name
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)])
+    site = toolchain.site_packages(path)
+    if client:
+        write(site / "redis" / "__init__.py", "")
+    text = SPEC + (f"remote-cache: {url}\n" if url else "")
+    s = spec.load(write(tmp_path / f"{name}.yaml", text))
+    toolchain.write_hooks(path, s, archs.DEFAULT_ARCHS)
+    return path
+
+
+def hook_env(env: Path, **extra: str) -> dict[str, str]:
+    """The remote-cache variables a bare process of ``env`` has after its hook."""
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    done = subprocess.run([env / "bin" / "python", "-c", code], env={**BARE, **extra},
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    after: dict[str, str] = json.loads(done.stdout)
+    return {k: v for k, v in after.items() if k in remote_cache.WIRED}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Path:
+    return make_env(tmp_path, "redis://127.0.0.1:6390/2")
+
+
+def test_the_hook_wires_both_tools_as_the_module_says(env: Path) -> None:
+    """The hook (standard library, in the env) and builder/remote_cache.py are two spellings
+    of one rule: they agree on every variable, for the spec's URL and for the variable's."""
+    assert hook_env(env) == dict(remote_cache.wiring(parse("redis://127.0.0.1:6390/2")))
+    for url in ("rediss://ci:p%40ss@cache.internal:6380/3", "redis://:x@[::1]:7000",
+                "redis://localhost"):  # fmt: skip
+        assert hook_env(env, CUDAENV_REMOTE_CACHE=url) == dict(remote_cache.wiring(parse(url))), url
+    given = {"CUDAENV_REMOTE_CACHE": "redis://cache.internal/1",
+             "CUDAENV_REMOTE_CACHE_PASSWORD": "pw"}  # fmt: skip
+    with_password = hook_env(env, **given)
+    assert with_password == dict(
+        remote_cache.wiring(parse("redis://cache.internal/1").with_password("pw"))
+    )
+
+
+def test_the_hook_refuses_an_unauthenticated_server_off_loopback(env: Path) -> None:
+    stray = {"TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
+             "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1"}  # fmt: skip
+    found = hook_env(env, CUDAENV_REMOTE_CACHE="redis://cache.internal:6379/0", **stray)
+    # Not wired, and a shell's stray wiring is taken away with it.
+    assert list(found) == [remote_cache.WIRING_VAR]
+    assert found[remote_cache.WIRING_VAR].startswith(
+        "not wired: redis://cache.internal:6379/0 is not on loopback and no password is given"
+    )
+    assert hook_env(env, CUDAENV_REMOTE_CACHE="off", **stray) == {}
+    bad = hook_env(env, CUDAENV_REMOTE_CACHE="http://cache")
+    assert bad == {remote_cache.WIRING_VAR: "not wired: not a redis://[USER[:PASSWORD]@]HOST"
+                   "[:PORT][/DB] URL"}  # fmt: skip
+    # CUDAENV_NO_HOOK: the interpreter as it is, with whatever the shell had.
+    assert hook_env(env, CUDAENV_NO_HOOK="1", **stray) == stray
+
+
+def test_an_env_without_the_client_is_not_wired_and_says_so(tmp_path: Path) -> None:
+    bare = make_env(tmp_path, None, client=False)
+    assert hook_env(bare) == {}
+    assert hook_env(bare, CUDAENV_REMOTE_CACHE="redis://127.0.0.1/0") == {
+        remote_cache.WIRING_VAR: "not wired: this env has no Redis client (`redis` is not in "
+        "its lock)"
+    }
+    site = toolchain.site_packages(bare)
+    assert not (site / f"{remote_cache.BACKEND_MODULE}.py").exists()
+
+
+def test_the_env_holds_no_password(tmp_path: Path, env: Path) -> None:
+    hook_env(env, CUDAENV_REMOTE_CACHE="redis://:hunter2@127.0.0.1/0")
+    assert [p for p in env.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()] == []
+
+
+SHELLS = {
+    # shell: argv and a script printing the backend and the URL, deactivating, printing again.
+    "bash": ["bash", "-c", '. {env}/bin/activate; printf "%s\\n" "$TRITON_REMOTE_CACHE_BACKEND" '
+             '"$TORCHINDUCTOR_REDIS_URL"; deactivate; printf "%s\\n" "${{TRITON_REMOTE_CACHE_BACKEND-unset}}" '
+             '"${{TORCHINDUCTOR_REDIS_URL-unset}}"'],
+    "zsh": ["zsh", "-f", "-c", '. {env}/bin/activate; printf "%s\\n" "$TRITON_REMOTE_CACHE_BACKEND" '
+            '"$TORCHINDUCTOR_REDIS_URL"; deactivate; printf "%s\\n" "${{TRITON_REMOTE_CACHE_BACKEND-unset}}" '
+            '"${{TORCHINDUCTOR_REDIS_URL-unset}}"'],
+    "fish": ["fish", "--no-config", "-c", "source {env}/bin/activate.fish; printf '%s\\n' "
+             "$TRITON_REMOTE_CACHE_BACKEND $TORCHINDUCTOR_REDIS_URL; deactivate; "
+             "set -q TRITON_REMOTE_CACHE_BACKEND; or echo unset; set -q TORCHINDUCTOR_REDIS_URL; or echo unset"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS))
+def test_every_shells_activation_wires_the_spec_and_deactivate_takes_it_back(
+    env: Path, shell: str
+) -> None:
+    argv = SHELLS[shell]
+    if shutil.which(argv[0]) is None:
+        pytest.skip(f"{argv[0]} is not installed on this machine")
+    script = argv[-1].format(env=env)
+    done = subprocess.run([*argv[:-1], script], capture_output=True, text=True, check=True,
+                          env=BARE, timeout=60)  # fmt: skip
+    wired = dict(remote_cache.wiring(parse("redis://127.0.0.1:6390/2")))
+    assert done.stdout.splitlines()[-4:] == [
+        remote_cache.BACKEND,
+        wired["TORCHINDUCTOR_REDIS_URL"],
+        "unset",
+        "unset",
+    ], done.stdout + done.stderr
+
+
+def test_every_activation_script_names_every_wired_variable(env: Path) -> None:
+    """The shells without an interpreter here (tcsh, nu, pwsh, xonsh) are checked by text:
+    each script of the env sets every variable of the wiring."""
+    for script, _, _ in toolchain.ACTIVATIONS:
+        path = env / "bin" / script
+        if path.exists():
+            text = path.read_text()
+            assert [v for v in remote_cache.WIRED if v not in text] == [], script
+
+
+# --------------------------------------------------------------------------- ping
+
+
+def test_ping_a_real_server(redis_server: Redis) -> None:
+    answer = remote_cache.ping(parse(redis_server.url))
+    assert answer.status == "answers" and answer.detail.startswith("PONG in ")
+
+
+def test_ping_with_and_without_the_password(redis_with_password: Redis) -> None:
+    cache = parse(redis_with_password.url)
+    assert redis_with_password.password is not None
+    right = remote_cache.ping(cache.with_password(redis_with_password.password))
+    assert right.status == "answers", right
+    wrong = remote_cache.ping(cache.with_password("nope"))
+    assert wrong.status == "auth-refused"
+    assert wrong.detail.startswith("AUTH refused: WRONGPASS")
+    none = remote_cache.ping(cache)
+    assert (none.status, none.detail.split()[0]) == ("auth-refused", "NOAUTH")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A socket that accepts and never answers (a hung server)."""
+    with loopback_server(None) as port:
+        yield port
+
+
+@pytest.fixture
+def garbage_server() -> Iterator[int]:
+    """A socket that answers everything with an HTTP error (not Redis)."""
+    with loopback_server(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+        yield port
+
+
+def test_ping_a_server_that_is_down_slow_or_not_redis(
+    silent_server: int, garbage_server: int
+) -> None:
+    down = remote_cache.ping(parse(f"redis://127.0.0.1:{free_port()}/0"))
+    assert down.status == "down" and "no connection to 127.0.0.1:" in down.detail
+    started = time.monotonic()
+    slow = remote_cache.ping(parse(f"redis://127.0.0.1:{silent_server}/0"), timeout=0.5)
+    assert (slow.status, slow.detail.split(": ")[-1]) == ("down", "no answer in time")
+    assert time.monotonic() - started < 3
+    other = remote_cache.ping(parse(f"redis://127.0.0.1:{garbage_server}/0"))
+    assert other == Answer(status="down", detail="not a Redis answer to PING: HTTP/1.1 400 Bad "
+                           "Request", seconds=other.seconds)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def facts_of(env: dict[str, str], dists: dict[str, str], url: str | None,
+             answer: Answer | None) -> Facts:  # fmt: skip
+    doc = {"python": {"executable": "/e/bin/python", "prefix": "/e"}, "env": env,
+           "distributions": dists}  # fmt: skip
+    facts = Facts.from_json(doc, None)
+    from dataclasses import replace
+
+    return replace(facts, remote_cache=url, remote_answer=answer)
+
+
+def test_doctor_rule_says_each_state() -> None:
+    url = "redis://127.0.0.1:6379/0"
+    wired = {remote_cache.WIRING_VAR: f"wired {url}"}
+    ok = Answer(status="answers", detail="PONG in 1 ms", seconds=0.001)
+    assert [f.code for f in rule_remote_cache(facts_of(wired, {"redis": "8.1.0"}, url, ok))] == [
+        "remote-cache"
+    ]
+    refused = Answer(status="auth-refused", detail="AUTH refused: WRONGPASS", seconds=0.0)
+    found = rule_remote_cache(facts_of(wired, {"redis": "8.1.0"}, url, refused))
+    assert [(f.code, f.severity) for f in found] == [("remote-cache-auth", "error")]
+    down = Answer(status="down", detail="no connection", seconds=0.0)
+    found = rule_remote_cache(facts_of(wired, {"redis": "8.1.0"}, url, down))
+    assert [(f.code, f.severity) for f in found] == [("remote-cache-down", "warning")]
+    no_client = rule_remote_cache(facts_of({}, {}, url, None))
+    assert [f.code for f in no_client] == ["remote-cache-unwired"]
+    assert "has no Redis client (`redis` is not installed)" in no_client[0].cause
+    why = {remote_cache.WIRING_VAR: "not wired: redis://c:6379/0 is not on loopback and no "
+           "password is given: ..."}  # fmt: skip
+    refusal = rule_remote_cache(facts_of(why, {"redis": "8.1.0"}, "redis://c:6379/0", None))
+    assert "CUDAENV_REMOTE_CACHE_PASSWORD" in refusal[0].fix[0]
+    assert rule_remote_cache(facts_of({}, {}, None, None)) == []
+
+
+def codes(python: Path) -> dict[str, str]:
+    facts, findings, _ = doctor.probe(python, deep=False)
+    assert facts is not None
+    return {f.code: f.cause for f in findings if f.code.startswith("remote-cache")}
+
+
+def test_doctor_pings_the_wired_cache(
+    tmp_path: Path, redis_with_password: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor against a real redis-server with requirepass: the right password answers, a
+    wrong one is refused, a server that is gone is down."""
+    python = make_env(tmp_path, None) / "bin" / "python"
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", redis_with_password.url)
+    assert redis_with_password.password is not None
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE_PASSWORD", redis_with_password.password)
+    assert list(codes(python)) == ["remote-cache"]
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE_PASSWORD", "wrong")
+    assert list(codes(python)) == ["remote-cache-auth"]
+    redis_with_password.stop()
+    assert list(codes(python)) == ["remote-cache-down"]
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "off")
+    assert codes(python) == {}
+
+
+def test_the_table_knows_every_wired_variable() -> None:
+    rows = {v.name: v for v in variables.TABLE}
+    assert [n for n in remote_cache.WIRED if n not in rows] == []
+    # The one holding the password is never reported by doctor's probe.
+    assert [n for n in remote_cache.WIRED if rows[n].doctor] == [
+        n for n in remote_cache.WIRED if n != "TORCHINDUCTOR_REDIS_URL"
+    ]
+
+
+def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bare = make_env(tmp_path, None, client=False)
+    s = spec.load(tmp_path / "env.yaml")
+    assert toolchain.remote_cache_note(bare, s) is None
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "redis://127.0.0.1:6379/0")
+    note = toolchain.remote_cache_note(bare, s)
+    assert note is not None
+    assert note.startswith("warning: CUDAENV_REMOTE_CACHE names a Redis cache but rc's lock has no")
+    assert "add `remote-cache:` to" in note
+    with_client = make_env(tmp_path, None, name="client")
+    assert toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
+    # A server off loopback is wired only with a password: the build says so before any compile.
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "redis://cache.example.internal:6379/0")
+    refused = toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
+    assert refused is not None and "is not on loopback and no password is given" in refused
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE_PASSWORD", "s3cret")
+    assert toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "http://cache.example.internal/")
+    bad = toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
+    assert bad is not None and bad.startswith("warning: CUDAENV_REMOTE_CACHE: expected redis://")

@@ -1,0 +1,339 @@
+"""`cudaenv warm` and the prefetch of build/adopt, without FlashInfer: the probe's process is
+replaced at the one subprocess seam (``proc.run_lines``) by one that says what a probe says,
+and the probe's selection runs with FlashInfer's generators replaced. The real thing (nvcc,
+FlashInfer, a registry) is tests/test_warm_e2e.py."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import archs, prefetch, proc, storerun, warmrun
+from builder import store as jit_store
+from builder.errors import BuildError, UsageError
+from builder.reporter import Reporter
+from tests.helpers import REPO, write
+
+PROBE_DIR = REPO / "builder" / "probe"
+
+
+class Said:
+    """What a Reporter said, line by line."""
+
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+
+    def reporter(self) -> Reporter:
+        return Reporter(stream=self.buffer)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.buffer.getvalue().splitlines()
+
+
+def events(*docs: dict[str, Any]) -> list[str]:
+    return [json.dumps(d) for d in docs]
+
+
+def fake_probe(
+    monkeypatch: pytest.MonkeyPatch, lines: list[str], seen: list[dict[str, Any]], rc: int = 0
+) -> None:
+    """``proc.run_lines`` answering with ``lines``; what each run was asked in ``seen``."""
+
+    def run_lines(
+        argv: Sequence[Any],
+        on_line: Callable[[str], None],
+        *,
+        env: dict[str, str] | None = None,
+        input_text: str = "",
+        timeout: float,
+    ) -> proc.Completed:
+        seen.append({"argv": [str(a) for a in argv], "env": env, "request": json.loads(input_text)})
+        for line in lines:
+            on_line(line)
+        return proc.Completed(argv=tuple(map(str, argv)), returncode=rc, stdout="", stderr="boom")
+
+    monkeypatch.setattr(proc, "run_lines", run_lines)
+
+
+REQ = warmrun.WarmRequest(spec="s.yaml", modules=("*_and_mul",), head_dims=(64,), dtypes=("fp16",))
+
+
+def test_a_target_warms_with_count_eta_and_already_warm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The count and the ETA (the mean of the modules compiled so far times those left; one
+    the store held costs nothing), each module's result, the probe asked for this target's
+    archs with the patterns, head dims and dtypes, and the env's bin/ first on PATH."""
+    seen: list[dict[str, Any]] = []
+    fake_probe(
+        monkeypatch,
+        [
+            *events(
+                {"event": "plan", "total": 3, "modules": ["a", "b", "c"]},
+                {"event": "start", "module": "a"},
+                {"event": "done", "module": "a", "status": "built", "seconds": 10, "entry": "v3/x"},
+                {"event": "start", "module": "b"},
+                {"event": "done", "module": "b", "status": "warm", "seconds": 0.1},
+                {"event": "start", "module": "c"},
+                {"event": "done", "module": "c", "status": "built", "seconds": 30},
+                {"event": "end"},
+            ),
+            "FlashInfer printed this",
+        ],
+        seen,
+    )
+    said = Said()
+    results, warnings = warmrun.warm_target(
+        tmp_path / "env", tmp_path / "store", "9.0a 12.0f", REQ, None, said.reporter()
+    )
+    assert said.lines == [
+        "cudaenv: warming 3 FlashInfer module(s) for 9.0a 12.0f",
+        "cudaenv: [1/3] a (9.0a 12.0f)",
+        "cudaenv: a (9.0a 12.0f): built in 10.0 s",
+        "cudaenv: [2/3, ETA 20s] b (9.0a 12.0f)",
+        "cudaenv: b (9.0a 12.0f): already warm",
+        "cudaenv: [3/3, ETA 10s] c (9.0a 12.0f)",
+        "cudaenv: c (9.0a 12.0f): built in 30.0 s",
+    ]
+    assert [(r.module, r.status, r.entry) for r in results] == [
+        ("a", "built", "v3/x"),
+        ("b", "warm", None),
+        ("c", "built", None),
+    ]
+    assert warnings == []
+    (run,) = seen
+    assert run["argv"][1:] == [str(PROBE_DIR / "jit_warm.py"), "warm"]
+    assert run["request"] == {"modules": ["*_and_mul"], "head_dims": [64], "dtypes": ["fp16"]}
+    assert run["env"]["CUDAENV_ARCH_LIST"] == "9.0a,12.0f"
+    assert run["env"]["CUDAENV_JIT_STORE"] == str(tmp_path / "store")
+    assert run["env"]["PATH"].split(":")[0] == str(tmp_path / "env" / "bin")
+    assert run["env"]["CUDAENV_JIT_REMOTE"] == "off" and "CUDAENV_JIT_PUSH" not in run["env"]
+
+
+def test_a_module_flashinfer_refuses_is_listed_with_its_reason_and_exits_4(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "RuntimeError: FlashInfer requires GPUs with sm75 or higher."
+    fake_probe(
+        monkeypatch,
+        events(
+            {"event": "plan", "total": 2},
+            {"event": "done", "module": "norm", "status": "failed", "reason": reason},
+            {"event": "done", "module": "page", "status": "built", "seconds": 2},
+            {"event": "end"},
+        ),
+        [],
+    )
+    results, _ = warmrun.warm_target(tmp_path, tmp_path / "s", "7.0", REQ, None, Said().reporter())
+    report = warmrun.WarmReport(results=results, seconds=4.0)
+    with pytest.raises(BuildError, match="1 of 2 FlashInfer module") as raised:
+        warmrun.outcome(report, Said().reporter(), as_json=False)
+    assert raised.value.exit_code == 4
+    out = capsys.readouterr().out
+    assert f"norm (7.0): failed: {reason}" in out
+    assert "2 module(s): 1 built, 0 already warm, 1 failed, in 4.0 s (2.0 s compiling)" in out
+    # All built: exit 0, and JSON says the share that was compiling.
+    ok = warmrun.WarmReport(results=results[1:], seconds=4.0)
+    assert warmrun.outcome(ok, Said().reporter(), as_json=True) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["built"], doc["failed"], doc["compile_seconds"]) == (1, 0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("lines", "rc", "match"),
+    [
+        (events({"event": "end", "error": "ImportError: no flashinfer"}), 1, "no flashinfer"),
+        ([], 137, "boom"),  # killed: no end event, its stderr said
+    ],
+)
+def test_a_probe_that_fails_is_a_build_error_naming_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lines: list[str], rc: int, match: str
+) -> None:
+    fake_probe(monkeypatch, lines, [], rc=rc)
+    with pytest.raises(BuildError, match=match):
+        warmrun.warm_target(tmp_path, tmp_path, "12.0f", REQ, None, Said().reporter())
+
+
+def test_patterns_that_match_nothing_are_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_probe(monkeypatch, events({"event": "plan", "total": 0}, {"event": "end"}), [])
+    with pytest.raises(UsageError, match="no module of the default set matches"):
+        warmrun.warm_target(tmp_path, tmp_path, "12.0f", REQ, None, Said().reporter())
+
+
+def test_targets_are_the_specs_list_or_each_list_named() -> None:
+    spec_archs = archs.parse_list("9.0a,12.0f")
+    assert warmrun.targets(spec_archs, ()) == ["9.0a 12.0f"]
+    assert warmrun.targets(spec_archs, ("9.0a", "12.0f", "9.0a")) == ["9.0a", "12.0f"]
+    with pytest.raises(UsageError, match="--archs 'sm_90'"):
+        warmrun.targets(spec_archs, ("sm_90",))
+
+
+def test_eta_and_clock_text() -> None:
+    assert [warmrun.clock_text(s) for s in (4.6, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+    progress = warmrun.Progress("12.0f", Said().reporter())
+    progress.event({"event": "plan", "total": 4})
+    assert progress.eta() is None  # nothing compiled yet: no guess
+    progress.event({"event": "done", "status": "built", "seconds": 6})
+    progress.event({"event": "done", "status": "built", "seconds": 2})
+    assert progress.eta() == 8.0  # 4 s a module, 2 left
+
+
+# --------------------------------------------------------------------------- the probe's choice
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """builder/probe/jit_warm.py imported as the env's interpreter imports it (its directory
+    first on sys.path), FlashInfer's generators replaced."""
+    monkeypatch.syspath_prepend(str(PROBE_DIR))
+    for name in ("jit_warm", "env_facts"):
+        sys.modules.pop(name, None)
+    module = importlib.import_module("jit_warm")
+    monkeypatch.setattr(module, "activations", lambda: ["gelu", "silu"])
+
+    class Spec:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    def generate(recipe: list[Any]) -> Spec:
+        kind, params = recipe
+        if kind == "rope":
+            raise RuntimeError("No supported CUDA architectures found for major versions [9]")
+        if kind == "act":
+            return Spec(f"{params['act']}_and_mul")
+        if kind in ("prefill", "decode"):
+            return Spec(
+                f"batch_{kind}_with_kv_cache_dtype_q_{params['dtype']}_hd_{params['head_dim']}"
+            )
+        return Spec(kind)
+
+    monkeypatch.setattr(module, "generate", generate)
+    yield module
+    sys.modules.pop("jit_warm", None)
+
+
+def test_the_default_set_is_flashinfers_misc_activations_and_attention(probe: Any) -> None:
+    names = [c[0] for c in probe.select([], [128, 256], ["bf16"])]
+    assert names[:7] == ["norm", "rope", "page", "sampling", "cascade", "quantization", "topk"]
+    assert names[7:9] == ["gelu_and_mul", "silu_and_mul"]
+    assert names[9:] == [
+        "batch_prefill_with_kv_cache_dtype_q_bf16_hd_128",
+        "batch_decode_with_kv_cache_dtype_q_bf16_hd_128",
+        "batch_prefill_with_kv_cache_dtype_q_bf16_hd_256",
+        "batch_decode_with_kv_cache_dtype_q_bf16_hd_256",
+    ]
+
+
+def test_patterns_match_flashinfers_names_or_the_label(probe: Any) -> None:
+    chosen = probe.select(["silu*", "batch_decode_*", "rope"], [128], ["fp16"])
+    assert [(c[0], c[3]) for c in chosen] == [
+        # A generator FlashInfer refuses for these archs: selected by its label, with the reason.
+        ("rope", "RuntimeError: No supported CUDA architectures found for major versions [9]"),
+        ("silu_and_mul", None),
+        ("batch_decode_with_kv_cache_dtype_q_fp16_hd_128", None),
+    ]
+    assert probe.select(["nothing*"], [128], ["bf16"]) == []
+
+
+def test_a_recipe_from_elsewhere_generates_nothing_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recipes come from store entries (a registry's too): only FlashInfer's generators of the
+    known kinds run, never a module a recipe names."""
+    monkeypatch.syspath_prepend(str(PROBE_DIR))
+    sys.modules.pop("jit_warm", None)
+    module = importlib.import_module("jit_warm")
+    try:
+        for bad in (["os", {}], ["norm"], "norm", ["act", []], ["prefill", {"head_dim": "1"}]):
+            with pytest.raises((ValueError, ImportError)):
+                module.generate(bad)
+    finally:
+        sys.modules.pop("jit_warm", None)
+
+
+# --------------------------------------------------------------------------- prefetch
+
+
+def module_entry(store: jit_store.Store, tmp_path: Path, key: str, **module: Any) -> Path | None:
+    built = write(tmp_path / f"{key[:4]}.so", key)
+    header = write(tmp_path / "in.h", "header")
+    meta = {"kind": "topk_topp", "env": str(tmp_path), "module": module}
+    return store.publish(key, {"kernel": built}, [str(header)], meta, str(tmp_path))
+
+
+def test_prefetch_candidates_are_the_modules_of_the_envs_flashinfer(tmp_path: Path) -> None:
+    store = jit_store.Store(tmp_path / "store")
+    act = ["act", {"act": "silu"}]
+    module_entry(store, tmp_path, "a" * 64, name="silu_and_mul", recipe=act, flashinfer="0.7.2")
+    module_entry(store, tmp_path, "b" * 64, name="silu_and_mul", recipe=act, flashinfer="0.7.2")
+    module_entry(store, tmp_path, "c" * 64, name="norm", recipe=["norm", {}], flashinfer="0.6.0")
+    module_entry(store, tmp_path, "d" * 64, name="x", recipe="not a recipe", flashinfer="0.7.2")
+    assert prefetch.candidates(store, "0.7.2") == [act]  # each recipe once
+    assert prefetch.candidates(store, "0.9.9") == []
+
+
+def test_prefetch_runs_the_probe_and_says_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    store = jit_store.Store(tmp_path / "store")
+    module_entry(store, tmp_path, "a" * 64, recipe=["norm", {}], flashinfer="0.7.2")
+    seen: list[dict[str, Any]] = []
+    answer = {"placed": ["norm"], "present": [], "missed": [], "warnings": []}
+    fake_probe(monkeypatch, [json.dumps(answer)], seen)
+    python = tmp_path / "env" / "bin" / "python"
+    done = prefetch.prefetch(python, flashinfer="0.7.2")
+    assert done.line() == "prefetched 1 of 1 warmed FlashInfer module(s) from the JIT store"
+    assert seen[0]["request"] == {"recipes": [["norm", {}]]}
+    assert seen[0]["argv"][2] == "prefetch"
+    assert "CUDAENV_ARCH_LIST" not in seen[0]["env"]  # the env's own archs, as it serves
+    # A probe that answers nothing usable: one warning, nothing said placed, no exception.
+    fake_probe(monkeypatch, ["not json"], [], rc=1)
+    done = prefetch.prefetch(python, flashinfer="0.7.2")
+    said = Said()
+    prefetch.say_prefetched(done, said.reporter())
+    assert (
+        said.lines[0] == "cudaenv: prefetched 0 of 1 warmed FlashInfer module(s) from the JIT store"
+    )
+    assert len(said.lines) == 2 and said.lines[1].startswith(
+        "cudaenv: warning: prefetch failed in "
+    )
+    # Off: nothing runs.
+    monkeypatch.setenv("CUDAENV_NO_PREFETCH", "1")
+    assert prefetch.prefetch(python, flashinfer="0.7.2").skipped == "off (CUDAENV_NO_PREFETCH=1)"
+
+
+def test_store_list_of_a_spec_keeps_what_its_env_would_get() -> None:
+    wanted = {"flashinfer": "0.7.2", "cuda": "13.0", "archs": "12.0f", "machine": "x86_64"}
+    ok = {"flashinfer": "0.7.2", "cuda": "13.0.88", "archs": "12.0f", "machine": "x86_64"}
+    assert storerun.fits(ok, wanted)
+    assert not storerun.fits(None, wanted)
+    for field, other in (("flashinfer", "0.7.3"), ("cuda", "13.1"), ("archs", "9.0a 12.0f"),
+                         ("machine", "aarch64"), ("cuda", "13.01")):  # fmt: skip
+        assert not storerun.fits({**ok, field: other}, wanted), field
+
+
+def test_run_lines_hands_each_line_over_and_is_bounded(tmp_path: Path) -> None:
+    """The seam itself, with a real child: stdout line by line as it comes, stdin given,
+    stderr kept, and a child that outlives its deadline killed and said so."""
+    code = (
+        "import sys; print(sys.stdin.read().upper()); print('two'); print('err', file=sys.stderr)"
+    )
+    got: list[str] = []
+    done = proc.run_lines([sys.executable, "-c", code], got.append, input_text="one", timeout=30)
+    assert (got, done.returncode, done.stderr.strip()) == (["ONE", "two"], 0, "err")
+    slow = "import time; print('started', flush=True); time.sleep(30)"
+    got.clear()
+    with pytest.raises(proc.CommandFailed, match=r"timed out after 0\.5 s"):
+        proc.run_lines([sys.executable, "-c", slow], got.append, timeout=0.5)
+    assert got == ["started"]
