@@ -47,7 +47,9 @@ BACKEND = f"{BACKEND_MODULE}:RedisBackend"
 # wired: WHY"), for doctor.
 WIRING_VAR = "CUDAENV_REMOTE_CACHE_WIRING"
 
-_DB_RE = re.compile(r"^/?(\d{1,5})?$")
+# The URL's path: no database (0) or one number. The hook matches the same pattern.
+DB_PATTERN = r"^/?(\d{1,5})?$"
+_DB_RE = re.compile(DB_PATTERN)
 
 
 class RemoteCacheError(ValueError):
@@ -105,11 +107,15 @@ def is_loopback(host: str) -> bool:
 def parse(text: str) -> RemoteCache:
     """``redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]`` or ``rediss://...``; RemoteCacheError
     saying what is wrong. Nothing is refused here for want of a password: see :func:`refusal`."""
+    # An "@" after the first "/": a password with "/" unquoted ended the host early, and what
+    # urlsplit read as port or path holds part of it, so neither is echoed.
+    early = "@" in text.partition("://")[2].partition("/")[2]
+    hint = " (a / in a password is %2F)"
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise RemoteCacheError(f"not a redis:// URL ({exc})") from None
+        raise RemoteCacheError(f"not a redis:// URL ({hint[2:-1] if early else exc})") from None
     if parts.scheme not in SCHEMES:
         raise RemoteCacheError(
             "expected redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] or rediss://... (TLS), "
@@ -123,7 +129,8 @@ def parse(text: str) -> RemoteCache:
         raise RemoteCacheError("the URL holds white space")
     found = _DB_RE.match(parts.path)
     if found is None:
-        raise RemoteCacheError(f"the path must be a database number like /0, got {parts.path!r}")
+        got = hint if early else f", got {parts.path!r}"
+        raise RemoteCacheError(f"the path must be a database number like /0{got}")
     if port == 0:
         raise RemoteCacheError("port 0 is not a port")
     return RemoteCache(
@@ -174,6 +181,10 @@ def wiring(cache: RemoteCache) -> tuple[tuple[str, str], ...]:
         ("TRITON_REDIS_HOST", cache.host),
         ("TRITON_REDIS_PORT", str(cache.port)),
         ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "1"),
+        # Inductor reads its autotuning results from Redis unguarded
+        # (torch/_inductor/runtime/autotune_cache.py, read_best), and its Redis backend turns
+        # only a ConnectionError into a miss: the hook makes every error of redis one there
+        # (templates/hook.py.j2, _CudaenvInductorGuard), so a late answer costs a local compile.
         ("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "1"),
         ("TORCHINDUCTOR_REDIS_HOST", cache.host),
         ("TORCHINDUCTOR_REDIS_PORT", str(cache.port)),

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -228,7 +227,12 @@ def _masked(value: str) -> str:
     """A secret setting as ``--debug`` shows it: a URL without its password, else ``***``."""
     if "://" not in value:
         return "***"
-    return re.sub(r"^([a-z]+://[^:@/]*):[^@/]*@", r"\1:***@", value)
+    # Up to the last "@", as urlsplit reads a URL: a password may hold "@" or "/" unquoted.
+    scheme, _, rest = value.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return value
+    return f"{scheme}://{auth.partition(':')[0]}:***@{host}"
 
 
 def show(found: Settings) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder import archs, lock, platforms, settings, spec
 from builder import store as jit_store
-from builder.envs import human
+from builder.envs import human, shown
 from builder.errors import BuildError, UsageError, VerifyFailed
 from builder.pipeline import built_env, jit_remote_for, load_spec, lock_file
 from builder.reporter import Reporter
@@ -113,10 +113,16 @@ class Listing:
         out = []
         for r in self.entries:
             used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
-            module = f"  {r.module.get('name')} for {r.module.get('archs')}" if r.module else ""
+            # What an entry records came from whoever made it (a registry's, perhaps): shown
+            # quoted where it holds a control character, so it cannot forge a line.
+            module = (
+                f"  {_printable(r.module.get('name'))} for {_printable(r.module.get('archs'))}"
+                if r.module
+                else ""
+            )
             out.append(
-                f"{r.key[:16]}/{r.variant}  {r.kind:<9}  {human(r.size):>10}  used {used}  "
-                f"made for {r.made_for or '?'}{module}"
+                f"{r.key[:16]}/{r.variant}  {_printable(r.kind):<9}  {human(r.size):>10}  used {used}  "
+                f"made for {_printable(r.made_for or '?')}{module}"
             )
         total, cap = human(self.total), human(self.cap)
         last = f"{len(self.entries)} entries, {total} of {cap} in {self.root}"
@@ -127,6 +133,12 @@ class Listing:
 
     def text(self, *, as_json: bool) -> str:
         return json.dumps(self.to_json(), indent=2) if as_json else "\n".join(self.lines())
+
+
+def _printable(value: object) -> str:
+    """``value`` as it is where every character prints, else quoted as envs.shown quotes."""
+    text = str(value)
+    return text if text.isprintable() else shown(text)
 
 
 def wanted_by(spec_arg: str) -> dict[str, str]:

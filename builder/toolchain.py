@@ -575,6 +575,7 @@ def remote_values(url: str | None, client: bool) -> dict[str, object]:
         "backend": remote_cache.BACKEND,
         "timeout": f"{remote_cache.TIMEOUT:g}",
         "default_port": remote_cache.DEFAULT_PORT,
+        "db_pattern": remote_cache.DB_PATTERN,
     }
 
 
@@ -583,6 +584,8 @@ def remote_cache_note(venv: Path, spec: EnvSpec) -> str | None:
     which wins, else the spec's) would not be wired: the env's lock has no Redis client, the
     URL is not one, or a server off loopback has no password here; None when all is well."""
     found = settings.current()
+    if found.remote_cache is None and found.origin("remote_cache") != settings.DEFAULT:
+        return None  # `off`: the hook wires nothing, whatever the spec names
     url = found.remote_cache or spec.remote_cache
     if not url:
         return None
@@ -613,9 +616,12 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
     client = has_redis_client(site)
     # Activation exports the spec's wiring (the hook decides again at each interpreter start:
     # CUDAENV_REMOTE_CACHE, the password, the rules); never a password, as a spec holds none.
+    # So a server off loopback is exported by no script: a process that skips the hook
+    # (CUDAENV_NO_HOOK=1) would be wired to it unauthenticated, the one thing refused.
+    named = remote_cache.parse(spec.remote_cache) if spec.remote_cache and client else None
     wired = (
-        remote_cache.wiring(remote_cache.parse(spec.remote_cache))
-        if spec.remote_cache and client
+        remote_cache.wiring(named)
+        if named is not None and remote_cache.refusal(named) is None
         else ()
     )
     values = {

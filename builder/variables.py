@@ -195,7 +195,7 @@ TABLE: tuple[Variable, ...] = (
     _remote("TRITON_REDIS_PORT", "Triton's own Redis backend", "triton/knobs.py (redis_knobs)"),
     _remote("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "torch Inductor (1: FX graphs from Redis)",
             "torch/_inductor/config.py"),
-    _remote("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "torch Inductor (1: autotuning from Redis)",
+    _remote("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "torch Inductor (1: autotuning results from Redis)",
             "torch/_inductor/config.py"),
     _remote("TORCHINDUCTOR_REDIS_HOST", "torch Inductor (where no URL is set)",
             "torch/_inductor/remote_cache.py"),

@@ -53,6 +53,10 @@ def test_a_url_names_host_port_db_user_password_and_tls() -> None:
         ("redis://cache:0", "port 0 is not a port"),
         ("redis://cache/db", "the path must be a database number like /0, got '/db'"),
         ("redis://cache/0?ssl=1", "a query or fragment is not taken (?... or #...)"),
+        # A password with "/" unquoted: no part of it echoed.
+        ("redis://u:se/cret@cache/0", "not a redis:// URL (a / in a password is %2F)"),
+        ("redis://u@cache/se/cret@x", "the path must be a database number like /0 (a / in a "
+         "password is %2F)"),
     ],
 )  # fmt: skip
 def test_a_bad_url_says_why(url: str, why: str) -> None:
@@ -84,6 +88,9 @@ def test_the_wiring_bounds_every_wait_and_carries_the_password_only_in_the_url()
     ]
     assert wired[remote_cache.WIRING_VAR] == "wired rediss://ci:***@cache:6380/2"
     assert tuple(wired) == remote_cache.WIRED
+    # Inductor's FX graphs and autotuning results from Redis (the hook guards the latter).
+    assert wired["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] == "1"
+    assert wired["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] == "1"
 
 
 # --------------------------------------------------------------------------- spec, setting
@@ -122,6 +129,10 @@ def test_the_variable_is_a_setting_and_debug_never_shows_a_password() -> None:
     assert "hunter2" not in text and "other" not in text
     assert "CUDAENV_REMOTE_CACHE = redis://u:***@cache:6379/0  (CUDAENV_REMOTE_CACHE)" in text
     assert settings.resolve({"CUDAENV_REMOTE_CACHE": "off"}).remote_cache is None
+    # A password holding "@" or "/" (urlsplit reads up to the last "@"): none of it shown.
+    for url in ("redis://u:hun@ter2@cache:6379/0", "redis://:hun/ter2@cache/0"):
+        text = "\n".join(settings.describe(settings.resolve({"CUDAENV_REMOTE_CACHE": url})))
+        assert "ter2" not in text and "hun" not in text, text
 
 
 # --------------------------------------------------------------------------- hook, activation
@@ -185,6 +196,34 @@ def test_the_hook_refuses_an_unauthenticated_server_off_loopback(env: Path) -> N
                    "[:PORT][/DB] URL"}  # fmt: skip
     # CUDAENV_NO_HOOK: the interpreter as it is, with whatever the shell had.
     assert hook_env(env, CUDAENV_NO_HOOK="1", **stray) == stray
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:0/0", "redis://127.0.0.1//0",
+                                 "redis://127.0.0.1/\N{SUPERSCRIPT TWO}"])  # fmt: skip
+def test_the_hook_refuses_what_the_module_refuses(env: Path, url: str) -> None:
+    """Port 0, two slashes, a digit int() cannot read: not wired by either spelling of the rule
+    (the hook once wired the first two to port 6379 and database 0, and died on the third)."""
+    with pytest.raises(RemoteCacheError):
+        parse(url)
+    assert hook_env(env, CUDAENV_REMOTE_CACHE=url) == {
+        remote_cache.WIRING_VAR: "not wired: not a redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] URL"
+    }
+
+
+def test_no_activation_exports_a_server_off_loopback(tmp_path: Path) -> None:
+    """A spec holds no password, so a server off loopback is wired only by the hook, with the
+    password of the process: a shell that skips the hook (CUDAENV_NO_HOOK=1) is not wired."""
+    off = make_env(tmp_path, "redis://cache.internal:6379/0", name="off")
+    for script, _, _ in toolchain.ACTIVATIONS:
+        path = off / "bin" / script
+        if path.exists():
+            assert remote_cache.BACKEND not in path.read_text(), script
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    done = subprocess.run(["bash", "-c", f". {off}/bin/activate; python -c {code!r}"],
+                          env={**BARE, "CUDAENV_NO_HOOK": "1"}, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    after = json.loads(done.stdout)
+    assert [k for k in remote_cache.WIRED if k in after] == []
 
 
 def test_an_env_without_the_client_is_not_wired_and_says_so(tmp_path: Path) -> None:
@@ -392,3 +431,10 @@ def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "http://cache.example.internal/")
     bad = toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
     assert bad is not None and bad.startswith("warning: CUDAENV_REMOTE_CACHE: expected redis://")
+    # `off` over a spec's server that would be refused: nothing is wired, so nothing to say.
+    monkeypatch.delenv("CUDAENV_REMOTE_CACHE_PASSWORD")
+    off = make_env(tmp_path, "redis://cache.example.internal:6379/0", name="off")
+    monkeypatch.delenv("CUDAENV_REMOTE_CACHE")
+    assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is not None
+    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "off")
+    assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is None

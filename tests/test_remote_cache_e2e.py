@@ -222,6 +222,36 @@ def test_a_broken_remote_costs_one_warning_and_a_local_compile(
         assert "does not match its sha256" in warnings[0]
 
 
+INDUCTOR_BACKEND = """
+import json, sys, time
+from torch._inductor import config
+from torch._inductor.remote_cache import RedisRemoteCacheBackend
+started = time.monotonic()
+backend = RedisRemoteCacheBackend("k")
+got = [backend._get("a"), backend._get("b")]
+backend._put("c", b"x")
+print(json.dumps({"fx": config.fx_graph_remote_cache, "autotune": config.autotune_remote_cache,
+                  "got": got, "seconds": time.monotonic() - started}))
+"""
+
+
+@pytest.mark.parametrize("reply", [None, b"\x00\xffgarbage\r\n"], ids=["hung", "garbage"])
+def test_inductor_takes_both_caches_from_redis_and_a_bad_server_costs_a_miss(
+    wired_env: Path, tmp_path: Path, reply: bytes | None
+) -> None:
+    """Inductor's FX-graph and autotuning caches are wired; its Redis backend takes only a
+    refused connection for a miss, and its autotuning cache reads unguarded: under a server
+    that hangs (redis' TimeoutError) or breaks the protocol, the env's guard makes each read a
+    miss, said once, in bounded time."""
+    with loopback_server(reply) as port:
+        found, err = node(wired_env, tmp_path / "a", INDUCTOR_BACKEND,
+                          CUDAENV_REMOTE_CACHE=f"redis://127.0.0.1:{port}/0")  # fmt: skip
+    assert (found["fx"], found["autotune"], found["got"]) == (True, True, [None, None]), found
+    said = [line for line in err.splitlines() if "Inductor's remote cache is not used" in line]
+    assert len(said) == 1, err
+    assert float(str(found["seconds"])) < 2 * remote_cache.TIMEOUT + 5
+
+
 def test_doctor_says_the_wired_cache_answers(wired_env: Path, shared: Redis) -> None:
     done = cudaenv("doctor", "--python", str(wired_env / "bin" / "python"), "--json",
                    cwd=wired_env, check=False)  # fmt: skip

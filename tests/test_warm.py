@@ -5,6 +5,7 @@ FlashInfer, a registry) is tests/test_warm_e2e.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import json
@@ -254,11 +255,61 @@ def test_a_recipe_from_elsewhere_generates_nothing_unknown(
     sys.modules.pop("jit_warm", None)
     module = importlib.import_module("jit_warm")
     try:
-        for bad in (["os", {}], ["norm"], "norm", ["act", []], ["prefill", {"head_dim": "1"}]):
-            with pytest.raises((ValueError, ImportError)):
+        # Each refused by its shape, before FlashInfer or torch is imported (neither is here).
+        bad_attention = [{"head_dim": "1", "dtype": "bf16"}, {"head_dim": True, "dtype": "bf16"},
+                         {"head_dim": 0, "dtype": "bf16"}, {"head_dim": 128, "dtype": ["bf16"]},
+                         {"head_dim": 128, "dtype": "fp8"}]  # fmt: skip
+        for bad in (["os", {}], ["norm"], "norm", ["act", []],
+                    *(["prefill", p] for p in bad_attention),
+                    *(["decode", p] for p in bad_attention)):  # fmt: skip
+            with pytest.raises(ValueError, match=r"not a module recipe|not an attention recipe"):
                 module.generate(bad)
     finally:
         sys.modules.pop("jit_warm", None)
+
+
+def test_the_prefetch_probe_goes_on_past_a_module_that_fails(
+    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One module whose key cannot be computed (ninja's compdb failing, here) is one warning
+    and its generated build dir removed; the modules after it are still placed."""
+    import subprocess
+    import types
+
+    class Spec:
+        is_compiled = False
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.ninja_path = str(tmp_path / "cache" / name / "build.ninja")
+
+    def store_key(spec: Spec, store: Any, ninja: str) -> tuple[str, Path]:
+        write(Path(spec.ninja_path), "rule cc\n")  # FlashInfer's write_ninja
+        if spec.name == "norm":
+            raise subprocess.CalledProcessError(1, [ninja, "-t", "compdb"])
+        return spec.name * 8, Path(spec.ninja_path).parent
+
+    class Store:
+        def __init__(self, root: Path) -> None:
+            self.notes: list[str] = []
+            self.hasher = types.SimpleNamespace(save=lambda: None)
+
+        def locked(self, key: str, timeout: float) -> Any:
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    fake = types.SimpleNamespace(Store=Store, place_ninja=lambda *a: object())
+    monkeypatch.setattr(probe, "generate", lambda recipe: Spec(recipe[0]))
+    monkeypatch.setattr(probe, "store_key", store_key)
+    monkeypatch.setattr(probe, "jit_store", fake)
+    monkeypatch.setattr(probe.shutil, "which", lambda name: "/usr/bin/ninja")
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    assert probe.prefetch({"recipes": [["norm", {}], ["page", {}]]}) == 0
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (doc["placed"], doc["missed"]) == (["page"], ["norm"])
+    assert len(doc["warnings"]) == 1 and doc["warnings"][0].startswith("norm: Command ")
+    assert not (tmp_path / "cache" / "norm").exists()
 
 
 # --------------------------------------------------------------------------- prefetch
@@ -321,6 +372,24 @@ def test_store_list_of_a_spec_keeps_what_its_env_would_get() -> None:
     for field, other in (("flashinfer", "0.7.3"), ("cuda", "13.1"), ("archs", "9.0a 12.0f"),
                          ("machine", "aarch64"), ("cuda", "13.01")):  # fmt: skip
         assert not storerun.fits({**ok, field: other}, wanted), field
+
+
+def test_store_list_cannot_be_forged_by_what_an_entry_records(tmp_path: Path) -> None:
+    """An entry's record comes from whoever made it (a registry's): a module name, arch list,
+    kind or maker holding a newline or an escape is shown quoted, one line per entry."""
+    hostile = "norm\n0000000000000000/v  ninja  1 B  used 2026-01-01 00:00  made for x\x1b[2J"
+    row = jit_store.Listed(key="a" * 64, variant="v", kind="ninja\r", size=1, last_used=0.0,
+                           first_built=None, made_for="/env\x1b]0;x\x07",
+                           module={"name": hostile, "archs": "12.0f\n"})  # fmt: skip
+    found = storerun.Listing(root=tmp_path, cap=1, entries=(row,))
+    lines = found.lines()
+    assert len(lines) == 2
+    assert all(c.isprintable() for c in lines[0]), lines[0]
+    assert "'norm\\n0000" in lines[0] and "'12.0f\\n'" in lines[0]
+    plain = dataclasses.replace(row, kind="ninja", made_for="/env",
+                                module={"name": "norm", "archs": "9.0a 12.0f"})  # fmt: skip
+    line = storerun.Listing(root=tmp_path, cap=1, entries=(plain,)).lines()[0]
+    assert line.endswith("made for /env  norm for 9.0a 12.0f"), line
 
 
 def test_run_lines_hands_each_line_over_and_is_bounded(tmp_path: Path) -> None:
