@@ -239,8 +239,8 @@ class Run:
             verb += f" (for {cross}, not runnable here)"
         seconds = time.monotonic() - started
         say(f"{verb} {result.path} in {seconds:.1f} s")
-        if cross is None and not result.reused:  # a reused env had its prefetch when built
-            prefetch_into(s, lk, result.path, say)
+        if cross is None:  # a reused env is judged only for entries warmed since its last
+            prefetch_into(s, lk, result.path, say, only_new=result.reused)
         return Built(
             spec=s,
             lock=lk,
@@ -268,9 +268,12 @@ class Run:
         return self.verified
 
 
-def prefetch_into(s: spec.EnvSpec, lk: lock.Lock, env: Path, say: Reporter) -> None:
+def prefetch_into(
+    s: spec.EnvSpec, lk: lock.Lock, env: Path, say: Reporter, *, only_new: bool = False
+) -> None:
     """Place the warmed FlashInfer modules that fit the env just built (builder/prefetch.py):
-    one line, at most one warning, never a failed build."""
+    one line, at most one warning, never a failed build. ``only_new`` (an env reused as it
+    was): silent unless the store holds modules its last prefetch did not judge."""
     from builder import jit_share, prefetch
     from builder.pipeline import jit_remote_for
 
@@ -285,8 +288,11 @@ def prefetch_into(s: spec.EnvSpec, lk: lock.Lock, env: Path, say: Reporter) -> N
         say(f"warning: the JIT remote was not used for prefetch: {exc}")
         remote = None
     tag = jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
-    done = prefetch.prefetch(env / "bin" / "python", flashinfer=versions[0], remote=remote, tag=tag)
-    prefetch.say_prefetched(done, say)
+    done = prefetch.prefetch(
+        env / "bin" / "python", flashinfer=versions[0], remote=remote, tag=tag, only_new=only_new
+    )
+    if not (only_new and done.skipped is not None and not done.warnings):
+        prefetch.say_prefetched(done, say)
 
 
 def write_record(

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import proc, settings
+from builder import cachefiles, proc, settings
 from builder import store as jit_store
 from builder.errors import CommandFailed, ToolMissing
 from builder.paths import jit_store_here
@@ -33,6 +33,22 @@ if TYPE_CHECKING:
 
 # A probe that imports FlashInfer (~7 s) and copies files: minutes at most, even on a busy box.
 PREFETCH_TIMEOUT = 600.0
+# What the env's last prefetch judged (each recipe, as canonical JSON): a reused env runs the
+# probe again only for a module warmed since.
+JUDGED = Path("var") / "cudaenv-prefetched.json"
+
+
+def _judged(env: Path) -> set[str]:
+    """The recipes the env's last prefetch judged; none where the record is unreadable (read
+    under the cache's rules: no link followed, owner and modes checked, size bounded)."""
+    doc = cachefiles.read_json(env / JUDGED)
+    return {r for r in doc if isinstance(r, str)} if isinstance(doc, list) else set()
+
+
+def _record_judged(env: Path, recipes: list[list[Any]]) -> None:
+    """Add ``recipes`` to the record; one that cannot be written is judged again next time."""
+    judged = {json.dumps(r, sort_keys=True) for r in recipes} | _judged(env)
+    cachefiles.write_text(env / JUDGED, json.dumps(sorted(judged)) + "\n")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,8 +130,10 @@ def prefetch(
     flashinfer: str | None,
     remote: Remote | None = None,
     tag: str | None = None,
+    only_new: bool = False,
 ) -> Prefetched:
-    """Place every fitting store entry into the FlashInfer cache of the env of ``python``."""
+    """Place every fitting store entry into the FlashInfer cache of the env of ``python``;
+    ``only_new``: only those the env's last prefetch did not judge (skipped: none are)."""
     if settings.current().no_prefetch:
         return Prefetched(skipped="off (CUDAENV_NO_PREFETCH=1)")
     store = jit_store_here()
@@ -132,6 +150,12 @@ def prefetch(
     except (jit_store.StoreError, OSError) as exc:
         return Prefetched(skipped=f"the JIT store was not used: {exc}", warnings=tuple(warnings))
     where = remote.url if remote is not None and tag is not None else None
+    env = python.parent.parent
+    if only_new:
+        judged = _judged(env)
+        recipes = [r for r in recipes if json.dumps(r, sort_keys=True) not in judged]
+        if not recipes:
+            return Prefetched(skipped="nothing warmed since the last", warnings=tuple(warnings))
     if not recipes:
         return Prefetched(
             skipped=f"no warmed FlashInfer module in the JIT store for FlashInfer {flashinfer}",
@@ -139,6 +163,8 @@ def prefetch(
         )
     doc, trouble = run_probe(python, store.root, {"recipes": recipes})
     warnings += [trouble] if trouble else []
+    if doc is not None:
+        _record_judged(env, recipes)
     if doc is None:
         return Prefetched(
             candidates=len(recipes), pulled=pulled, remote=where, warnings=tuple(warnings)

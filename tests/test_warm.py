@@ -364,6 +364,33 @@ def test_prefetch_runs_the_probe_and_says_one_line(
     assert prefetch.prefetch(python, flashinfer="0.7.2").skipped == "off (CUDAENV_NO_PREFETCH=1)"
 
 
+def test_a_reused_env_is_judged_again_only_for_modules_warmed_since(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    store = jit_store.Store(tmp_path / "store")
+    module_entry(store, tmp_path, "a" * 64, recipe=["norm", {}], flashinfer="0.7.2")
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    seen: list[dict[str, Any]] = []
+    answer = {"placed": ["norm"], "present": [], "missed": [], "warnings": []}
+    fake_probe(monkeypatch, [json.dumps(answer)], seen)
+    assert prefetch.prefetch(python, flashinfer="0.7.2").placed == ("norm",)
+    # Reused with nothing warmed since: no probe, nothing said.
+    again = prefetch.prefetch(python, flashinfer="0.7.2", only_new=True)
+    assert (again.skipped, len(seen)) == ("nothing warmed since the last", 1)
+    # A module warmed since: the probe judges that one alone.
+    module_entry(store, tmp_path, "b" * 64, recipe=["rope", {}], flashinfer="0.7.2")
+    prefetch.prefetch(python, flashinfer="0.7.2", only_new=True)
+    assert seen[-1]["request"] == {"recipes": [["rope", {}]]}
+    # A record that is not ours (a link out of the env) is not read: every module judged.
+    record = tmp_path / "env" / prefetch.JUDGED
+    record.unlink()
+    record.symlink_to(write(tmp_path / "elsewhere.json", json.dumps([json.dumps(["rope", {}])])))
+    prefetch.prefetch(python, flashinfer="0.7.2", only_new=True)
+    assert len(seen[-1]["request"]["recipes"]) == 2
+
+
 def test_store_list_of_a_spec_keeps_what_its_env_would_get() -> None:
     wanted = {"flashinfer": "0.7.2", "cuda": "13.0", "archs": "12.0f", "machine": "x86_64"}
     ok = {"flashinfer": "0.7.2", "cuda": "13.0.88", "archs": "12.0f", "machine": "x86_64"}

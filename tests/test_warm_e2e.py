@@ -139,6 +139,9 @@ def test_a_node_builds_warm_from_what_a_warmer_pushed(
     ), b.stderr
     assert warnings(b.stderr) == []
     assert loads_without_compiling(ws / "b") == dict.fromkeys(MODULES, True)
+    # Built again, up to date, nothing warmed since: reused, no probe run, nothing said of it.
+    again_b = build(ws, "b", registry.url)
+    assert "reused" in again_b.stderr and "prefetch" not in again_b.stderr, again_b.stderr
 
     # A blob of one module's library forged in the registry's storage: refused by its
     # digest or its recorded sha256, never placed; the other module still is. One warning.
