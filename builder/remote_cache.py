@@ -25,9 +25,10 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 SCHEMES = ("redis", "rediss")
@@ -249,7 +250,7 @@ def ping(cache: RemoteCache, *, timeout: float = TIMEOUT) -> Answer:
         return Answer(status=status, detail=detail, seconds=time.monotonic() - started)
 
     try:
-        raw = socket.create_connection((cache.host, cache.port), timeout=timeout)
+        raw = _connect(cache.host, cache.port, deadline)
     except OSError as exc:
         return answer("down", f"no connection to {cache.netloc}: {exc.strerror or exc}")
     try:
@@ -276,6 +277,41 @@ def ping(cache: RemoteCache, *, timeout: float = TIMEOUT) -> Answer:
     if said.startswith((b"-NOAUTH", b"-WRONGPASS", b"-NOPERM")):
         return answer("auth-refused", _text(said[1:]))
     return answer("down", f"not a Redis answer to PING: {_text(said)}")
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A connection to ``host``, made before ``deadline``: the name lookup too, which
+    ``socket.create_connection``'s timeout does not bound (a resolver that never answers)."""
+    found: list[list[Any] | OSError] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not found:
+        raise TimeoutError(f"no answer in time to the lookup of {host}")
+    if isinstance(found[0], OSError):
+        raise found[0]
+    last: OSError = OSError(f"{host} has no address")
+    for family, kind, proto, _, address in found[0]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no connection in time")
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        return sock
+    raise last
 
 
 def _text(data: bytes) -> str:

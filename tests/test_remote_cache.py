@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +439,21 @@ def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
     assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is not None
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "off")
     assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is None
+
+
+def test_ping_bounds_the_name_lookup_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolver that never answers: create_connection's timeout does not cover the lookup."""
+    release = threading.Event()
+
+    def stuck(*args: object, **kwargs: object) -> list[object]:
+        release.wait(30)
+        raise OSError("released")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    try:
+        said = remote_cache.ping(parse("redis://cache.example.internal:6379/0"), timeout=0.3)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 2
+    assert said.status == "down" and "lookup of cache.example.internal" in said.detail
