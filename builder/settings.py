@@ -121,14 +121,24 @@ def _typed(row: variables.Variable, text: str) -> object:
         return text.strip() == "1"
     if kind == "path":
         return Path(text) if text else None
-    if kind == "remote":
+    if kind in ("remote", "redis"):
         return None if text in ("", "off") else text
     return text or None
 
 
 def problem(row: variables.Variable, text: str) -> str | None:
     """Why ``text`` is not a value of ``row``; None when it is one."""
-    if row.number is None or text == "":
+    if text == "":
+        return None
+    if row.setting is not None and row.setting.type == "redis" and text != "off":
+        from builder import remote_cache
+
+        try:
+            remote_cache.parse(text)
+        except remote_cache.RemoteCacheError as exc:
+            return str(exc)
+        return None
+    if row.number is None:
         return None
     return variables.number_problem(row.number, text)
 
@@ -154,9 +164,10 @@ def resolve(
         text = environ.get(row.name, "")
         why = problem(row, text)
         if why is not None:
+            shown = _masked(text) if row.setting.secret else text
             if strict:
-                raise UsageError(f"{row.name}={text}: {why}")
-            origins[row.setting.field] = f"{DEFAULT} ({row.name}={text} refused: {why})"
+                raise UsageError(f"{row.name}={shown}: {why}")
+            origins[row.setting.field] = f"{DEFAULT} ({row.name}={shown} refused: {why})"
             continue
         if text == "":
             if row.setting.default:

@@ -584,7 +584,7 @@ def remote_cache_note(venv: Path, spec: EnvSpec) -> str | None:
     which wins, else the spec's) would not be wired: the env's lock has no Redis client, the
     URL is not one, or a server off loopback has no password here; None when all is well."""
     found = settings.current()
-    if found.remote_cache is None and found.origin("remote_cache") != settings.DEFAULT:
+    if found.remote_cache is None and found.origin("remote_cache") == "CUDAENV_REMOTE_CACHE":
         return None  # `off`: the hook wires nothing, whatever the spec names
     url = found.remote_cache or spec.remote_cache
     if not url:

@@ -73,7 +73,8 @@ class Setting:
 
     field: str
     # "text" (str | None), "path" (Path | None), "switch" (1: on), "remote" (a URL, or `off`:
-    # none); a numeric row's type is its Number's unit.
+    # none), "redis" (a redis:// URL remote_cache.parse takes, or `off`); a numeric row's type
+    # is its Number's unit.
     type: str = "text"
     default: str = ""
     pyproject: str | None = None  # the [tool.cudaenv] key that sets it too, below the variable
@@ -279,7 +280,7 @@ TABLE: tuple[Variable, ...] = (
              reader="the start-up hook and cudaenv (redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] "
              "or rediss://: Triton's and Inductor's shared cache, over a spec's "
              "`remote-cache:`; `off`: none)", read_at="builder/remote_cache.py", reserved=True,
-             setting=Setting(field="remote_cache", type="remote", secret=True)),
+             setting=Setting(field="remote_cache", type="redis", secret=True)),
     Variable(name="CUDAENV_REMOTE_CACHE_PASSWORD", kind=Kind.CUDAENV,
              reader="the start-up hook and cudaenv (the remote cache's password where its URL "
              "names none; never written into the env)", read_at="builder/remote_cache.py",

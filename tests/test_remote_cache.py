@@ -20,7 +20,7 @@ import pytest
 from builder import archs, doctor, proc, remote_cache, settings, spec, toolchain, variables
 from builder.doctor_facts import Facts
 from builder.doctor_rules import rule_remote_cache
-from builder.errors import SpecError
+from builder.errors import SpecError, UsageError
 from builder.remote_cache import Answer, RemoteCacheError, parse
 from tests.conftest import Redis
 from tests.helpers import loopback_server, write
@@ -429,9 +429,16 @@ def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
     assert refused is not None and "is not on loopback and no password is given" in refused
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE_PASSWORD", "s3cret")
     assert toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
-    monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "http://cache.example.internal/")
-    bad = toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
-    assert bad is not None and bad.startswith("warning: CUDAENV_REMOTE_CACHE: expected redis://")
+    # A malformed variable is refused at start-up (exit 2), never echoing a password.
+    with pytest.raises(
+        UsageError,
+        match=r"^CUDAENV_REMOTE_CACHE=http://cache\.example\.internal/: expected redis://",
+    ):
+        settings.resolve({"CUDAENV_REMOTE_CACHE": "http://cache.example.internal/"}, strict=True)
+    with pytest.raises(UsageError) as refused_url:
+        settings.resolve({"CUDAENV_REMOTE_CACHE": "redis://u:hun@ter2@host/x"}, strict=True)
+    assert "hun" not in str(refused_url.value) and "ter2" not in str(refused_url.value)
+    assert settings.resolve({"CUDAENV_REMOTE_CACHE": "off"}, strict=True).remote_cache is None
     # `off` over a spec's server that would be refused: nothing is wired, so nothing to say.
     monkeypatch.delenv("CUDAENV_REMOTE_CACHE_PASSWORD")
     off = make_env(tmp_path, "redis://cache.example.internal:6379/0", name="off")
