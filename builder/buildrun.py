@@ -287,7 +287,7 @@ def prefetch_into(
     except UsageError as exc:  # a malformed remote: said, and the local store still serves
         say(f"warning: the JIT remote was not used for prefetch: {exc}")
         remote = None
-    tag = jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
+    tag = jit_share.index_tag(lk.content_hash())
     done = prefetch.prefetch(
         env / "bin" / "python", flashinfer=versions[0], remote=remote, tag=tag, only_new=only_new
     )

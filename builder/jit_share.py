@@ -162,9 +162,13 @@ def push(store: jit_store.Store, entry: jit_store.Entry, remote: Remote) -> str 
     return None
 
 
-def index_tag(lock_hash: str, platform: str) -> str:
-    """The tag of the list of keys an env of one lock on one platform used."""
-    return f"env-{platform.replace('_', '-')}-{lock_hash[:32]}"
+def index_tag(lock_hash: str, platform: str | None = None) -> str:
+    """The tag of the list of keys an env of one lock (``Lock.content_hash()``, ``sha256:``
+    or not) on one platform (default: this one) used."""
+    from builder import platforms
+
+    where = platform or platforms.host_name()
+    return f"env-{where.replace('_', '-')}-{lock_hash.removeprefix('sha256:')[:32]}"
 
 
 def push_env(
@@ -198,8 +202,11 @@ def push_env(
     return pushed, summarised(warnings)
 
 
-def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, list[str]]:
-    """Every entry the index ``tag`` lists added to ``store``; (added, warnings)."""
+def pull_env(
+    store: jit_store.Store, remote: Remote, tag: str, *, absent_ok: bool = False
+) -> tuple[int, list[str]]:
+    """Every entry the index ``tag`` lists added to ``store``; (added, warnings). An index
+    the remote does not hold is a warning unless ``absent_ok`` (nothing pushed for it yet)."""
     from builder import jit_remote, oci
 
     signing = jit_signing.policy()
@@ -210,7 +217,9 @@ def pull_env(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, lis
     except oci.RemoteError as exc:
         return 0, [str(exc)]
     if keys is None:
-        return 0, [f"{remote.url} has no list of keys {tag}: push it from a warmer first"]
+        return 0, [] if absent_ok else [
+            f"{remote.url} has no list of keys {tag}: push it from a warmer first"
+        ]
     added, warnings = 0, []
     store.ready()
     for key in keys:

@@ -110,14 +110,9 @@ def candidates(store: jit_store.Store, flashinfer: str | None) -> list[list[Any]
 def pull_warmed(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, str | None]:
     """The warm list ``tag`` pulled into ``store``: (entries added, one warning or None). A
     remote with no such list is no warning: nothing was warmed for this lock yet."""
-    from builder import jit_remote, jit_share, oci
+    from builder import jit_share
 
-    try:
-        if jit_remote.fetch_index(remote, tag, timeout=jit_share.timeout()) is None:
-            return 0, None
-    except oci.RemoteError as exc:
-        return 0, f"the JIT remote {remote.url} was not used: {exc}"
-    added, warnings = jit_share.pull_env(store, remote, tag)
+    added, warnings = jit_share.pull_env(store, remote, tag, absent_ok=True)
     if not warnings:
         return added, None
     more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
@@ -190,11 +185,16 @@ def with_env_bin(bin_dir: Path, env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"}
 
 
+def probe_script() -> str:
+    """builder/probe/jit_warm.py, which warm and prefetch run in the env's interpreter."""
+    return str(resources.files("builder.probe").joinpath("jit_warm.py"))
+
+
 def run_probe(
     python: Path, store_root: Path, request: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The prefetch probe's answer, or None and why there is none."""
-    script = str(resources.files("builder.probe").joinpath("jit_warm.py"))
+    script = probe_script()
     env = with_env_bin(
         python.parent,
         settings.child_environ(

@@ -53,7 +53,7 @@ def index_tag_for(s: spec.EnvSpec) -> str:
     from builder import jit_share
 
     lk = lock.read(lock_file(s), spec=s)
-    return jit_share.index_tag(lk.content_hash().removeprefix("sha256:"), platforms.host_name())
+    return jit_share.index_tag(lk.content_hash())
 
 
 def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str]:

@@ -596,10 +596,8 @@ def remote_cache_note(venv: Path, spec: EnvSpec) -> str | None:
             f"(`{remote_cache.CLIENT}`): Triton and Inductor are not wired to it; add "
             f"`remote-cache:` to {spec.source} and build again"
         )
-    try:
-        cache = remote_cache.parse(url).with_password(found.remote_cache_password)
-    except remote_cache.RemoteCacheError as exc:
-        return f"warning: {where}: {exc}; Triton and Inductor are not wired to it"
+    # Checked where it was read (the spec's loader, the settings): it parses.
+    cache = remote_cache.parse(url).with_password(found.remote_cache_password)
     # A server off loopback gets its password at run time: say now, not at the first
     # compile, that a process without one runs unwired.
     why = remote_cache.refusal(cache)

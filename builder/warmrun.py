@@ -22,18 +22,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder import archs, jit_share, proc, settings
-from builder import store as jit_store
 from builder.commandargs import WarmArgs
 from builder.errors import BuildError, UsageError
 from builder.pipeline import built_env, jit_remote_for, parse_archs
-from builder.prefetch import with_env_bin
+from builder.prefetch import probe_script, with_env_bin
 from builder.reporter import Reporter
-from builder.storerun import index_tag_for
+from builder.storerun import index_tag_for, jit_store_here
 
 if TYPE_CHECKING:
     from builder.oci import Remote
@@ -175,8 +173,6 @@ def targets(spec_archs: tuple[archs.Arch, ...], given: tuple[str, ...]) -> list[
 
 def warm(req: WarmRequest, say: Reporter) -> WarmReport:
     """Every target of ``req`` warmed, in turn; what each module came to."""
-    from builder import paths
-
     for pattern in req.modules:
         if not pattern.strip():
             raise UsageError("--modules: an empty pattern")
@@ -184,15 +180,7 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
         if dtype not in DTYPES:
             raise UsageError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     s, env = built_env(req.spec, req.env_dir)
-    store = paths.jit_store_here()
-    if store is None:
-        raise UsageError(
-            "the JIT store is off (CUDAENV_JIT_STORE=off): a warm keeps its modules there"
-        )
-    try:
-        store.ready()
-    except jit_store.StoreError as exc:
-        raise UsageError(f"the JIT store cannot be used: {exc}") from None
+    store = jit_store_here()
     remote = jit_remote_for(s.source)
     report = WarmReport(remote=remote.url if remote is not None else None)
     report.tag = index_tag_for(s) if remote is not None else None
@@ -235,7 +223,7 @@ def warm_target(
     say: Reporter,
 ) -> tuple[list[ModuleResult], list[str]]:
     """One probe process warming ``target`` (an arch list): its results and warnings."""
-    script = str(resources.files("builder.probe").joinpath("jit_warm.py"))
+    script = probe_script()
     progress = Progress(target, say)
     results: list[ModuleResult] = []
     warnings: list[str] = []
