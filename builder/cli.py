@@ -35,8 +35,7 @@ from builder import commandargs as ca
 from builder.errors import UsageError, VerifyFailed
 from builder.reporter import Reporter, flushed, run_main
 
-# build, verify, report, doctor and export pull in jinja2 and more: they are imported by the
-# commands that use them, so `cudaenv lock` and `plan` start in a few milliseconds.
+# build, verify, report, doctor and export (jinja2 and more) are imported where used: lock, plan start in ms.
 
 make_parser = cliargs.make_parser
 
@@ -54,7 +53,7 @@ def _archs(text: str | None) -> tuple[archs.Arch, ...] | None:
 
 def cmd_lock(args: ca.LockArgs, say: Reporter) -> int:
     for path in args.specs:
-        pipeline.lock_spec(path, upgrade=args.upgrade, packages=args.upgrade_package, reporter=say)
+        pipeline.lock_spec(path, args.upgrade, args.upgrade_package, args.exclude_newer, say)
     return 0
 
 
@@ -81,6 +80,7 @@ def cmd_init(args: ca.InitArgs, say: Reporter) -> int:
         out=args.out,
         argv=args.argv(),
         targets_file=args.targets,
+        exclude_newer=args.exclude_newer,
     )
     done = init.init(request, say)
     lk = done.locked.lock

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from builder import __version__, commandargs, errors, spec
+from builder import __version__, commandargs, errors, indexview, spec
 from builder.commandargs import Command
 
 DESCRIPTION = """\
@@ -106,6 +106,15 @@ def _known_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None
     parser.error(f"unknown command {given!r}: {hint}")
 
 
+def _view_time(text: str) -> str:
+    """An ``--exclude-newer`` value, as a lock writes it; argparse's one-line error (exit 2)
+    otherwise."""
+    try:
+        return indexview.canonical(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 def _sub(
     sub: argparse._SubParsersAction[Parser],
     name: str,
@@ -176,6 +185,15 @@ def make_parser() -> argparse.ArgumentParser:
         help="let NAME move to its newest allowed version while every other locked version "
         "is kept (repeatable)",
     )
+    lk.add_argument(
+        "--exclude-newer",
+        type=_view_time,
+        metavar="TIME",
+        help="resolve against the index as it stood at TIME (UTC, like 2026-12-01T05:23:12Z, "
+        "or a date: its 00:00 UTC), and record it; default: the view the current lock "
+        "records, the index as it is now for a new lock or with --upgrade "
+        "(CUDAENV_EXCLUDE_NEWER sets that default)",
+    )
     lk.set_defaults(args_type=commandargs.LockArgs)
 
     it = _sub(
@@ -218,6 +236,13 @@ def make_parser() -> argparse.ArgumentParser:
         "--out", metavar="FILE", help="the spec file to write (default: envspecs/NAME.yaml)"
     )
     it.add_argument("--targets", metavar="FILE", help=TARGETS_HELP + "; the spec gets them")
+    it.add_argument(
+        "--exclude-newer",
+        type=_view_time,
+        metavar="TIME",
+        help="choose from the index as it stood at TIME (as `cudaenv lock --exclude-newer`), "
+        "so two boxes agree; default CUDAENV_EXCLUDE_NEWER, else now (init says which)",
+    )
     it.set_defaults(args_type=commandargs.InitArgs)
 
     pl = _sub(

@@ -44,6 +44,7 @@ class LockArgs(Command):
     specs: tuple[Path, ...]
     upgrade: bool
     upgrade_package: tuple[str, ...]
+    exclude_newer: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,12 +55,14 @@ class InitArgs(Command):
     name: str | None
     out: str | None
     targets: str | None
+    exclude_newer: str | None
 
     def argv(self) -> list[str]:
         """The arguments as given, for the spec's note of the command that wrote it."""
         argv = [f"--with={w}" for w in self.with_] + [f"--gpu={g}" for g in self.gpu]
         named = (("cuda", self.cuda), ("name", self.name), ("out", self.out))
-        return argv + [f"--{k}={v}" for k, v in (*named, ("targets", self.targets)) if v]
+        tail = (("targets", self.targets), ("exclude-newer", self.exclude_newer))
+        return argv + [f"--{k}={v}" for k, v in (*named, *tail) if v]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ fails, the spec is removed again, so a failed init leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import shlex
@@ -30,6 +31,7 @@ from packaging.utils import canonicalize_name
 from builder import (
     archs,
     driver,
+    indexview,
     lock,
     pipeline,
     platforms,
@@ -98,6 +100,7 @@ class Request:
     out: Path | None = None
     argv: tuple[str, ...] = ()  # the command line, for the spec's first comment
     targets: tuple[Target, ...] = ()  # --targets: the fleet the stack must run on
+    exclude_newer: str | None = None  # --exclude-newer: the index view to choose from
 
 
 def _check_name(name: str) -> None:
@@ -119,6 +122,7 @@ def make_request(
     out: str | None = None,
     argv: Sequence[str] = (),
     targets_file: str | None = None,
+    exclude_newer: str | None = None,
 ) -> Request:
     """The arguments, each refused in one line naming it (UsageError, exit 2); a fleet file's
     problems located in it (SpecError, exit 2)."""
@@ -177,6 +181,7 @@ def make_request(
         out=path,
         argv=tuple(argv),
         targets=targets_mod.load_file(Path(targets_file)) if targets_file else (),
+        exclude_newer=exclude_newer,
     )
 
 
@@ -594,19 +599,29 @@ def _default_locker(path: Path, say: Reporter) -> pipeline.Locked:
     return pipeline.write_lock(path, upgrade=True, reporter=say)
 
 
+def _view_locker(path: Path, say: Reporter, *, exclude_newer: str | None) -> pipeline.Locked:
+    return pipeline.write_lock(path, upgrade=True, reporter=say, exclude_newer=exclude_newer)
+
+
 def uv_probe(
-    s: spec.EnvSpec, requirements: Sequence[str], constraints: Sequence[str]
+    s: spec.EnvSpec,
+    requirements: Sequence[str],
+    constraints: Sequence[str],
+    *,
+    view: indexview.View | None = None,
 ) -> Sequence[LockedPackage]:
     """One ``uv pip compile`` for the candidate's one platform."""
-    return resolve.uv_compile(s, requirements, constraints).packages
+    return resolve.uv_compile(s, requirements, constraints, view=view).packages
 
 
-def uv_latest(s: spec.EnvSpec, req: Requirement) -> str | None:
+def uv_latest(
+    s: spec.EnvSpec, req: Requirement, *, view: indexview.View | None = None
+) -> str | None:
     """The newest release of ``req`` uv finds for the spec's platform and Python, its
     dependencies left out (one index page, a second or two)."""
     bare = Requirement(str(req))
     bare.marker = None  # the release, wherever the marker would apply
-    got = resolve.uv_compile(s, [str(bare)], extra_args=["--no-deps"]).packages
+    got = resolve.uv_compile(s, [str(bare)], extra_args=["--no-deps"], view=view).packages
     want = canonicalize_name(req.name)
     return next((p.version for p in got if canonicalize_name(p.name) == want), None)
 
@@ -693,6 +708,15 @@ def init(
     box = box if box is not None else detect_box()
     for line in box.lines():
         say(line)
+    # One view for every trial and the lock, so two boxes given the same time agree.
+    view = resolve.fresh_view(request.exclude_newer)
+    say(f"index view: {view.describe()}")
+    if probe is uv_probe:
+        probe = functools.partial(uv_probe, view=view)
+    if latest is uv_latest:
+        latest = functools.partial(uv_latest, view=view)
+    if locker is _default_locker:
+        locker = functools.partial(_view_locker, exclude_newer=view.at)
     out = request.out or Path("envspecs") / f"{request.name or 'init'}.yaml"
     choice = choose(request, box, probe, say, out.absolute(), latest)
     for note in choice.notes:

@@ -32,11 +32,11 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from packaging.utils import canonicalize_name
 
-from builder import codec, tomlwriter
+from builder import codec, indexview, tomlwriter
 from builder import platforms as platforms_mod
 from builder.errors import BuildError, ReportError, ResolveError, SpecError
 from builder.paths import cache_dir
@@ -57,7 +57,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 # times that still reads in well under a second, and /dev/zero or a runaway file stops here.
 MAX_LOCK_BYTES = 16 * 1024 * 1024
 # The parse memo (:func:`_read`): v3 carries the sha256 of the lock text it was parsed from.
-MEMO_VERSION = 3
+MEMO_VERSION = 4  # v4: the index view (exclude_newer, exclude_newer_packages)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +110,30 @@ class Lock:
     packages: tuple[LockedPackage, ...]
     command: str = ""
     notes: tuple[str, ...] = ()
+    # The index view it was resolved against (indexview.py): the cut-off uv's --exclude-newer
+    # was given, and the packages seen as of another time (--upgrade-package, a package the
+    # spec named later). None in a lock written before cudaenv recorded it: see view().
+    exclude_newer: str | None = None
+    exclude_newer_packages: tuple[tuple[str, str], ...] = ()
+    # The memo of a lock without a view is what an earlier release wrote, byte for byte.
+    json_form: ClassVar[codec.Form] = codec.Form(sparse=("exclude_newer", "exclude_newer_packages"))
+
+    def view(self, origin: str = "kept from the lock") -> indexview.View:
+        """The view a re-lock resolves against: the recorded one, else the first second after
+        the newest upload time of its files (under which every locked file is seen); packages
+        whose files carry no upload time are exempt. ``View()`` (now) when no file has one."""
+        at = self.exclude_newer
+        if at is None:
+            at = indexview.after(
+                f.upload_time for p in self.packages for f in p.files if f.upload_time
+            )
+            origin = "the newest upload time of the lock's files"
+        if at is None:
+            return indexview.View()
+        exempt = sorted({p.name for p in self.packages if any(not f.upload_time for f in p.files)})
+        return indexview.View(
+            at=at, packages=self.exclude_newer_packages, exempt=tuple(exempt), origin=origin
+        )
 
     def packages_on(self, platform: str) -> tuple[LockedPackage, ...]:
         """What installs on ``platform`` (one of :attr:`platforms`)."""
@@ -301,6 +325,10 @@ def dumps(lock: Lock) -> str:
     )
     out += [pair(key, value) for key, value in fields if value is not None]
     out.append(pair("platforms", lock.platforms))
+    if lock.exclude_newer is not None:
+        out.append(pair("exclude-newer", lock.exclude_newer))
+    if lock.exclude_newer_packages:
+        out.append(pair("exclude-newer-package", dict(lock.exclude_newer_packages)))
     out.append(pair("notes", lock.notes))
     return "\n".join(out) + "\n"
 
@@ -570,6 +598,7 @@ def _lock_of(doc: dict[str, Any], where: str) -> Lock:
         on = [platforms_mod.from_uv_tag(tool["platform"])]  # written before `platforms:`
     if not isinstance(on, list) or not on or not all(isinstance(p, str) for p in on):
         raise ResolveError(f"{where}: [tool.cudaenv] lacks 'platforms'")
+    view, per_package = _view_of(tool, where)
     return Lock(
         spec_name=tool["spec"],
         fingerprint=tool["fingerprint"],
@@ -581,4 +610,30 @@ def _lock_of(doc: dict[str, Any], where: str) -> Lock:
         toolkit=opt("toolkit"),
         packages=packages,
         notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
+        exclude_newer=view,
+        exclude_newer_packages=per_package,
     )
+
+
+def _view_of(tool: dict[str, Any], where: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """``exclude-newer`` and ``exclude-newer-package`` of ``[tool.cudaenv]``, each time held to
+    what indexview.parse takes (a lock's text goes to uv's command line)."""
+
+    def moment(value: object, key: str) -> str:
+        if not isinstance(value, str) or indexview.problem(value) is not None:
+            raise ResolveError(f"{where}: [tool.cudaenv] {key}: expected {indexview.SPELLINGS}")
+        return indexview.canonical(value)
+
+    raw = tool.get("exclude-newer")
+    at = None if raw is None else moment(raw, "exclude-newer")
+    table = tool.get("exclude-newer-package", {})
+    if not isinstance(table, dict):
+        raise ResolveError(f"{where}: [tool.cudaenv] exclude-newer-package: expected a table")
+    per_package = []
+    for name, value in sorted(table.items()):
+        if canonicalize_name(name) != name:
+            raise ResolveError(
+                f"{where}: [tool.cudaenv] exclude-newer-package.{name}: not a normalised name"
+            )
+        per_package.append((name, moment(value, f"exclude-newer-package.{name}")))
+    return at, tuple(per_package)

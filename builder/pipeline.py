@@ -117,37 +117,63 @@ def write_lock(
     upgrade: bool,
     reporter: Reporter,
     upgrade_packages: Sequence[str] = (),
+    exclude_newer: str | None = None,
 ) -> Locked:
     """Resolve one spec and write its lock, preferring every version of the current lock
-    (transitive ones too) but those of ``upgrade_packages``, or none with ``upgrade``.
-    Refuses to overwrite the lock of another spec whose name maps there."""
+    (transitive ones too) but those of ``upgrade_packages``, or none with ``upgrade``; against
+    the index view the current lock records (resolve.choose_view), moved to now with
+    ``upgrade`` (for ``upgrade_packages`` alone with those) or to ``exclude_newer``. Says the
+    view and, for a re-lock, what moved. Refuses to overwrite the lock of another spec whose
+    name maps there."""
     s = load_spec(spec_arg, write=True)
     out = lock_file(s)
     owner = lock.owner(out)
     if owner is not None and owner != s.name:
         lock.check_owner_name(owner, out, s.name)
-    reporter(f"resolving {s.name} ({spec_arg}) with uv")
     from builder import resolve
 
+    before = resolve.previous_versions(out, s)
+    view = resolve.choose_view(
+        before, s, upgrade=upgrade, upgrade_packages=upgrade_packages, given=exclude_newer
+    )
+    reporter(f"resolving {s.name} ({spec_arg}) with uv; index view: {view.describe()}")
     plan = resolve.resolve(
         s,
         command=command_line(["lock", str(spec_arg)]),
         previous=None if upgrade else out,
         upgrade_packages=upgrade_packages,
+        view=view,
     )
     lock.write(plan.lock, out)
     for note in plan.lock.notes:
         reporter(f"note: {note}")
+    if plan.lock.exclude_newer is not None and plan.lock.exclude_newer != view.at:
+        reporter(f"the lock records the index view {plan.lock.view().describe()}")
+    if before is not None:
+        changes = resolve.moved(before, plan.lock)
+        reporter(
+            "moved: " + "; ".join(changes) if changes else "moved: nothing (every version kept)"
+        )
     return Locked(spec=s, path=out, lock=plan.lock, seconds=plan.seconds)
 
 
 def lock_spec(
-    spec_arg: Path | str, *, upgrade: bool, packages: Sequence[str], reporter: Reporter
+    spec_arg: Path | str,
+    upgrade: bool,
+    packages: Sequence[str],
+    exclude_newer: str | None,
+    reporter: Reporter,
 ) -> Locked:
     """`cudaenv lock SPEC`: :func:`write_lock`, said in one line, and a warning for each of
     the spec's targets the new set cannot serve (a lock is never refused for its targets;
     build refuses the required ones)."""
-    done = write_lock(spec_arg, upgrade=upgrade, upgrade_packages=packages, reporter=reporter)
+    done = write_lock(
+        spec_arg,
+        upgrade=upgrade,
+        upgrade_packages=packages,
+        reporter=reporter,
+        exclude_newer=exclude_newer,
+    )
     lk = done.lock
     per_platform = ", ".join(f"{len(lk.packages_on(p))} packages for {p}" for p in lk.platforms)
     reporter(
@@ -170,8 +196,12 @@ def current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
         current = lock.read(path, spec=s)
         if current.fingerprint == s.fingerprint():
             return current, f"{path} (up to date)"
-        return resolve.resolve(s).lock, f"a fresh resolution ({path} is stale: re-lock)"
-    return resolve.resolve(s).lock, "a fresh resolution"
+        view = resolve.choose_view(current, s)
+        return (
+            resolve.resolve(s, previous=path, view=view).lock,
+            f"a fresh resolution ({path} is stale: re-lock)",
+        )
+    return resolve.resolve(s, view=resolve.choose_view(None, s)).lock, "a fresh resolution"
 
 
 def plan_platform(s: spec.EnvSpec, lk: lock.Lock, given: str | None) -> str:
@@ -206,6 +236,7 @@ def plan_table(
             "cuda-toolkit",
             lk.toolkit or ("system: " + str(s.toolchain.path) if s.toolchain.path else "-"),
         ),
+        ("index view", lk.view().describe()),
         ("archs", archs.flashinfer_spelling(s.archs)),
         ("driver", found.describe() if found is not None else "none found on this machine"),
         ("driver needed", driver_needed(s.cuda_version, found)),
@@ -242,11 +273,16 @@ def ensure_lock(
         why = "does not exist"
     if offline:
         raise BuildError(f"{path} {why} and --offline cannot resolve one")
-    reporter(f"{path} {why}: resolving and writing it first")
     from builder import resolve
 
+    before = resolve.previous_versions(path, s) if relock else None
+    view = resolve.choose_view(before, s)
+    reporter(f"{path} {why}: resolving and writing it first (index view: {view.describe()})")
     plan = resolve.resolve(
-        s, command=command_line(["lock", str(spec_arg)]), previous=path if relock else None
+        s,
+        command=command_line(["lock", str(spec_arg)]),
+        previous=path if relock else None,
+        view=view,
     )
     lock.write(plan.lock, path)
     return plan.lock
@@ -289,6 +325,7 @@ class Planned:
             "torch_cuda": lk.torch_cuda,
             "toolkit": lk.toolkit,
             "archs": archs.texts(s.archs),
+            "index_view": lk.view().at,
             "driver": found.to_json() if found is not None else None,
             "driver_needed": driver.minimum_driver(s.cuda_version) if known else None,
             "driver_runs": found.runs(s.cuda_version) if found is not None and known else None,

@@ -8,6 +8,7 @@ sides.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -28,12 +29,14 @@ from builder import (
     archs,
     cachefiles,
     channels,
+    indexview,
     interpreters,
     platforms,
     policy,
     proc,
     project,
     remote_cache,
+    settings,
     tomlwriter,
 )
 from builder.cudaversion import CudaVersion
@@ -195,10 +198,12 @@ def uv_compile(
     extra_args: Sequence[str] = (),
     python: Path | None = None,
     seed: bytes | None = None,
+    view: indexview.View | None = None,
 ) -> Resolution:
     """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words.
     ``extra_args``: more uv flags. ``seed``: a PEP 751 file of preferred versions
-    (:func:`preferences`): a re-lock's are the current lock's own, never a file of the cache."""
+    (:func:`preferences`): a re-lock's are the current lock's own, never a file of the cache.
+    ``view``: the index as it stood then (indexview.py); None: as it is now."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
         d = Path(tmp)
@@ -228,6 +233,8 @@ def uv_compile(
             (d / "constraints.txt").write_text("\n".join(constraints) + "\n")
             argv += ["--constraints", str(d / "constraints.txt")]
         argv += extra_args
+        if view is not None:
+            argv += view.uv_args()
         if overrides:
             (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
             argv += ["--overrides", str(d / "overrides.txt")]
@@ -248,6 +255,18 @@ def uv_compile(
                 hint = (
                     f"\n(a package without a {where} wheel: narrow `platforms:` in "
                     f"{spec.source} to where the stack exists)"
+                )
+            if view is not None and view.at is not None:
+                hint += (
+                    f"\n(resolved against the index as it stood at {view.describe()}: a "
+                    "release uploaded since is not seen; `cudaenv lock --upgrade` moves the "
+                    "view to now, `--upgrade-package NAME` one package"
+                    + (
+                        "; files without an upload time are never seen under a view"
+                        if "upload date" in exc.output or "publish time" in exc.output
+                        else ""
+                    )
+                    + ")"
                 )
             raise ResolveError(
                 f"{spec.name} ({spec.source}): uv could not resolve [{reqs}] for {where}:\n"
@@ -468,11 +487,16 @@ def resolve(
     compile_: Compiler | None = None,
     previous: Path | None = None,
     upgrade_packages: Sequence[str] = (),
+    view: indexview.View | None = None,
 ) -> Plan:
     """Resolve ``spec`` under the policy, once per platform, into one lock covering them
     all. With ``previous`` (the spec's current lock), every version it holds is preferred
-    but those of ``upgrade_packages``. ``compile_`` replaces the uv call in unit tests."""
+    but those of ``upgrade_packages``. ``view``: the index as it stood then (every uv call
+    sees it; :func:`choose_view`); None: as it is now. The lock records the view it saw.
+    ``compile_`` replaces the uv call in unit tests."""
     started = time.monotonic()
+    begun = indexview.now()
+    view = view or indexview.View()
     problems = spec_problems(spec)
     if problems:
         raise ResolveError(_refusal(spec, problems))
@@ -480,8 +504,10 @@ def resolve(
     wheelhouse = project.settings_for(spec.source).lock_wheelhouse
     if compile_ is None:
         py = _spec_python(spec)
-        compile_ = _uv_compiler(py, None)
-        final_compile = _uv_compiler(py, previous_versions(previous, spec), upgrade_packages)
+        compile_ = _uv_compiler(py, None, view=view)
+        final_compile = _uv_compiler(
+            py, previous_versions(previous, spec), upgrade_packages, view=view
+        )
     else:
         final_compile = compile_
 
@@ -538,6 +564,8 @@ def resolve(
         command=command,
         notes=tuple(_notes(spec, resolved)),
     )
+    at, own = _recorded_view(view, lock.packages, begun)
+    lock = replace(lock, exclude_newer=at, exclude_newer_packages=own)
     return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
 
 
@@ -721,7 +749,11 @@ def previous_versions(previous: Path | None, spec: EnvSpec) -> Lock | None:
 
 
 def _uv_compiler(
-    python: Path | None, previous: Lock | None, upgrade_packages: Sequence[str] = ()
+    python: Path | None,
+    previous: Lock | None,
+    upgrade_packages: Sequence[str] = (),
+    *,
+    view: indexview.View | None = None,
 ) -> Compiler:
     """:func:`uv_compile` with the spec's Python; with ``previous`` (a re-lock), seeded with
     that lock's versions for the platform at hand, every one preferred (transitive ones too)
@@ -738,7 +770,9 @@ def _uv_compiler(
     ) -> Resolution:
         seed = preferences(previous, s.platforms[0]) if previous is not None else None
         upgrade = [a for name in upgrade_packages for a in ("--upgrade-package", name)]
-        return uv_compile(s, r, c, o, extra_args=[*extra_args, *upgrade], python=python, seed=seed)
+        return uv_compile(
+            s, r, c, o, extra_args=[*extra_args, *upgrade], python=python, seed=seed, view=view
+        )
 
     return compile_
 
@@ -746,3 +780,112 @@ def _uv_compiler(
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:
     head = f"{spec.name} ({spec.source}): refused by the matching policy, nothing was installed:"
     return head + "".join(f"\n  - {p}" for p in problems)
+
+
+# --------------------------------------------------------------------------- the index view
+
+
+def choose_view(
+    previous: Lock | None,
+    spec: EnvSpec,
+    *,
+    upgrade: bool = False,
+    upgrade_packages: Sequence[str] = (),
+    given: str | None = None,
+) -> indexview.View:
+    """The index view a (re-)lock of ``spec`` resolves against.
+
+    - ``given`` (``--exclude-newer``): that time.
+    - a fresh lock, or ``upgrade``: CUDAENV_EXCLUDE_NEWER where it is set, else the index as
+      it is now (the lock then records when that was).
+    - a re-lock: the view of ``previous`` (``Lock.view``): a release uploaded since is not
+      seen. A package of ``upgrade_packages``, and one the spec's ``packages:`` name that
+      ``previous`` does not hold (what `cudaenv add` writes), is seen as it is now and gets
+      a view of its own in the new lock."""
+    exempt = previous.view().exempt if previous is not None else ()
+    kept = previous.view() if previous is not None and not upgrade else indexview.View()
+    if given is not None or kept.at is None:
+        return replace(fresh_view(given), exempt=exempt)
+    assert previous is not None
+    held = {canonicalize_name(p.name) for p in previous.packages}
+    named = {canonicalize_name(_requirement_name(r)) for r in spec.packages}
+    moving = {canonicalize_name(n) for n in upgrade_packages} | (named - held)
+    return replace(
+        kept,
+        packages=tuple((n, w) for n, w in kept.packages if n not in moving),
+        moving=tuple(sorted(moving)),
+    )
+
+
+def fresh_view(given: str | None = None) -> indexview.View:
+    """The view of a resolution that keeps none: ``given`` (``--exclude-newer``), else
+    CUDAENV_EXCLUDE_NEWER, else the index as it is now."""
+    if given is not None:
+        return indexview.View(at=indexview.canonical(given), origin="given by --exclude-newer")
+    found = settings.current().exclude_newer
+    if found is not None:
+        return indexview.View(at=indexview.canonical(found), origin="CUDAENV_EXCLUDE_NEWER")
+    return indexview.View(origin=f"the index as it is now, {indexview.spell(indexview.now())}")
+
+
+def _requirement_name(text: str) -> str:
+    """The project name a PEP 508 requirement of the spec names (the spec has checked it)."""
+    return re.split(r"[\s\[<>=!~;@(]", text.strip(), maxsplit=1)[0]
+
+
+def _recorded_view(
+    view: indexview.View, packages: Sequence[LockedPackage], begun: dt.datetime
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """What the new lock records of ``view`` (its cut-off, the packages' own): its cut-off, or, where the index was seen as it
+    is now, the moment the resolution began, moved past every upload time it found (a file
+    uploaded while uv ran is in the lock, so the view must hold it). Nothing where no file
+    carries an upload time (an index without PEP 700: no cut-off could see its files)."""
+
+    def stamp(files: Sequence[LockedFile]) -> str | None:
+        times = [f.upload_time for f in files if f.upload_time]
+        if not times:
+            return None
+        latest = indexview.after(times)
+        start = indexview.spell(begun)
+        return max(start, latest) if latest is not None else start
+
+    everything = [f for p in packages for f in p.files]
+    at = view.at if view.at is not None else stamp(everything)
+    own = dict(view.packages)
+    for name in view.moving:
+        mine = stamp([f for p in packages if canonicalize_name(p.name) == name for f in p.files])
+        if mine is not None and at is not None and mine > at:
+            own[name] = mine
+    return at, (tuple(sorted(own.items())) if at is not None else ())
+
+
+def moved(before: Lock, after: Lock) -> list[str]:
+    """What a re-lock changed, one line per package: ``vllm 0.33.0 -> 0.34.0``, ``new: x 1.0``,
+    ``gone: y 2.0`` (each platform's versions, named with the platform where they differ)."""
+    lines: list[str] = []
+    platforms_ = list(dict.fromkeys([*after.platforms, *before.platforms]))
+    changes: dict[str, list[str]] = {}
+    for platform in platforms_:
+        old = (
+            {p.name: p.version for p in before.packages_on(platform)}
+            if platform in before.platforms
+            else {}
+        )
+        new = (
+            {p.name: p.version for p in after.packages_on(platform)}
+            if platform in after.platforms
+            else {}
+        )
+        for name in sorted(old.keys() | new.keys()):
+            if old.get(name) == new.get(name):
+                continue
+            if name not in old:
+                said = f"new: {name} {new[name]}"
+            elif name not in new:
+                said = f"gone: {name} {old[name]}"
+            else:
+                said = f"{name} {old[name]} -> {new[name]}"
+            changes.setdefault(said, []).append(platform)
+    for said, where in changes.items():
+        lines.append(said if len(where) == len(platforms_) else f"{said} (on {', '.join(where)})")
+    return lines

@@ -66,6 +66,7 @@ class Settings:
     remote_cache: str | None = None  # redis://...; None: none (`off` or unset)
     remote_cache_password: str | None = None
     uv: str | None = None
+    exclude_newer: str | None = None  # the index view of a fresh resolution (indexview.py)
     driver_version: str | None = None
     probe_timeout: float = 10.0
     heartbeat_seconds: float = 15.0
@@ -138,6 +139,10 @@ def problem(row: variables.Variable, text: str) -> str | None:
         except remote_cache.RemoteCacheError as exc:
             return str(exc)
         return None
+    if row.setting is not None and row.setting.type == "time":
+        from builder import indexview
+
+        return indexview.problem(text)
     if row.number is None:
         return None
     return variables.number_problem(row.number, text)

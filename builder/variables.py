@@ -73,8 +73,8 @@ class Setting:
 
     field: str
     # "text" (str | None), "path" (Path | None), "switch" (1: on), "remote" (a URL, or `off`:
-    # none), "redis" (a redis:// URL remote_cache.parse takes, or `off`); a numeric row's type
-    # is its Number's unit.
+    # none), "redis" (a redis:// URL remote_cache.parse takes, or `off`), "time" (a moment
+    # indexview.parse takes); a numeric row's type is its Number's unit.
     type: str = "text"
     default: str = ""
     pyproject: str | None = None  # the [tool.cudaenv] key that sets it too, below the variable
@@ -294,6 +294,13 @@ TABLE: tuple[Variable, ...] = (
              reader="cudaenv (the uv binary to run; default the one installed with cudaenv, "
              "else PATH's)", read_at="builder/proc.py", reserved=True,
              setting=Setting(field="uv")),
+    Variable(name="CUDAENV_EXCLUDE_NEWER", kind=Kind.CUDAENV,
+             reader="cudaenv lock, init and a build that locks (the index view of a resolution "
+             "that keeps none: a new lock, `--upgrade`; a UTC time like 2026-12-01T05:23:12Z "
+             "or a date; default the index as it is now; a lock's own view and "
+             "`--exclude-newer` come first)",
+             read_at="builder/resolve.py", reserved=True,
+             setting=Setting(field="exclude_newer", type="time")),
     Variable(name="CUDAENV_DRIVER_VERSION", kind=Kind.CUDAENV,
              reader="cudaenv (the NVIDIA driver version to assume, like 580.65; default read "
              "from the kernel module, nvidia-smi or libcuda)", read_at="builder/driver.py",

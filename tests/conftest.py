@@ -40,8 +40,14 @@ def own_cache_dir(
     """A fresh, empty cudaenv cache (builder.paths.cache_dir) for each offline test, so a unit
     test neither writes to the user's ~/.cache/cudaenv nor passes thanks to what is in it.
     Children started by the test inherit it through the environment. network and e2e tests
-    keep the real cache: its channel pins and resolutions save minutes."""
+    keep the real cache: its channel pins and resolutions save minutes, and resolve against
+    the committed locks' index view (CUDAENV_EXCLUDE_NEWER)."""
     if any(request.node.get_closest_marker(m) for m in ("network", "e2e")):
+        # A resolution that keeps no view of its own (a new lock, init) sees the index as the
+        # committed locks saw it: what the index publishes tomorrow changes no answer.
+        from tests.helpers import index_view
+
+        monkeypatch.setenv("CUDAENV_EXCLUDE_NEWER", index_view())
         return
     monkeypatch.setenv("CUDAENV_CACHE_DIR", str(tmp_path_factory.mktemp("cudaenv-cache")))
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime as dt
 import functools
 import hashlib
 import http.server
+import io
 import json
 import os
 import shutil
@@ -32,6 +34,15 @@ REPO = Path(__file__).resolve().parent.parent
 # (tests/faults/sitecustomize.py); cudaenv itself reads neither variable.
 FAULTS_PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "tests" / "faults")))
 ENVSPECS = REPO / "envspecs"
+
+
+@functools.cache
+def index_view() -> str:
+    """The one fixed index view every test that resolves against the package index runs with
+    (CUDAENV_EXCLUDE_NEWER, set by conftest.py): the newest view of the committed locks, so a
+    release published after them changes no test's answer."""
+    views = [lock.read(p).view().at for p in sorted((ENVSPECS / "locks").glob("pylock.*.toml"))]
+    return max(v for v in views if v is not None)
 
 
 def write(path: Path, text: str) -> Path:
@@ -109,20 +120,49 @@ def tiny_wheel(
     return wheel
 
 
+PAGES = ("index.html", "index.json")
+# PEP 691's JSON form of a simple index page; uv asks for it first.
+JSON_PAGE = "application/vnd.pypi.simple.v1+json"
+
+
+def upload_time(path: Path) -> str:
+    """The upload time the test index serves for a file: its mtime (set it with os.utime)."""
+    when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def simple_index(root: Path) -> Path:
-    """(Re)write the PEP 503 pages of ``root/simple/``, one project per directory, each file
-    linked with its sha256; returns the ``simple`` directory."""
+    """(Re)write the pages of ``root/simple/``, one project per directory, each file linked
+    with its sha256: PEP 503 HTML (what a ``file://`` index is: no upload times) and the PEP
+    691 JSON that :func:`served` gives a client asking for it, with each file's upload time
+    (PEP 700: api-version 1.1), its mtime. Returns the ``simple`` directory."""
     simple = root / "simple"
     projects = sorted(d for d in simple.iterdir() if d.is_dir())
     for d in projects:
-        links = "".join(
-            f'<a href="{f.name}#sha256={hashlib.sha256(f.read_bytes()).hexdigest()}">{f.name}</a>'
-            for f in sorted(d.iterdir())
-            if f.name != "index.html"
-        )
+        files = [f for f in sorted(d.iterdir()) if f.name not in PAGES]
+        digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+        links = "".join(f'<a href="{f.name}#sha256={digests[f.name]}">{f.name}</a>' for f in files)
         (d / "index.html").write_text(f"<html><body>{links}</body></html>")
+        page = {
+            "meta": {"api-version": "1.1"},
+            "name": d.name,
+            "versions": [],
+            "files": [
+                {
+                    "filename": f.name,
+                    "url": f.name,
+                    "hashes": {"sha256": digests[f.name]},
+                    "size": f.stat().st_size,
+                    "upload-time": upload_time(f),
+                }
+                for f in files
+            ],
+        }
+        (d / "index.json").write_text(json.dumps(page))
     links = "".join(f'<a href="{d.name}/">{d.name}</a>' for d in projects)
     (simple / "index.html").write_text(f"<html><body>{links}</body></html>")
+    listing = {"meta": {"api-version": "1.1"}, "projects": [{"name": d.name} for d in projects]}
+    (simple / "index.json").write_text(json.dumps(listing))
     return simple
 
 
@@ -151,6 +191,24 @@ def local_index(root: Path, name: str, version: str, body: str) -> str:
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """Files of a directory; a directory's page in PEP 691 JSON to a client that asks for it
+    (as PyPI answers uv), else its HTML."""
+
+    def send_head(self) -> Any:
+        page = Path(self.translate_path(self.path)) / "index.json"
+        if (
+            self.path.endswith("/")
+            and JSON_PAGE in self.headers.get("Accept", "")
+            and page.is_file()
+        ):
+            body = page.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", JSON_PAGE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            return io.BytesIO(body)
+        return super().send_head()
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 

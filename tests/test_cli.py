@@ -706,7 +706,9 @@ def test_an_unknown_option_shows_the_usage_of_its_command(tmp_path: Path) -> Non
     done = cudaenv("lock", "--bogus", "X", cwd=tmp_path, check=False)
     assert done.returncode == 2
     assert done.stderr.startswith(
-        "usage: cudaenv lock [-h] [--upgrade] [--upgrade-package NAME] SPEC [SPEC ...]\n"
+        "usage: cudaenv lock [-h] [--upgrade] [--upgrade-package NAME]\n"
+        "                    [--exclude-newer TIME]\n"
+        "                    SPEC [SPEC ...]\n"
     )
     assert one_error_line(done) == "error: cudaenv lock: unrecognized arguments: --bogus"
     nested = cudaenv("store", "gc", "--bogus", cwd=tmp_path, check=False)

@@ -9,8 +9,10 @@ pip pointed at it alone; a "newer release" is a wheel the test adds to it.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from tests.helpers import (
     add_to_index,
     cudaenv,
     lock_of,
+    simple_index,
     the_only_index,
     workspace,
     write,
@@ -172,3 +175,171 @@ def test_a_relock_writes_nothing_through_a_link_in_the_cache(index: Path, tmp_pa
         cudaenv("lock", *flags, "envspecs/tiny.yaml", cwd=ws, env=env)
     assert victim.read_text() == "root's own\n"
     assert all(p.is_symlink() for p in (cache / "resolutions").glob("last-*"))
+
+
+# --------------------------------------------------------------------------- the index view
+
+VIEW = "2026-11-15T00:00:00Z"
+BEFORE = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc).timestamp()
+AFTER = dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc).timestamp()
+
+
+def published(
+    root: Path, when: float, name: str, version: str, requires: Sequence[str] = ()
+) -> None:
+    """A release of ``name`` on the test index, uploaded at ``when`` (its upload time)."""
+    wheel = add_to_index(root, name, version, f"WHO = {name!r}\n", requires=requires)
+    os.utime(wheel, (when, when))
+    simple_index(root)
+
+
+def lock_said(ws: Path, tmp_path: Path, *flags: str) -> str:
+    """`cudaenv lock` as on a fresh clone (see :func:`relock`); what it said."""
+    fresh = tmp_path / f"fresh-{len(list(tmp_path.glob('fresh-*')))}"
+    env = {"CUDAENV_CACHE_DIR": str(fresh / "cudaenv"), "UV_CACHE_DIR": str(fresh / "uv")}
+    return cudaenv("lock", *flags, "envspecs/tiny.yaml", cwd=ws, env=env).stderr
+
+
+@pytest.fixture
+def dated_index(tmp_path: Path) -> Iterator[Path]:
+    """The tiny pair at 1.0, uploaded (PEP 700 upload times) before :data:`VIEW`."""
+    root = tmp_path / "index"
+    published(root, BEFORE, "cudaenv-tiny-beta", "1.0")
+    published(root, BEFORE, "cudaenv-tiny-alpha", "1.0", ["cudaenv-tiny-beta"])
+    with the_only_index(root, tmp_path / "uv-cache"):
+        yield root
+
+
+@pytest.mark.slow
+def test_a_newer_release_changes_nothing_until_the_view_moves(
+    dated_index: Path, tmp_path: Path
+) -> None:
+    """The proof: a lock made against the index as it stood at VIEW is written again byte for
+    byte after newer releases of both locked packages appear; --upgrade takes them and names
+    them; the lock records each view it saw."""
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    path = lock_of(ws / "envspecs" / "tiny.yaml")
+    said = lock_said(ws, tmp_path, "--exclude-newer", VIEW)
+    assert f"index view: {VIEW} (given by --exclude-newer)" in said
+    first = path.read_text()
+    assert f'exclude-newer = "{VIEW}"' in first
+    assert "upload-time = 2026-11-01T00:00:00" in first  # the index served upload times
+    published(dated_index, AFTER, "cudaenv-tiny-beta", "1.1")
+    published(dated_index, AFTER, "cudaenv-tiny-alpha", "1.1", ["cudaenv-tiny-beta"])
+
+    said = lock_said(ws, tmp_path)
+    assert f"index view: {VIEW} (kept from the lock)" in said
+    assert "moved: nothing" in said
+    assert path.read_text() == first  # not one byte moved
+
+    said = lock_said(ws, tmp_path, "--upgrade-package", "cudaenv-tiny-beta")
+    assert "moved: cudaenv-tiny-beta 1.0 -> 1.1" in said, said
+    assert versions(path) == {"cudaenv-tiny-alpha": "1.0", "cudaenv-tiny-beta": "1.1"}
+    after_one = lock.read(path)
+    assert after_one.exclude_newer == VIEW
+    assert dict(after_one.exclude_newer_packages)["cudaenv-tiny-beta"] > "2026-11-20T00:00:00Z"
+    assert lock_said(ws, tmp_path).count("moved: nothing") == 1  # beta's own view is kept
+
+    said = lock_said(ws, tmp_path, "--upgrade")
+    assert "moved: cudaenv-tiny-alpha 1.0 -> 1.1" in said, said
+    assert versions(path) == {"cudaenv-tiny-alpha": "1.1", "cudaenv-tiny-beta": "1.1"}
+    upgraded = lock.read(path)
+    assert upgraded.exclude_newer is not None and upgraded.exclude_newer > VIEW
+    assert upgraded.exclude_newer_packages == ()
+
+
+@pytest.mark.slow
+def test_a_new_dependency_resolves_as_the_index_stood(dated_index: Path, tmp_path: Path) -> None:
+    """What preferring the locked versions cannot do: a package the old lock never had (a
+    dependency of one the spec now names) comes as the lock's view saw it, not as it is now;
+    the package the spec names anew is seen as it is now (what `cudaenv add` asks)."""
+    published(dated_index, BEFORE, "cudaenv-tiny-delta", "1.0")
+    published(dated_index, AFTER, "cudaenv-tiny-delta", "2.0")
+    published(dated_index, AFTER, "cudaenv-tiny-epsilon", "1.0", ["cudaenv-tiny-delta"])
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    lock_said(ws, tmp_path, "--exclude-newer", VIEW)
+    write(
+        ws / "envspecs" / "tiny.yaml",
+        SPEC.replace("[cudaenv-tiny-alpha]", "[cudaenv-tiny-alpha, cudaenv-tiny-epsilon]"),
+    )
+    said = lock_said(ws, tmp_path)
+    assert "cudaenv-tiny-epsilon as of now" in said
+    path = lock_of(ws / "envspecs" / "tiny.yaml")
+    assert versions(path)["cudaenv-tiny-delta"] == "1.0"
+    assert versions(path)["cudaenv-tiny-epsilon"] == "1.0"
+    assert "new: cudaenv-tiny-delta 1.0" in said
+    # Without a view (the index as it is now) the same spec takes delta 2.0.
+    lock_said(ws, tmp_path, "--upgrade")
+    assert versions(path)["cudaenv-tiny-delta"] == "2.0"
+
+
+@pytest.mark.slow
+def test_cudaenv_exclude_newer_is_the_view_of_a_new_lock(dated_index: Path, tmp_path: Path) -> None:
+    published(dated_index, AFTER, "cudaenv-tiny-beta", "1.1")
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    fresh = {"CUDAENV_CACHE_DIR": str(tmp_path / "c"), "UV_CACHE_DIR": str(tmp_path / "u")}
+    done = cudaenv(
+        "lock", "envspecs/tiny.yaml", cwd=ws, env={**fresh, "CUDAENV_EXCLUDE_NEWER": "2026-11-15"}
+    )
+    assert f"index view: {VIEW} (CUDAENV_EXCLUDE_NEWER)" in done.stderr
+    assert versions(lock_of(ws / "envspecs" / "tiny.yaml"))["cudaenv-tiny-beta"] == "1.0"
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "said"),
+    [
+        (
+            {"CUDAENV_EXCLUDE_NEWER": "last tuesday"},
+            (),
+            "CUDAENV_EXCLUDE_NEWER=last tuesday: not a UTC time",
+        ),
+        (
+            {},
+            ("--exclude-newer", "2026-13-01"),
+            "argument --exclude-newer: '2026-13-01': not a UTC time",
+        ),
+        ({}, ("--exclude-newer", "2026-12-01T05:00:00"), "a time without a zone"),
+    ],
+    ids=["variable", "flag", "no-zone"],
+)
+def test_a_bad_view_time_is_one_line_exit_2(
+    tmp_path: Path, env: dict[str, str], flags: tuple[str, ...], said: str
+) -> None:
+    write(tmp_path / "envspecs" / "tiny.yaml", SPEC)
+    done = cudaenv("lock", *flags, "envspecs/tiny.yaml", cwd=tmp_path, env=env, check=False)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not lock_of(tmp_path / "envspecs" / "tiny.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_pin_newer_than_the_view_is_refused_naming_the_view(
+    dated_index: Path, tmp_path: Path
+) -> None:
+    """A spec that now asks a release uploaded after the lock's view: exit 3, no lock
+    change, and the error says which view hid it and how to move it."""
+    ws = workspace(tmp_path / "ws")
+    write(ws / "envspecs" / "tiny.yaml", SPEC)
+    lock_said(ws, tmp_path, "--exclude-newer", VIEW)
+    path = lock_of(ws / "envspecs" / "tiny.yaml")
+    text = path.read_text()
+    published(dated_index, AFTER, "cudaenv-tiny-alpha", "1.1", ["cudaenv-tiny-beta"])
+    write(
+        ws / "envspecs" / "tiny.yaml",
+        SPEC.replace("[cudaenv-tiny-alpha]", "[cudaenv-tiny-alpha==1.1]"),
+    )
+    fresh = {"CUDAENV_CACHE_DIR": str(tmp_path / "c"), "UV_CACHE_DIR": str(tmp_path / "u")}
+    done = cudaenv("lock", "envspecs/tiny.yaml", cwd=ws, env=fresh, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"the index as it stood at {VIEW} (kept from the lock)" in done.stderr
+    assert "`cudaenv lock --upgrade`" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert path.read_text() == text
+    done = cudaenv(
+        "lock", "--upgrade-package", "cudaenv-tiny-alpha", "envspecs/tiny.yaml", cwd=ws, env=fresh
+    )
+    assert versions(path)["cudaenv-tiny-alpha"] == "1.1"
