@@ -801,8 +801,12 @@ def choose_view(
     - a re-lock: the view of ``previous`` (``Lock.view``): a release uploaded since is not
       seen. A package of ``upgrade_packages``, and one the spec's ``packages:`` name that
       ``previous`` does not hold (what `cudaenv add` writes), is seen as it is now and gets
-      a view of its own in the new lock."""
-    exempt = previous.view().exempt if previous is not None else ()
+      a view of its own in the new lock.
+
+    A package the spec pins to a ``file://`` index is exempt: a directory has no upload times
+    (PEP 700 is an HTTP API's), and uv excludes a file without one under any cut-off."""
+    own = {canonicalize_name(n) for n, url in spec.indexes if url.startswith("file:")}
+    exempt = tuple(sorted(own.union(previous.view().exempt if previous is not None else ())))
     kept = previous.view() if previous is not None and not upgrade else indexview.View()
     if given is not None or kept.at is None:
         return replace(fresh_view(given), exempt=exempt)
@@ -813,6 +817,7 @@ def choose_view(
     return replace(
         kept,
         packages=tuple((n, w) for n, w in kept.packages if n not in moving),
+        exempt=exempt,
         moving=tuple(sorted(moving)),
     )
 

@@ -125,6 +125,12 @@ PAGES = ("index.html", "index.json")
 JSON_PAGE = "application/vnd.pypi.simple.v1+json"
 
 
+# A time before every committed lock's view (see index_view): the upload time of a release a
+# test puts on its own index unless it says otherwise. uv applies --exclude-newer to local
+# (file://) indexes too, by the file's mtime, so a wheel written "now" would be unseen there.
+PUBLISHED = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp()
+
+
 def upload_time(path: Path) -> str:
     """The upload time the test index serves for a file: its mtime (set it with os.utime)."""
     when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
@@ -169,8 +175,12 @@ def simple_index(root: Path) -> Path:
 def add_to_index(
     root: Path, name: str, version: str, body: str, requires: Sequence[str] = ()
 ) -> Path:
-    """Put a tiny wheel of ``name`` on the index at ``root`` (replacing a same-named file)."""
+    """Put a tiny wheel of ``name`` on the index at ``root`` (replacing a same-named file),
+    uploaded at :data:`PUBLISHED`: before the fixed view the network tests resolve at, so a
+    test's own index is seen whole under it (a test wanting a later release sets the file's
+    mtime, its upload time)."""
     wheel = tiny_wheel(root / "simple" / canonicalize_name(name), name, version, body, requires)
+    os.utime(wheel, (PUBLISHED, PUBLISHED))
     simple_index(root)
     return wheel
 

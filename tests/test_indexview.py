@@ -155,3 +155,19 @@ def test_what_moved_is_said_per_package() -> None:
     assert "vllm 0.33.0 -> 0.34.0" in lines
     assert any(line.startswith("gone: yarl ") for line in lines)
     assert resolve.moved(before, before) == []
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_a_package_pinned_to_a_directory_index_is_exempt(
+    previous: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``file://`` index serves no upload times and uv drops every untimed file under a
+    cut-off: such a pin is exempt, on a fresh lock and a re-lock alike; an HTTP pin is not."""
+    monkeypatch.setenv("CUDAENV_EXCLUDE_NEWER", "2026-11-21")
+    s = dataclasses.replace(
+        spec.load(ENVSPECS / "vllm-0.33-cu130.yaml"),
+        indexes=(("Six", "file:///srv/wheels/simple"), ("idna", "https://example.test/simple")),
+    )
+    view = resolve.choose_view(committed() if previous else None, s)
+    assert view.at is not None and "six" in view.exempt and "idna" not in view.exempt
+    assert "--exclude-newer-package" in view.uv_args() and "six=false" in view.uv_args()

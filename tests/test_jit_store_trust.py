@@ -526,3 +526,34 @@ def test_gc_and_verify_on_a_read_only_store_claim_no_removal(
     assert "could not be removed (Read-only file system); it is not used" in captured.out
     assert "1 could not be removed" in captured.err
     assert variant.exists() and (root / "v2").exists()
+
+
+def test_the_names_flashinfer_writes_are_kept_and_placed(tmp_path: Path) -> None:
+    """FlashInfer's batch prefill for head dim 128, bf16 writes an object named with 212
+    characters; the store kept nothing of it at a cap of 200 (warm said "0 failed"). Every
+    name the file system allows (NAME_MAX, 255 bytes) is kept and placed; a longer one, which
+    no build could have written, is refused."""
+    s = jit_store.Store(tmp_path / "store")
+    header = write(tmp_path / "cub.cuh", "CUB 13.0")
+    prefill = "0-batch_prefill_with_kv_cache_" + "x" * 168 + "_mask_0.cuda.o"
+    assert len(prefill) == 212
+    longest = "y" * (jit_store.MAX_NAME_BYTES - 2) + ".o"
+    files = {
+        "kernel": write(tmp_path / "k.bin", "K"),
+        prefill: write(tmp_path / "a.o", "A"),
+        longest: write(tmp_path / "b.o", "B"),
+    }
+    entry_dir = s.publish("ab" * 32, files, [str(header)], {"kind": "topk_topp"}, "env")
+    assert entry_dir is not None
+    entry = s.find("ab" * 32, "env")
+    assert entry is not None, s.notes
+    assert set(entry.files) == {"kernel", prefill, longest}
+    for name in (prefill, longest):
+        s.place(entry, name, tmp_path / "placed" / name)
+    assert (tmp_path / "placed" / prefill).read_text() == "A"
+    assert (tmp_path / "placed" / longest).read_text() == "B"
+    assert jit_store.is_file_name("é" * 127) and not jit_store.is_file_name("é" * 128)
+    with pytest.raises(jit_store.EntryError, match="not a file name inside the entry"):
+        s.publish(
+            "cd" * 32, {"z" * 256: files[prefill]}, [str(header)], {"kind": "topk_topp"}, "env"
+        )

@@ -433,3 +433,34 @@ def test_run_lines_hands_each_line_over_and_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(proc.CommandFailed, match=r"timed out after 0\.5 s"):
         proc.run_lines([sys.executable, "-c", slow], got.append, timeout=0.5)
     assert got == ["started"]
+
+
+def test_a_module_built_but_not_kept_is_a_failure_of_the_warm(
+    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A warm exists to fill the store: a module the store would not keep is "failed" with
+    the store's reason (warmrun then exits non-zero), never "built"."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__="0.7.2"))
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    refused = "'0-batch_prefill.cuda.o' is not a file name inside the entry"
+    outcomes = {
+        "norm": {"used": True, "entry": "e1", "key": "k1", "hit": False, "warnings": []},
+        "page": {"used": False, "entry": None, "key": "k2", "warnings": [refused]},
+        "rope": {"used": False, "entry": None, "key": "k3"},
+    }
+    monkeypatch.setattr(
+        probe,
+        "build_through_store",
+        lambda spec, root, compiled, recipe: outcomes[spec.name],
+    )
+    monkeypatch.setattr(probe, "recipes", lambda hd, dt: [(n, [n, {}]) for n in outcomes])
+    monkeypatch.setattr(probe, "generate", lambda recipe: types.SimpleNamespace(name=recipe[0]))
+    assert probe.warm({"modules": []}) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    done = {e["module"]: e for e in events if e["event"] == "done"}
+    assert done["norm"]["status"] == "built"
+    assert done["page"]["status"] == "failed" and refused in done["page"]["reason"]
+    assert done["rope"]["status"] == "failed"
+    assert done["rope"]["reason"] == "built, but not kept in the JIT store: the store refused it"

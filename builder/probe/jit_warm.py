@@ -174,12 +174,15 @@ def warm(request: dict[str, Any]) -> int:
                 done["status"] = "warm" if stored.get("hit") else "built"
                 done["key"] = stored.get("key")
                 done["entry"] = stored.get("entry")
-                done["warnings"] = stored.get("warnings") or []
+                notes = [str(w) for w in stored.get("warnings") or []]
+                done["warnings"] = notes
                 if not stored.get("used") or stored.get("entry") is None:
-                    done["warnings"] = [
-                        *(stored.get("warnings") or []),
-                        f"{name} was built but not kept in the JIT store",
-                    ]
+                    # A warm exists to fill the store: a module it could not keep is not warm
+                    # anywhere, whatever the compile did.
+                    why = "; ".join(notes) or "the store refused it"
+                    done.update(
+                        status="failed", reason=f"built, but not kept in the JIT store: {why}"
+                    )
         done["seconds"] = round(time.monotonic() - started, 3)
         emit("done", **done)
     emit("end")

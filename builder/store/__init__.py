@@ -74,6 +74,7 @@ from .ninja_files import (
 )
 from .store import USED, Listed, Store, note_use, used_entries
 from .trust import (
+    MAX_NAME_BYTES,
     check_ancestors,
     check_dir,
     copy_checked,
@@ -93,6 +94,7 @@ __all__ = [
     "LOG_HASHES",
     "MAX_DOC",
     "MAX_INPUT",
+    "MAX_NAME_BYTES",
     "NVCC_ENV",
     "PROVENANCE",
     "TOOLKIT_TOOLS",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -177,7 +178,10 @@ class Store:
         the staged file (rename it onto ``dst``). EntryError when it differs."""
         record = entry.files[name]
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        # Named apart from dst's own name: a file name may be NAME_MAX long (trust.py), and
+        # one more character would be refused by the file system.
+        tag = hashlib.sha256(dst.name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        tmp = dst.with_name(f".{tag}.{os.getpid()}.tmp")
         copy_checked(
             entry.path / "files" / name,
             tmp,

@@ -24,12 +24,19 @@ from typing import Any
 from .errors import EntryError, StoreError
 from .limits import MAX_DOC
 
+# The longest name an entry's file may have: the file system's own limit for one path
+# component (NAME_MAX, 255 bytes on ext4, XFS, btrfs and tmpfs), so every name FlashInfer and
+# ninja can write into a build directory is one the store keeps (FlashInfer's batch prefill
+# for head dim 128 writes an object named with 212 characters), and none that no build could
+# have written.
+MAX_NAME_BYTES = 255
+
 
 def is_file_name(name: object) -> bool:
     """One path component an entry's file may be named by: nothing that leaves the entry."""
     return (
         isinstance(name, str)
-        and 0 < len(name) <= 200
+        and 0 < len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME_BYTES
         and "/" not in name
         and "\0" not in name
         and not name.startswith(".")
