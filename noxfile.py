@@ -134,8 +134,13 @@ def fast(session: nox.Session) -> None:
     """The offline unit tests, the slow ones left out (`-m slow` runs those): no network, no
     full builds; about a minute on 2 cores."""
     _install(session, "test")
-    _test_programs(session)
-    session.run("pytest", "-m", "not network and not e2e and not slow", *session.posargs)
+    # No system packages here: the tests that start a registry or Redis are full-session ones
+    # (`tests`, `.ci/run`), and a quick check must not reach for apt-get as root.
+    # One worker a core (pytest-xdist): most of these tests start the CLI in a child process,
+    # and waiting on one at a time is what made this session slow.
+    session.run(
+        "pytest", "-n", "auto", "-m", "not network and not e2e and not slow", *session.posargs
+    )
 
 
 @nox.session

@@ -301,3 +301,18 @@ def test_the_docs_session_and_ci_build_the_site() -> None:
     noxfile = (REPO / "noxfile.py").read_text()
     assert '"mkdocs", "build", "--strict"' in noxfile and '"builder.docgen"' in noxfile
     assert "sh tools/nox.sh -s docs" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_fast_session_installs_no_system_package() -> None:
+    """`nox -s fast` is the quick check a contributor runs anywhere, root included: no
+    apt-get from it, directly or through the helper the full sessions use."""
+    import ast
+
+    tree = ast.parse((REPO / "noxfile.py").read_text())
+    fast = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "fast")
+    names = {n.id for n in ast.walk(fast) if isinstance(n, ast.Name)}
+    said = {n.value for n in ast.walk(fast) if isinstance(n, ast.Constant)}
+    assert "_test_programs" not in names and "apt-get" not in said
+    # And the helper is a real one the full session calls: the check is not vacuous.
+    tests = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "tests")
+    assert "_test_programs" in {n.id for n in ast.walk(tests) if isinstance(n, ast.Name)}
