@@ -44,7 +44,8 @@ class Hook(enum.Enum):
     # Set to the env's value, whatever the shell had; every activation script sets it too
     # and its deactivate gives the shell's value back.
     SETS = "sets"
-    # The env's cuda-home/bin put first, the rest kept (the venv's activate restores PATH).
+    # The env's cuda-home/bin put first and its bin/ next, the rest kept (the venv's activate
+    # restores PATH).
     PREPENDS = "prepends"
     # What the shell had, kept for doctor to show what the hook overrides (the hook only).
     RECORDS = "records"
@@ -139,8 +140,8 @@ TABLE: tuple[Variable, ...] = (
              hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True, verify=True,
              setting=Setting(field="cuda_path", type="path")),
     Variable(name="PATH", kind=Kind.TOOLKIT,
-             reader="FlashInfer and torch (nvcc on it when no CUDA_HOME is set), nvcc (the "
-             "host compiler)",
+             reader="FlashInfer and torch (nvcc on it when no CUDA_HOME is set; ninja), nvcc "
+             "(the host compiler)",
              hook=Hook.PREPENDS, reserved=True),
     Variable(name="FLASHINFER_CUDA_ARCH_LIST", kind=Kind.ARCHS, reader="FlashInfer's JIT",
              read_at="flashinfer/compilation_context.py",

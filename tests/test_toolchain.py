@@ -67,7 +67,7 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
     home = str(venv / "cuda-home")
     assert got["CUDA_HOME"] == home
     assert got["CUDA_PATH"] == home
-    assert got["PATH"] == f"{home}/bin:/usr/bin:/bin"
+    assert got["PATH"] == f"{home}/bin:{venv}/bin:/usr/bin:/bin"
     assert got["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a 12.0f"
     assert got["TORCH_CUDA_ARCH_LIST"] == "9.0;12.0"
     assert got["FLASHINFER_WORKSPACE_BASE"] == str(venv / "var" / "flashinfer")
@@ -297,7 +297,29 @@ def test_an_empty_environment_keeps_the_os_default_path(in_tmp: Path, venv: Path
     )
     first, *rest = done.stdout.strip().split(":")
     assert first == str(venv / "cuda-home" / "bin")
+    assert rest[0] == str(venv / "bin")
     assert rest and "" not in rest and ("/usr/bin" in rest or "/bin" in rest)
+
+
+def test_every_process_of_the_env_runs_the_envs_own_ninja(
+    in_tmp: Path, venv: Path, tmp_path: Path
+) -> None:
+    """FlashInfer runs `ninja` from PATH. Whoever starts the interpreter (a server without
+    activation, verify's probe, warm) gets the env's own: another ninja earlier on the
+    caller's PATH would give the module another build command and another store key."""
+    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    for where in (venv / "bin", tmp_path / "elsewhere"):
+        where.mkdir(exist_ok=True)
+        (where / "ninja").write_text("#!/bin/sh\nexit 0\n")
+        (where / "ninja").chmod(0o755)
+    done = subprocess.run(
+        [venv / "bin" / "python", "-c", "import shutil; print(shutil.which('ninja'))"],
+        env={**os.environ, "PATH": f"{tmp_path / 'elsewhere'}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == str(venv / "bin" / "ninja")
 
 
 def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path) -> None:

@@ -71,7 +71,7 @@ def test_the_hook_sets_exactly_what_the_table_says(env: Path) -> None:
     by_hook = {v.name for v in variables.TABLE if v.hook not in (None, Hook.REMOTE)}
     assert set(changed) == by_hook | set(SPEC_ENV)
     assert changed["TVM_FFI_CUDA_ARCH_LIST"] == ARCHS
-    assert changed["PATH"] == f"{env / 'cuda-home' / 'bin'}:/usr/bin:/bin"
+    assert changed["PATH"] == f"{env / 'cuda-home' / 'bin'}:{env / 'bin'}:/usr/bin:/bin"
 
 
 def test_bin_activate_sets_what_the_hook_sets(env: Path) -> None:

@@ -193,6 +193,20 @@ def test_flashinfer_jit_verdicts() -> None:
     assert none.status == SKIPPED
 
 
+def test_the_jit_check_says_reused_only_when_ninja_ran_nothing() -> None:
+    """The probe's account of what ninja ran decides: a library that existed before the
+    build while ninja compiled three objects is "built", never "reused"."""
+    library = "/env/var/flashinfer/x/sampling.so"
+    ran = ["sampling.cuda.o", "renorm.cuda.o", "flashinfer_sampling_binding.cuda.o"]
+    built = flashinfer_jit.check(TARGET, facts(jit={"library": library, "reused": False,
+                                                    "ran": ran, "seconds": 92.0}))  # fmt: skip
+    assert "reused" not in built.summary and "3 command(s) run by ninja" in built.summary
+    assert dict(built.evidence)["ninja ran"] == ", ".join(ran)
+    same = flashinfer_jit.check(TARGET, facts(jit={"library": library, "reused": True,
+                                                   "ran": [], "seconds": 0.4}))  # fmt: skip
+    assert "reused from the env's JIT cache (ninja ran nothing)" in same.summary
+
+
 def test_sampling_skips_without_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver, "detect", lambda: None)
     monkeypatch.delenv(sampling.GPU_CHECK, raising=False)

@@ -464,3 +464,46 @@ def test_a_module_built_but_not_kept_is_a_failure_of_the_warm(
     assert done["page"]["status"] == "failed" and refused in done["page"]["reason"]
     assert done["rope"]["status"] == "failed"
     assert done["rope"]["reason"] == "built, but not kept in the JIT store: the store refused it"
+
+
+def test_the_jit_probe_reads_what_ninja_ran_not_what_existed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """verify's probe (env_facts.jit_sampling) with the module's library already there (what
+    made the old check say "reused"): ninja's log, read around the build, decides."""
+    import types
+
+    monkeypatch.syspath_prepend(str(PROBE_DIR))
+    for name in ("env_facts", "doctor_probe", "flashinfer_light"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    env_facts = importlib.import_module("env_facts")
+    build_dir = tmp_path / "cached_ops" / "sampling"
+    build_dir.mkdir(parents=True)
+    log = build_dir / ".ninja_log"
+    log.write_text("# ninja log v7\n0\t10\t5\tsampling.cuda.o\tabc\n")
+    (build_dir / "sampling.so").write_bytes(b"placed earlier")
+
+    class Spec:
+        is_compiled = True  # the library exists before the build
+        ninja_path = str(build_dir / "build.ninja")
+        compiles = True
+
+        def build(self, verbose: bool) -> None:
+            if self.compiles:  # ninja appends one record per command it runs
+                with log.open("a") as f:
+                    f.write("0\t90\t7\tsampling.cuda.o\tdef\n0\t95\t8\tsampling.so\t12\n")
+
+        def get_library_path(self) -> str:
+            return str(build_dir / "sampling.so")
+
+    spec = Spec()
+    jit = types.SimpleNamespace(gen_sampling_module=lambda: spec)
+    monkeypatch.setattr(env_facts, "import_flashinfer_jit", lambda module: (jit, "stub"))
+    monkeypatch.setenv("CUDAENV_JIT_STORE", "off")
+    out = env_facts.jit_sampling()
+    assert (out["reused"], out["ran"]) == (False, ["sampling.cuda.o", "sampling.so"])
+    spec.compiles = False
+    out = env_facts.jit_sampling()
+    assert (out["reused"], out["ran"]) == (True, [])
+    log.unlink()  # no log after the build: no evidence, so not "reused"
+    assert env_facts.jit_sampling()["reused"] is False

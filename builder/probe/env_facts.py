@@ -112,21 +112,37 @@ def flashinfer_facts(jit: bool) -> dict[str, object]:
     return out
 
 
+def build_seen(spec: Any) -> list[str]:
+    """FlashInfer's build of ``spec`` (its ninja run); the outputs ninja ran a command for,
+    read from ninja's own log (every command it runs is recorded there): [] when nothing
+    compiled, whatever files existed before."""
+    log = Path(str(getattr(spec, "ninja_path", "") or "build.ninja")).parent / ".ninja_log"
+    before = jit_store.log_records(log) if hasattr(spec, "ninja_path") else None
+    spec.build(verbose=False)
+    if not hasattr(spec, "ninja_path"):
+        return ["(a FlashInfer without ninja_path: no log to read)"]
+    return jit_store.commands_run(before, jit_store.log_records(log))
+
+
 def jit_sampling() -> dict[str, object]:
     started = time.monotonic()
     try:
         sampling, _ = import_flashinfer_jit("sampling")
         spec = sampling.gen_sampling_module()
-        reused = bool(spec.is_compiled)
+        compiled = bool(spec.is_compiled)
         store = os.environ.get("CUDAENV_JIT_STORE", "")
         stored: dict[str, object] | None = None
         if store and store != "off":
-            stored = build_through_store(spec, Path(store), compiled=reused)
+            stored = build_through_store(spec, Path(store), compiled=compiled)
+            told = stored.get("ran")
+            ran = [str(r) for r in told] if isinstance(told, list) else None
         else:
-            spec.build(verbose=False)
+            ran = build_seen(spec)
         out: dict[str, object] = {
             "library": str(spec.get_library_path()),
-            "reused": reused,
+            # What ninja did, not what existed: "reused" only when it ran no command.
+            "reused": ran == [],
+            "ran": ran if ran is not None else ["(unknown: the store gave no account)"],
             "seconds": time.monotonic() - started,
         }
         if stored is not None:
@@ -184,16 +200,16 @@ def build_through_store(
     fails in the store costs a compile, never the build."""
     ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
     if ninja is None or not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
-        spec.build(verbose=False)
-        return {"used": False, "why": "no ninja on PATH or a FlashInfer without write_ninja"}
+        ran = build_seen(spec)
+        why = "no ninja on PATH or a FlashInfer without write_ninja"
+        return {"used": False, "why": why, "ran": ran}
     store = jit_store.Store(root)
     try:
         key, build_dir = store_key(spec, store, ninja)
         lock = store.acquire(key)
     except (jit_store.StoreError, OSError) as exc:
-        spec.build(verbose=False)
-        return {"used": False, "warnings": [f"the JIT store was not used: {exc}"]}
-    library = Path(spec.get_library_path())
+        ran = build_seen(spec)
+        return {"used": False, "warnings": [f"the JIT store was not used: {exc}"], "ran": ran}
     notes: list[str] = []
     entry = None
     usable = True
@@ -206,9 +222,9 @@ def build_through_store(
             except (jit_store.StoreError, OSError) as exc:
                 notes.append(f"the JIT store was not used: {exc}")
                 usable = False
-        placed = library.stat().st_mtime_ns if entry is not None and library.exists() else None
-        spec.build(verbose=False)
-        hit = placed is not None and library.stat().st_mtime_ns == placed
+        ran = build_seen(spec)
+        # A hit is an entry placed and nothing compiled after it: ninja's log says so.
+        hit = entry is not None and not ran
         kept = None
         if not hit and usable:
             try:
@@ -228,6 +244,7 @@ def build_through_store(
         "used": True,
         "key": key[:16],
         "hit": hit,
+        "ran": ran,
         "warnings": [*store.notes, *notes],
     }
     if hit and entry is not None:

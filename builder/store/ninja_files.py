@@ -82,6 +82,8 @@ def rapidhash(data: bytes, seed: int = 0xBDD89AA982704029) -> int:
 # The .ninja_log formats cudaenv writes, each with the hash ninja keys a command by:
 # MurmurHash64A up to ninja 1.11 (v5), rapidhash from 1.13 (v7).
 LOG_HASHES = {"# ninja log v5": murmur64a, "# ninja log v7": rapidhash}
+# A build directory's log holds a few records a command: more than this is not a log of ours.
+MAX_LOG = 16 << 20
 
 
 def command_hash(command: str, header: str = "# ninja log v5") -> str:
@@ -146,6 +148,31 @@ def write_log(path: Path, header: str, records: Iterable[tuple[str, int, str]]) 
         f"0\t0\t{mtime}\t{output}\t{command_hash(cmd, header)}" for output, mtime, cmd in records
     ]
     path.write_text("\n".join(lines) + "\n")
+
+
+def log_records(path: Path) -> frozenset[str] | None:
+    """The records of a ``.ninja_log``, each line as ninja wrote it; None where there is no
+    readable log. ninja appends one record for every command it runs, so the records a build
+    added are the commands it ran: the evidence of whether anything compiled (a file's age is
+    not: an output placed or left earlier looks as new as one compiled now)."""
+    try:
+        with path.open("rb") as f:
+            text = f.read(MAX_LOG).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0] not in LOG_HASHES:
+        return None
+    return frozenset(line for line in lines[1:] if line.strip())
+
+
+def commands_run(before: frozenset[str] | None, after: frozenset[str] | None) -> list[str]:
+    """The outputs whose commands ninja ran between two reads of its log (:func:`log_records`),
+    in its order; an unreadable log after the build counts every output as run."""
+    if after is None:
+        return ["(ninja kept no log)"]
+    new = after - (before or frozenset())
+    return sorted({line.split("\t")[3] for line in new if line.count("\t") >= 4})
 
 
 def compdb(ninja: str, build_dir: Path) -> list[dict[str, str]]:

@@ -222,14 +222,23 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             seconds=seconds,
             fix="run the env's own python (its start-up hook sets FLASHINFER_WORKSPACE_BASE)",
         )
-    how = "reused from the env's JIT cache" if jit.get("reused") else f"built in {seconds:.1f} s"
+    # From what ninja ran (its log, read around the build), never from a file that existed.
+    ran = [str(r) for r in jit.get("ran") or []] if isinstance(jit.get("ran"), list) else []
+    reused = jit.get("reused") is True and not ran
+    how = (
+        "reused from the env's JIT cache (ninja ran nothing)"
+        if reused
+        else (f"built in {seconds:.1f} s ({len(ran)} command(s) run by ninja)")
+    )
+    if ran:
+        evidence.append(("ninja ran", ", ".join(ran[:20]) + (" …" if len(ran) > 20 else "")))
     stored = jit.get("store")
     warnings: tuple[str, ...] = ()
     if isinstance(stored, dict) and isinstance(stored.get("warnings"), list):
         warnings = tuple(str(w) for w in stored["warnings"])
     if isinstance(stored, dict) and stored.get("used"):
         evidence.append(("JIT store key", str(stored.get("key"))))
-        if stored.get("hit"):
+        if stored.get("hit") and reused:
             day = str(stored.get("first_built") or "?")[:10]
             how = f"reused from the store (first built {day} for {stored.get('env')})"
         elif stored.get("kept"):
