@@ -28,7 +28,7 @@ LAYERS = [
     "caches", "manifest", "toolchain", "box", "installproof", "build", "prefetch", "export", "adopt_journal", "adopt",
     "audit",
     "fleet",
-    "verify.model", "verify.reference", "verify.imports", "verify.toolchain", "verify.binaries",
+    "verify.model", "verify.recorded", "verify.reference", "verify.imports", "verify.toolchain", "verify.binaries",
     "verify.kernel_compile", "verify.flashinfer_jit", "verify.cubin", "verify.sampling", "verify",
     "doctor_facts", "doctor_rules", "doctor", "fingerprint", "report", "envs",
     "pipeline", "verifyrun", "buildrun", "auditrun", "exportrun", "storerun", "warmrun",

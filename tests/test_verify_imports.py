@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -127,6 +128,41 @@ def test_a_good_env_passes_and_times_each_module(venv: Path, tmp_path: Path) -> 
     assert evidence["sglang 0.5.23"] == "imports sglang"
     assert evidence["import sglang"].startswith("ok in ")
     assert evidence["import sglang.srt.entrypoints.engine"].endswith(" s")
+
+
+def test_an_unchanged_env_reuses_the_recorded_pass_and_any_change_runs_it_again(
+    venv: Path, tmp_path: Path
+) -> None:
+    """A pass is kept with the sha256 of what it depends on: the next verify of the same env
+    imports nothing and says when the pass was made; a changed distribution, a new one or
+    `--fresh` imports again; a failure is never kept."""
+    marker = tmp_path / "imported"
+    engine = f"open({str(marker)!r}, 'a').write('x')\n"
+    install(venv, "sglang", "0.5.23", sglang_files(engine=engine))
+    target = target_of(venv, tmp_path, ("sglang==0.5.23",))
+
+    def runs() -> tuple[CheckResult, int]:
+        result = run_imports(target)
+        return result, len(marker.read_text()) if marker.exists() else 0
+
+    first, n = runs()
+    assert first.status == PASSED and n == 1 and not first.summary.startswith("passed ")
+    again, n = runs()
+    assert n == 1, "an unchanged env was imported again"
+    assert again.status == PASSED and re.match(
+        r"passed \d\d:\d\d, env unchanged: 2 module", again.summary
+    )
+    assert "verify --fresh" in dict(again.evidence)["recorded"]
+    install(venv, "pybase64", "1.4.0", {"pybase64/__init__.py": ""})  # a new distribution
+    assert runs()[1] == 2
+    assert runs()[1] == 2  # and that run's pass is the one kept now
+    install(venv, "sglang", "0.5.23", sglang_files(engine=engine + "# patched\n"))  # a change
+    assert runs()[1] == 3
+    assert run_imports(dataclasses.replace(target, fresh=True)).status == PASSED
+    assert len(marker.read_text()) == 4
+    install(venv, "sglang", "0.5.23", sglang_files(engine=engine + "import pybase65\n"))
+    assert runs()[0].status == FAILED and runs()[0].status == FAILED
+    assert len(marker.read_text()) == 6  # a failure is re-run every time
 
 
 def test_a_server_module_that_fails_fails_though_the_package_imports(

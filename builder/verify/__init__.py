@@ -209,13 +209,45 @@ def run_checks(
         if name == "flashinfer-jit" and not jit_done:
             facts = probe_with_progress(target, progress, jit=True)
             jit_done = True
-        result = run_one(name, checks[name], target, facts)
+        with heartbeat(progress, f"still checking {name}"):
+            result = run_recorded(name, checks[name], target, facts)
         # The results are printed once, in the summary; this only says how far verify got.
         progress(f"checked {name} ({result.seconds:.1f} s)")
         results.append(result)
         if result.status == FAILED and first_failed is None:
             first_failed = result
     return facts, results
+
+
+def recorders() -> dict[str, Callable[[Target, EnvFacts], dict[str, object] | None]]:
+    """The checks that can name every input of their verdict (verify/recorded.py): a pass
+    under the same inputs is reused, not run again."""
+    from builder.verify import imports
+
+    return {"imports": imports.inputs}
+
+
+def run_recorded(name: str, check: Check, target: Target, facts: EnvFacts) -> CheckResult:
+    """:func:`run_one`, or the pass recorded for ``name`` when its inputs are unchanged."""
+    from builder.verify import recorded
+
+    started = time.monotonic()
+    inputs_of = recorders().get(name)
+    key = None
+    if inputs_of is not None:
+        try:
+            found = inputs_of(target, facts)
+        except OSError:  # an env cudaenv cannot read whole: checked, never reused
+            found = None
+        if found is not None:
+            key = recorded.fingerprint(found)
+            again = recorded.recorded(target, name, key)
+            if again is not None:
+                return dataclasses.replace(again, seconds=time.monotonic() - started)
+    result = run_one(name, check, target, facts)
+    if key is not None:
+        recorded.record(target, name, key, result)
+    return result
 
 
 def run_one(name: str, check: Check, target: Target, facts: EnvFacts) -> CheckResult:

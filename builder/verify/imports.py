@@ -11,6 +11,7 @@ the check, naming the missing module and who imported it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -164,6 +165,60 @@ def why(doc: dict[str, Any]) -> str:
     elif where is not None:
         by = f"; imported by {where.get('file')}"
     return f"import {module} failed: No module named {missing!r} ({source}{by})"
+
+
+# Bump when the check proves something else (what it imports, how it judges a failure).
+CHECK_VERSION: Final = 1
+# What changes what an import finds, besides the variables the env's hook sets (the probe
+# reports those: EnvFacts.env).
+IMPORT_VARIABLES: Final = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH",
+                           "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONPLATLIBDIR",
+                           "LD_LIBRARY_PATH", "LD_PRELOAD")  # fmt: skip
+# A RECORD larger than this is read no further (torch's is ~2 MB): its size still counts.
+MAX_RECORD: Final = 64 << 20
+
+
+def inputs(target: Target, facts: EnvFacts) -> dict[str, Any] | None:
+    """What this check's verdict depends on, for a recorded pass (verify/recorded.py): what
+    it is asked, the probe script, the interpreter, the variables that steer imports, and each
+    site-packages directory as installers leave it (its entries, every ``.pth`` file, and
+    every distribution's RECORD, which lists each installed file with its sha256). None for an
+    interpreter whose site-packages cudaenv cannot find (it is checked every time)."""
+    root = target.python.absolute().parent.parent
+    sites = sorted(root.glob("lib/python3*/site-packages"))
+    if not sites:
+        return None
+    listed: dict[str, Any] = {}
+    for site in sites:
+        entries = sorted(e.name for e in site.iterdir() if e.name != "__pycache__")
+        digests = {}
+        for name in entries:
+            path = site / name / "RECORD" if name.endswith(".dist-info") else site / name
+            if name.endswith((".dist-info", ".pth")):
+                digests[name] = _digest(path)
+        listed[str(site)] = {"entries": entries, "digests": digests}
+    exe = target.python.resolve()
+    st = exe.stat()
+    script = resources.files("builder.probe").joinpath("imports_probe.py").read_bytes()
+    return {
+        "check": CHECK_VERSION,
+        "request": request(asked(target)),
+        "probe": hashlib.sha256(script).hexdigest(),
+        "python": [str(exe), st.st_size, st.st_mtime_ns, facts.python_version],
+        "variables": {k: facts.environ.get(k) for k in sorted({*facts.env, *IMPORT_VARIABLES})},
+        "sites": listed,
+    }
+
+
+def _digest(path: Path) -> str:
+    """A file's sha256 (links not followed: a link's target is named instead)."""
+    try:
+        if path.is_symlink():
+            return f"link:{path.readlink()}"
+        with path.open("rb") as f:
+            return hashlib.sha256(f.read(MAX_RECORD)).hexdigest()
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:

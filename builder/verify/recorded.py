@@ -1,0 +1,90 @@
+"""Recorded results: a check whose inputs have not changed since it passed is not run again.
+
+A check that can name everything its verdict depends on (``imports``: the env's installed
+distributions, its interpreter, the variables its start-up hook sets, the probe script, the
+check's own version) gives :func:`fingerprint` those inputs. A pass is recorded under the
+verify work dir (``Target.work``: this user's cache) with the sha256 of those inputs; the
+next verify whose inputs hash the same reuses it and says when it was made ("passed 22:47,
+env unchanged"). Any change runs the check again; so does ``verify --fresh``. Only a pass is
+recorded: a failure is always re-run, so a fix is seen at once.
+
+The record is read under the cache's rules (builder/cachefiles.py: no link followed, owner and
+modes checked, size bounded) and a record that does not parse is one that is not there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from builder import cachefiles
+from builder.errors import CudaenvError
+from builder.jsondoc import Reader
+from builder.statuses import PASSED
+from builder.verify.model import CheckResult, Target
+
+# Bump when what a record holds, or what a recorded check proves, changes.
+RECORD_VERSION = 1
+
+
+def fingerprint(inputs: Mapping[str, Any]) -> str:
+    """The sha256 of a check's inputs, as canonical JSON."""
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def path_of(target: Target, name: str) -> Path:
+    return target.work / "results" / f"{name}.json"
+
+
+def recorded(target: Target, name: str, inputs: str) -> CheckResult | None:
+    """The pass recorded for ``name`` under the same inputs, said as reused; None otherwise."""
+    if target.fresh:
+        return None
+    doc = cachefiles.read_json(path_of(target, name))
+    if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
+        return None
+    if doc.get("inputs") != inputs or not isinstance(doc.get("at"), str):
+        return None
+    try:
+        where = str(path_of(target, name))
+        result = CheckResult.from_json(Reader(doc.get("result"), where, "recorded result"))
+        at = dt.datetime.fromisoformat(str(doc["at"]))
+    except (CudaenvError, ValueError):
+        return None
+    if result.status != PASSED or result.name != name:
+        return None
+    when = at.astimezone().strftime("%H:%M" if _today(at) else "%Y-%m-%d %H:%M")
+    return CheckResult(
+        name=name,
+        status=PASSED,
+        summary=f"passed {when}, env unchanged: {result.summary}",
+        evidence=(
+            *result.evidence,
+            ("recorded", f"{doc['at']} (inputs sha256 {inputs[:16]}; `verify --fresh` runs it)"),
+        ),
+        fix=result.fix,
+        warnings=result.warnings,
+    )
+
+
+def _today(at: dt.datetime) -> bool:
+    return at.astimezone().date() == dt.datetime.now().astimezone().date()
+
+
+def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
+    """Keep a pass for the next verify; nothing else is kept (and a record that cannot be
+    written costs the next verify a run, never this one)."""
+    if result.status != PASSED:
+        return
+    doc = {
+        "version": RECORD_VERSION,
+        "inputs": inputs,
+        "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "result": result.to_json(),
+    }
+    cachefiles.write_json(path_of(target, name), doc)
