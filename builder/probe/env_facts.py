@@ -161,10 +161,13 @@ def module_meta(spec: Any, recipe: list[object] | None) -> dict[str, object]:
     build read it; an entry is placed only where the key computed in the env is equal."""
     import platform
 
-    try:
-        from flashinfer import __version__ as version
-    except Exception:  # a FlashInfer without it: the entry still records the rest
-        version = ""
+    try:  # its own module: the package may be imported without its __init__ (light)
+        from flashinfer.version import __version__ as version
+    except Exception:
+        try:
+            from flashinfer import __version__ as version
+        except Exception:  # a FlashInfer without it: the entry still records the rest
+            version = ""
     cuda_home = os.environ.get("CUDA_HOME", "")
     release = nvcc_info(cuda_home).get("release") if cuda_home else None
     return {
