@@ -381,3 +381,14 @@ def torch_spelling(archs: Iterable[Arch]) -> str:
 def texts(archs: Iterable[Arch]) -> list[str]:
     """For JSON and YAML: ``["12.0f", "9.0a"]``."""
     return [str(a) for a in archs]
+
+
+# nvcc's threads for one file (FLASHINFER_NVCC_THREADS, which the env's hook sets from the arch
+# list): one per gencode, at most this many; each thread is a cicc of 1-2 GB for FlashInfer's
+# larger kernels, and ninja runs several files at once.
+MAX_NVCC_THREADS = 8
+
+
+def nvcc_threads(flashinfer_list: str) -> int:
+    """The hook's FLASHINFER_NVCC_THREADS for an arch list as FlashInfer spells it."""
+    return max(1, min(len(flashinfer_list.split()), MAX_NVCC_THREADS))

@@ -126,3 +126,37 @@ def detect_box() -> Box:
         driver=driver.detect(),
         toolkits=system_toolkits(),
     )
+
+
+# What one nvcc thread of a FlashInfer kernel may take (cicc and ptxas of its larger
+# templates peak at 1-2 GB): ninja's jobs are bounded by the memory free for them.
+MEMORY_PER_NVCC_THREAD = 2 << 30
+
+
+def compile_jobs(nvcc_threads: int, *, meminfo: Path = Path("/proc/meminfo")) -> int:
+    """How many files ninja compiles at once (``MAX_JOBS``) for a build whose nvcc runs
+    ``nvcc_threads`` threads a file: the cores this process may use shared among those
+    threads, and no more than the free memory holds; at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    threads = max(1, nvcc_threads)
+    jobs = max(1, -(-cores // threads))
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+                jobs = min(jobs, max(1, free // (MEMORY_PER_NVCC_THREAD * threads)))
+    return jobs
+
+
+def compile_environ(flashinfer_archs: str, environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with ``MAX_JOBS`` for a FlashInfer build of ``flashinfer_archs`` (one nvcc
+    thread per arch, as the env's hook sets), unless the user set it: ninja's parallelism is
+    not in the build command, so it changes no key."""
+    if environ.get("MAX_JOBS"):
+        return environ
+    from builder.archs import nvcc_threads
+
+    return {**environ, "MAX_JOBS": str(compile_jobs(nvcc_threads(flashinfer_archs)))}

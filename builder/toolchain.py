@@ -628,6 +628,7 @@ def write_hooks(venv: Path, spec: EnvSpec, env_archs: Sequence[Arch]) -> list[Pa
         "depth": depth,
         "flashinfer_archs": archs.flashinfer_spelling(env_archs),
         "torch_archs": archs.torch_spelling(env_archs),
+        "max_nvcc_threads": archs.MAX_NVCC_THREADS,
         "env": [*spec.env, *wired],
         "caches": [(c.variable, c.subdir) for c in caches.CACHES],
         # Only binaries the toolkit has: Triton falls back to its own silently otherwise.

@@ -49,6 +49,9 @@ class Hook(enum.Enum):
     PREPENDS = "prepends"
     # What the shell had, kept for doctor to show what the hook overrides (the hook only).
     RECORDS = "records"
+    # Set by the hook from another of its values at each interpreter start (the hook only:
+    # only Python reads it).
+    DERIVES = "derives"
     # Set where the env names a remote cache (a spec's `remote-cache:`, CUDAENV_REMOTE_CACHE)
     # and it may be wired (remote_cache.py): the hook at each interpreter start, activation
     # from the spec's URL; removed by the hook where one is named and refused or `off`.
@@ -154,6 +157,11 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="TVM_FFI_CUDA_ARCH_LIST", kind=Kind.ARCHS,
              reader="TVM-FFI's extension builder (tvm_ffi.cpp, under sglang's JIT kernels)",
              hook=Hook.SETS, fingerprint=True, reserved=True, doctor=True),
+    # One nvcc thread per arch of FlashInfer's list (nvcc --threads): the gencodes of a file
+    # compile side by side. The hook derives it at each start; only Python reads it.
+    Variable(name="FLASHINFER_NVCC_THREADS", kind=Kind.COMPILE,
+             reader="FlashInfer's JIT (nvcc --threads)", read_at="flashinfer/jit/cpp_ext.py",
+             hook=Hook.DERIVES, fingerprint=True, reserved=True, doctor=True, verify=True),
     # Every library that compiles at run time keeps a cache of its own, by default under the
     # user's home or /tmp, where envs of different toolkits collide (caches.py).
     # BASE/.cache/flashinfer/<version>/<archs>/cached_ops (default BASE = $HOME).

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import archs, jit_share, proc, settings
+from builder import archs, box, jit_share, proc, settings
 from builder.commandargs import WarmArgs
 from builder.errors import BuildError, UsageError
 from builder.pipeline import built_env, jit_remote_for, parse_archs
@@ -211,7 +211,7 @@ def probe_env(store_root: Path, target: str, remote: Remote | None) -> dict[str,
     if remote is not None:
         env["CUDAENV_JIT_REMOTE"] = remote.url
         env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit_share"])
-    return env
+    return box.compile_environ(target, env)
 
 
 def warm_target(

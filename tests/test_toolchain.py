@@ -53,7 +53,9 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
     code = (
         "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
         "['CUDA_HOME', 'CUDA_PATH', 'FLASHINFER_CUDA_ARCH_LIST', 'TORCH_CUDA_ARCH_LIST', "
-        "'FLASHINFER_WORKSPACE_BASE', 'PATH', *" + repr(list(HOSTILE)) + "]}))"
+        "'FLASHINFER_WORKSPACE_BASE', 'PATH', 'FLASHINFER_NVCC_THREADS', *"
+        + repr(list(HOSTILE))
+        + "]}))"
     )
     done = subprocess.run(
         [venv / "bin" / "python", "-c", code],
@@ -70,6 +72,8 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
     assert got["PATH"] == f"{home}/bin:{venv}/bin:/usr/bin:/bin"
     assert got["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a 12.0f"
     assert got["TORCH_CUDA_ARCH_LIST"] == "9.0;12.0"
+    # One nvcc thread per arch: the two gencodes of a file compile side by side.
+    assert got["FLASHINFER_NVCC_THREADS"] == "2"
     assert got["FLASHINFER_WORKSPACE_BASE"] == str(venv / "var" / "flashinfer")
     for key, value in HOSTILE.items():
         assert got[key] == value

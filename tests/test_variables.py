@@ -134,6 +134,7 @@ def test_every_activation_names_every_variable_the_hook_sets(template: str) -> N
         "depth": 3,
         "flashinfer_archs": ARCHS,
         "torch_archs": "9.0;12.0",
+        "max_nvcc_threads": archs.MAX_NVCC_THREADS,
         "env": [],
         "caches": [(c.variable, c.subdir) for c in caches.CACHES],
         "tools": list(caches.TRITON_TOOLS),

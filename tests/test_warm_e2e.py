@@ -64,12 +64,14 @@ print(json.dumps(out))
 """
 
 
-def loads_without_compiling(env: Path) -> dict[str, bool]:
+def loads_without_compiling(env: Path, first: Path | None = None) -> dict[str, bool]:
     """Each module loaded by FlashInfer (its build_and_load, as a server's first request does)
-    in ``env`` with its bin/ first on PATH (`cudaenv run`): whether ninja ran nothing for it
-    (the library and ninja's log, where every command ninja runs is recorded, untouched), after
-    ``ninja -n`` says it has no work to do."""
-    path = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
+    in ``env`` with its bin/ first on PATH (`cudaenv run`), or, given ``first``, started as a
+    bare ``bin/python`` with ``first`` (another ninja) leading PATH: whether ninja ran nothing
+    for it (the library and ninja's log, where every command ninja runs is recorded,
+    untouched), after ``ninja -n`` says it has no work to do."""
+    lead = first if first is not None else env / "bin"
+    path = f"{lead}:{os.environ.get('PATH', '')}"
     for module in MODULES:
         dry = subprocess.run(
             [env / "bin" / "ninja", "-C", env / CACHED_OPS / module, "-n"],
@@ -139,6 +141,15 @@ def test_a_node_builds_warm_from_what_a_warmer_pushed(
     ), b.stderr
     assert warnings(b.stderr) == []
     assert loads_without_compiling(ws / "b") == dict.fromkeys(MODULES, True)
+    # A server started without activation, another ninja first on its PATH: the env's hook
+    # puts the env's own bin/ ahead, so FlashInfer runs the ninja the key names and finds the
+    # placed modules up to date (another ninja would read the log as "command line changed").
+    shim = ws / "other-ninja"
+    shim.mkdir(exist_ok=True)
+    (shim / "ninja").write_text(f'#!/bin/sh\necho "$@" >> {shim / "ran"}\nexit 1\n')
+    (shim / "ninja").chmod(0o755)
+    assert loads_without_compiling(ws / "b", first=shim) == dict.fromkeys(MODULES, True)
+    assert not (shim / "ran").exists()
     # Built again, up to date, nothing warmed since: reused, no probe run, nothing said of it.
     again_b = build(ws, "b", registry.url)
     assert "reused" in again_b.stderr and "prefetch" not in again_b.stderr, again_b.stderr

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import settings
-from builder.archs import Arch
+from builder import box, settings
+from builder.archs import Arch, flashinfer_spelling
 from builder.cudaversion import CudaVersion
 from builder.jsondoc import Reader
 from builder.paths import jit_store_dir
@@ -171,6 +171,8 @@ def target_env(target: Target) -> dict[str, str]:
     JIT store is (none with ``--fresh``: everything is compiled again)."""
     env = settings.child_environ(CUDAENV_JIT_SHARE=None)
     env.update(dict(target.extra_env))
+    # ninja's jobs for FlashInfer's build of the target's archs, within the cores and memory.
+    env = box.compile_environ(flashinfer_spelling(target.archs), env)
     store = jit_store_dir()
     env["CUDAENV_JIT_STORE"] = "off" if target.fresh or store is None else str(store)
     # Resolved once, where the target was made (CUDAENV_JIT_REMOTE, else the project's).
