@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ def test_ninjas_jobs_share_the_cores_among_nvcc_threads_within_free_memory(
     memory holds (2 GiB a thread), at least one; a MAX_JOBS the user set is kept."""
     from builder import box
 
-    monkeypatch.setattr(box.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 134217728 kB\nMemAvailable: 125829120 kB\n")  # 120 GiB
     assert box.compile_jobs(1, meminfo=meminfo) == 16

@@ -390,3 +390,23 @@ def test_ctrl_c_during_build_verify_keeps_what_the_build_left(
         "error: interrupted; /envs/x is the new env, complete (built from x.lock); verify "
         "stopped before its report was written"
     )
+
+
+def test_an_env_that_passed_before_is_probed_once(venv: Path, tmp_path: Path) -> None:
+    """The JIT waits for the cheap checks only where they may fail: an env whose imports
+    passed last time gets one probe (one torch import), JIT included; after a failure, two."""
+    install(venv, "sglang", "0.5.23", sglang_files())
+    target = target_of(venv, tmp_path, ("sglang==0.5.23",))
+
+    def probes() -> list[str]:
+        said: list[str] = []
+        verify.run_checks(target, ["flashinfer-jit", "imports"], said.append)
+        return [line for line in said if line.startswith("probing ")]
+
+    first = probes()
+    assert len(first) == 2 and "JIT-building" in first[1] and "JIT-building" not in first[0]
+    (again,) = probes()
+    assert "JIT-building" in again
+    install(venv, "sglang", "0.5.23", sglang_files(init="import pybase65\n"))
+    assert len(probes()) == 1  # it passed last time: one probe, and now the imports fail
+    assert len(probes()) == 1  # failed last time: no JIT at all (imports fail first)

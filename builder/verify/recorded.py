@@ -14,6 +14,7 @@ modes checked, size bounded) and a record that does not parse is one that is not
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -80,6 +81,9 @@ def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
     """Keep a pass for the next verify; nothing else is kept (and a record that cannot be
     written costs the next verify a run, never this one)."""
     if result.status != PASSED:
+        # The record says the last run passed (:func:`passed_last`): not any more.
+        with contextlib.suppress(OSError):
+            path_of(target, name).unlink()
         return
     doc = {
         "version": RECORD_VERSION,
@@ -88,3 +92,16 @@ def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
         "result": result.to_json(),
     }
     cachefiles.write_json(path_of(target, name), doc)
+
+
+def passed_last(target: Target, name: str) -> bool:
+    """Whether the last run of ``name`` for this target passed (a failure removes the
+    record), whatever its inputs were then: verify then starts FlashInfer's JIT in its first
+    probe, paying torch's import once, where a failing env would be probed twice."""
+    if target.fresh:
+        return False
+    doc = cachefiles.read_json(path_of(target, name))
+    if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
+        return False
+    result = doc.get("result")
+    return isinstance(result, dict) and result.get("status") == PASSED
