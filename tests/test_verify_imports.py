@@ -410,3 +410,24 @@ def test_an_env_that_passed_before_is_probed_once(venv: Path, tmp_path: Path) ->
     install(venv, "sglang", "0.5.23", sglang_files(init="import pybase65\n"))
     assert len(probes()) == 1  # it passed last time: one probe, and now the imports fail
     assert len(probes()) == 1  # failed last time: no JIT at all (imports fail first)
+
+
+def test_the_imports_leave_the_bytecode_of_what_was_imported(
+    venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PYTHONDONTWRITEBYTECODE=1 (as many images set) and an installer that compiles
+    nothing: the check still leaves the bytecode of each module it imported from the env,
+    so a server's first start imports from it; what is there already is not written again."""
+    import importlib.util
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    install(venv, "sglang", "0.5.23", sglang_files(engine="import json\n"))
+    site = next(venv.parent.parent.glob("lib/python3*/site-packages"))
+    engine = (site / ENGINE).resolve()
+    first = run_imports(target_of(venv, tmp_path, ("sglang==0.5.23",)))
+    assert first.status == PASSED
+    assert Path(importlib.util.cache_from_source(str(engine))).is_file()
+    said = dict(first.evidence)["bytecode of what was imported"]
+    assert said.startswith("4 written, 0 already there"), said
+    again = run_imports(target_of(venv, tmp_path / "other", ("sglang==0.5.23",)))
+    assert dict(again.evidence)["bytecode of what was imported"].startswith("0 written, 4 ")

@@ -251,6 +251,15 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
                 problems.append(f"{doc['dist']} is not installed in this env")
             elif target.packages is not None:
                 evidence.append((str(doc["dist"]), "not installed (its marker leaves it out?)"))
+        elif isinstance(doc.get("bytecode"), dict):
+            kept = doc["bytecode"]
+            evidence.append(
+                (
+                    "bytecode of what was imported",
+                    f"{kept.get('written', 0)} written, {kept.get('present', 0)} already there, "
+                    f"{kept.get('failed', 0)} not writable, in {kept.get('seconds', 0)} s",
+                )
+            )
         elif "start" in doc:
             started_modules.append(str(doc["start"]))
         elif "module" in doc:
