@@ -268,6 +268,14 @@ class Run:
         return self.verified
 
 
+def env_archs(env: Path, s: spec.EnvSpec) -> tuple[archs.Arch, ...]:
+    """The arch list the env was built for (its manifest), else the spec's."""
+    from builder import manifest
+
+    found = manifest.try_read(env)
+    return found.archs if found is not None else s.archs
+
+
 def prefetch_into(
     s: spec.EnvSpec, lk: lock.Lock, env: Path, say: Reporter, *, only_new: bool = False
 ) -> None:
@@ -289,7 +297,12 @@ def prefetch_into(
         remote = None
     tag = jit_share.index_tag(lk.content_hash())
     done = prefetch.prefetch(
-        env / "bin" / "python", flashinfer=versions[0], remote=remote, tag=tag, only_new=only_new
+        env / "bin" / "python",
+        flashinfer=versions[0],
+        remote=remote,
+        tag=tag,
+        only_new=only_new,
+        archs=archs.flashinfer_spelling(env_archs(env, s)),
     )
     if not (only_new and done.skipped is not None and not done.warnings):
         prefetch.say_prefetched(done, say)

@@ -90,9 +90,16 @@ def module_of(content: dict[str, Any]) -> dict[str, Any] | None:
     return module
 
 
-def candidates(store: jit_store.Store, flashinfer: str | None) -> list[list[Any]]:
-    """The recipes of every stored module of FlashInfer ``flashinfer`` (any, when None), each
-    once: the probe judges each by its key."""
+def candidates(
+    store: jit_store.Store, flashinfer: str | None, archs: str | None = None
+) -> list[list[Any]]:
+    """The recipes of every stored module of FlashInfer ``flashinfer`` (any, when None) built
+    for the arch list ``archs`` as FlashInfer spells it (any, when None) on this machine's
+    architecture, each once: the probe judges each by its key. What an entry records can only
+    rule it out (its key covers the arch list and the machine's tools): an entry of another
+    arch list never starts the probe, which costs a build seconds."""
+    import platform
+
     found: dict[str, list[Any]] = {}
     for key, variant in store.all():
         try:
@@ -101,6 +108,10 @@ def candidates(store: jit_store.Store, flashinfer: str | None) -> list[list[Any]
             continue
         module = module_of(entry.content)
         if module is None or (flashinfer and module.get("flashinfer") != flashinfer):
+            continue
+        if archs is not None and module.get("archs") not in (None, "", archs):
+            continue
+        if module.get("machine") not in (None, "", platform.machine()):
             continue
         recipe = module["recipe"]
         found.setdefault(json.dumps(recipe, sort_keys=True), recipe)
@@ -126,6 +137,7 @@ def prefetch(
     remote: Remote | None = None,
     tag: str | None = None,
     only_new: bool = False,
+    archs: str | None = None,
 ) -> Prefetched:
     """Place every fitting store entry into the FlashInfer cache of the env of ``python``;
     ``only_new``: only those the env's last prefetch did not judge (skipped: none are)."""
@@ -141,7 +153,7 @@ def prefetch(
         if remote is not None and tag is not None:
             pulled, warning = pull_warmed(store, remote, tag)
             warnings += [warning] if warning else []
-        recipes = candidates(store, flashinfer)
+        recipes = candidates(store, flashinfer, archs)
     except (jit_store.StoreError, OSError) as exc:
         return Prefetched(skipped=f"the JIT store was not used: {exc}", warnings=tuple(warnings))
     where = remote.url if remote is not None and tag is not None else None

@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import io
 import json
+import platform
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -331,6 +332,14 @@ def test_prefetch_candidates_are_the_modules_of_the_envs_flashinfer(tmp_path: Pa
     module_entry(store, tmp_path, "d" * 64, name="x", recipe="not a recipe", flashinfer="0.7.2")
     assert prefetch.candidates(store, "0.7.2") == [act]  # each recipe once
     assert prefetch.candidates(store, "0.9.9") == []
+    # Another arch list or another machine's entry never starts the probe.
+    gelu = ["act", {"act": "gelu"}]
+    module_entry(store, tmp_path, "e" * 64, name="gelu_and_mul", recipe=gelu,
+                 flashinfer="0.7.2", archs="9.0a", machine=platform.machine())  # fmt: skip
+    module_entry(store, tmp_path, "f" * 64, name="norm", recipe=["norm", {}],
+                 flashinfer="0.7.2", archs="12.0f", machine="not-this-machine")  # fmt: skip
+    assert prefetch.candidates(store, "0.7.2", "12.0f") == [act]
+    assert prefetch.candidates(store, "0.7.2", "9.0a") == [act, gelu]
 
 
 def test_prefetch_runs_the_probe_and_says_one_line(
