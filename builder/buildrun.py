@@ -303,6 +303,7 @@ def prefetch_into(
         tag=tag,
         only_new=only_new,
         archs=archs.flashinfer_spelling(env_archs(env, s)),
+        variables=s.env,
     )
     if not (only_new and done.skipped is not None and not done.warnings):
         prefetch.say_prefetched(done, say)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,7 @@ from builder import cachefiles, proc, settings
 from builder import store as jit_store
 from builder.errors import CommandFailed, ToolMissing
 from builder.paths import jit_store_here
+from builder.store import plans
 
 if TYPE_CHECKING:
     from builder.oci import Remote
@@ -36,6 +38,8 @@ PREFETCH_TIMEOUT = 600.0
 # What the env's last prefetch judged (each recipe, as canonical JSON): a reused env runs the
 # probe again only for a module warmed since.
 JUDGED = Path("var") / "cudaenv-prefetched.json"
+# How long a planned placement waits for a key another process is building (the probe's too).
+PLAN_LOCK_WAIT = 10.0
 
 
 def _judged(env: Path) -> set[str]:
@@ -56,6 +60,7 @@ class Prefetched:
     """What the prefetch placed, and the one warning it cost (if any)."""
 
     placed: tuple[str, ...] = ()
+    by_plan: int = 0  # of ``placed``: placed from a plan, with no interpreter started
     present: tuple[str, ...] = ()
     candidates: int = 0
     pulled: int = 0
@@ -70,9 +75,15 @@ class Prefetched:
         if self.remote is not None:
             where += f" ({self.pulled} pulled from {self.remote})"
         kept = f", {len(self.present)} already in the env" if self.present else ""
+        planned = (
+            f"; {self.by_plan} placed from the plan of an identical env, without FlashInfer "
+            "(ninja -n: no work to do)"
+            if self.by_plan
+            else ""
+        )
         return (
             f"prefetched {len(self.placed)} of {self.candidates} warmed FlashInfer module(s) "
-            f"from {where}{kept}"
+            f"from {where}{kept}{planned}"
         )
 
 
@@ -138,9 +149,11 @@ def prefetch(
     tag: str | None = None,
     only_new: bool = False,
     archs: str | None = None,
+    variables: Sequence[tuple[str, str]] = (),
 ) -> Prefetched:
     """Place every fitting store entry into the FlashInfer cache of the env of ``python``;
-    ``only_new``: only those the env's last prefetch did not judge (skipped: none are)."""
+    ``only_new``: only those the env's last prefetch did not judge (skipped: none are).
+    ``variables``: the spec's own (its hook sets them), for the keys computed here."""
     if settings.current().no_prefetch:
         return Prefetched(skipped="off (CUDAENV_NO_PREFETCH=1)")
     store = jit_store_here()
@@ -168,26 +181,112 @@ def prefetch(
             skipped=f"no warmed FlashInfer module in the JIT store for FlashInfer {flashinfer}",
             warnings=tuple(warnings),
         )
-    doc, trouble = run_probe(python, store.root, {"recipes": recipes})
-    warnings += [trouble] if trouble else []
-    if doc is not None:
-        _record_judged(env, recipes)
-    if doc is None:
-        return Prefetched(
-            candidates=len(recipes), pulled=pulled, remote=where, warnings=tuple(warnings)
-        )
-    notes = [str(w) for w in doc.get("warnings") or []]
-    if notes:
-        more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
-        warnings.append(f"prefetch: {notes[0]}{more}")
+    placed: list[str] = []
+    present: list[str] = []
+    # What the plan of an env like this one places without FlashInfer; the rest is the probe's.
+    to_probe = place_by_plan(store, env, recipes, variables, placed, present)
+    by_plan = len(placed)
+    settled = [r for r in recipes if r not in to_probe]
+    if to_probe:
+        doc, trouble = run_probe(python, store.root, {"recipes": to_probe})
+        warnings += [trouble] if trouble else []
+        if doc is not None:
+            settled = recipes
+            keep_plans(store, env, doc.get("planned"), [str(n) for n in doc.get("placed") or []])
+            notes = [str(w) for w in doc.get("warnings") or []]
+            if notes:
+                more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
+                warnings.append(f"prefetch: {notes[0]}{more}")
+            placed += [str(n) for n in doc.get("placed") or []]
+            present += [str(n) for n in doc.get("present") or []]
+    _record_judged(env, settled)
     return Prefetched(
-        placed=tuple(str(n) for n in doc.get("placed") or []),
-        present=tuple(str(n) for n in doc.get("present") or []),
+        placed=tuple(placed),
+        by_plan=by_plan,
+        present=tuple(present),
         candidates=len(recipes),
         pulled=pulled,
         remote=where,
         warnings=tuple(warnings),
     )
+
+
+def runtime_environ(env: Path, variables: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """The environment the env's interpreter runs its compiles with, as its start-up hook
+    (templates/hook.py.j2) leaves it for what a key reads (the toolkit, the PATH the host
+    compiler and ninja are found on, the spec's variables), computed without starting it."""
+    base = settings.child_environ(CUDAENV_JIT_SHARE=None, CUDAENV_ARCH_LIST=None)
+    if not any(env.glob(f"lib/python3*/site-packages/{plans.HOOK}")):
+        return with_env_bin(env / "bin", base)
+    cuda_home = env / "cuda-home"
+    cuda_bin, env_bin = str(cuda_home / "bin"), str(env / "bin")
+    rest = [p for p in base.get("PATH", "").split(os.pathsep) if p and p not in (cuda_bin, env_bin)]
+    base.update(
+        CUDA_HOME=str(cuda_home),
+        CUDA_PATH=str(cuda_home),
+        PATH=os.pathsep.join([cuda_bin, env_bin, *rest]),
+    )
+    base.update(dict(variables))
+    return base
+
+
+def place_by_plan(
+    store: jit_store.Store,
+    env: Path,
+    recipes: list[list[Any]],
+    variables: Sequence[tuple[str, str]],
+    placed: list[str],
+    present: list[str],
+) -> list[list[Any]]:
+    """Place each recipe the plan of this env's signature holds (builder/store/plans.py),
+    adding to ``placed`` and ``present``; the recipes left for the probe."""
+    sig = plans.signature(env, store.hasher)
+    planned = plans.read_plan(store, sig) if sig is not None else {}
+    environ = runtime_environ(env, variables)
+    ninja = shutil.which("ninja", path=environ.get("PATH"))
+    if not planned or ninja is None or not ninja.startswith(f"{env}{os.sep}"):
+        return recipes  # the env's own ninja only: another on PATH writes another log
+    left: list[list[Any]] = []
+    for recipe in recipes:
+        item = planned.get(json.dumps(recipe, sort_keys=True))
+        if item is None:
+            left.append(recipe)
+            continue
+        outcome, _ = plans.place_planned(
+            store, item, str(env), ninja, environ, lock_wait=PLAN_LOCK_WAIT
+        )
+        if outcome == "placed":
+            placed.append(str(item["name"]))
+        elif outcome == "present":
+            present.append(str(item["name"]))
+        elif outcome == "unplanned":
+            left.append(recipe)
+    store.hasher.save()
+    return left
+
+
+def keep_plans(store: jit_store.Store, env: Path, planned: Any, placed: Sequence[str] = ()) -> None:
+    """Keep what a probe found of each module it generated in the env (``planned``: its
+    recipe, key, name and build directory; warm's and the prefetch's) as the plan of this
+    env's signature, then remove the build directories it made for modules not ``placed``."""
+    ninja = env / "bin" / "ninja"
+    sig = plans.signature(env, store.hasher)
+    modules: dict[str, dict[str, Any]] = {}
+    for found in planned if isinstance(planned, list) else []:
+        if not (isinstance(found, dict) and isinstance(found.get("dir"), str)):
+            continue
+        build_dir = Path(found["dir"])
+        if sig is not None and build_dir.is_relative_to(env / "var") and ninja.is_file():
+            item = plans.planned_module(
+                str(env), str(ninja), build_dir, str(found.get("key")), str(found.get("name"))
+            )
+            if item is not None:
+                modules[json.dumps(found.get("recipe"), sort_keys=True)] = item
+        left = found.get("made") and found.get("name") not in placed
+        if left and build_dir.is_relative_to(env / "var") and not build_dir.is_symlink():
+            shutil.rmtree(build_dir, ignore_errors=True)
+    if sig is not None:
+        plans.record_plan(store, sig, modules)
 
 
 def with_env_bin(bin_dir: Path, env: dict[str, str]) -> dict[str, str]:

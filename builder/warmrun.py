@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder import archs, box, jit_share, proc, settings
+from builder import archs, box, jit_share, prefetch, proc, settings
 from builder.commandargs import WarmArgs
 from builder.errors import BuildError, UsageError
 from builder.pipeline import built_env, jit_remote_for, parse_archs
-from builder.prefetch import probe_script, with_env_bin
 from builder.reporter import Reporter
 from builder.storerun import index_tag_for, jit_store_here
 
@@ -143,22 +142,38 @@ class Progress:
         self.total = 0
         self.done = 0
         self.compiled: list[float] = []
-        self.started = 0.0
+        self.begun = 0  # modules started: several run at once
+        self.workers = 1
 
     def eta(self) -> float | None:
         if not self.compiled:
             return None
-        return sum(self.compiled) / len(self.compiled) * (self.total - self.done)
+        left = sum(self.compiled) / len(self.compiled) * (self.total - self.done)
+        return left / max(1, min(self.workers, self.total - self.done))
 
     def event(self, doc: dict[str, Any]) -> None:
         kind = doc.get("event")
         if kind == "plan":
             self.total = int(doc.get("total") or 0)
-            self.say(f"warming {self.total} FlashInfer module(s) for {self.target}")
+            self.workers = max(1, int(doc.get("workers") or 1))
+            at_once = f", {self.workers} at once" if self.workers > 1 else ""
+            slots = int(doc.get("slots") or 0)
+            jobs = f" ({slots} compile slots)" if slots else ""
+            self.say(f"warming {self.total} FlashInfer module(s) for {self.target}{at_once}{jobs}")
+        elif kind == "waiting":
+            since = float(doc.get("since") or 0.0)
+            ago = f", started {clock_text(time.time() - since)} ago" if since > 0 else ""
+            what = doc.get("what") or "the same module"
+            holder = f"pid {doc.get('pid')}'s compile of {what}"
+            if what == "a free compile slot":
+                holder = "a free compile slot"
+                ago = ""
+            self.say(f"{doc.get('module')} ({self.target}): waiting for {holder}{ago}")
         elif kind == "start":
             eta = self.eta()
             left = f", ETA {clock_text(eta)}" if eta is not None else ""
-            self.say(f"[{self.done + 1}/{self.total}{left}] {doc.get('module')} ({self.target})")
+            self.begun += 1
+            self.say(f"[{self.begun}/{self.total}{left}] {doc.get('module')} ({self.target})")
         elif kind == "done":
             self.done += 1
             if doc.get("status") == BUILT:
@@ -185,8 +200,14 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
     report = WarmReport(remote=remote.url if remote is not None else None)
     report.tag = index_tag_for(s) if remote is not None else None
     started = time.monotonic()
+    own = archs.flashinfer_spelling(s.archs)
     for target in targets(s.archs, req.archs):
-        results, warnings = warm_target(env, store.root, target, req, remote, say)
+        planned: list[dict[str, Any]] = []
+        results, warnings = warm_target(env, store.root, target, req, remote, say, planned)
+        if target == own:
+            # What the env's own servers generate (its hook's arch list): the plan the next
+            # env like this one is placed from without FlashInfer (builder/store/plans.py).
+            prefetch.keep_plans(store, env, planned)
         report.results += results
         report.warnings += warnings
         entries = [r.entry for r in results if r.entry is not None]
@@ -198,9 +219,19 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
     return report
 
 
+def compile_slots(target: str) -> int:
+    """The compiles a warm of ``target`` runs at once (shared by the modules it builds
+    together: builder/probe/jit_warm.py's jobserver); 0 when the user set MAX_JOBS, which
+    then holds for each module built one after another."""
+    if settings.child_environ().get("MAX_JOBS"):
+        return 0
+    return box.compile_jobs(archs.nvcc_threads(target))
+
+
 def probe_env(store_root: Path, target: str, remote: Remote | None) -> dict[str, str]:
     """The warm probe's environment: the arch list for this process, the store, and (with a
-    remote) this interpreter to pull a miss through; cudaenv pushes afterwards itself."""
+    remote) this interpreter to pull a miss through; cudaenv pushes afterwards itself. The
+    compile slots are in the request (:func:`compile_slots`), not in MAX_JOBS."""
     env = settings.child_environ(
         CUDAENV_ARCH_LIST=target.replace(" ", ","),
         CUDAENV_JIT_STORE=str(store_root),
@@ -211,7 +242,7 @@ def probe_env(store_root: Path, target: str, remote: Remote | None) -> dict[str,
     if remote is not None:
         env["CUDAENV_JIT_REMOTE"] = remote.url
         env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit_share"])
-    return box.compile_environ(target, env)
+    return env
 
 
 def warm_target(
@@ -221,9 +252,10 @@ def warm_target(
     req: WarmRequest,
     remote: Remote | None,
     say: Reporter,
+    planned: list[dict[str, Any]] | None = None,
 ) -> tuple[list[ModuleResult], list[str]]:
     """One probe process warming ``target`` (an arch list): its results and warnings."""
-    script = probe_script()
+    script = prefetch.probe_script()
     progress = Progress(target, say)
     results: list[ModuleResult] = []
     warnings: list[str] = []
@@ -248,6 +280,8 @@ def warm_target(
             )
             results.append(result)
             say(result.line())
+            if planned is not None and isinstance(doc.get("planned"), dict):
+                planned.append(doc["planned"])
             warnings.extend(str(w) for w in doc.get("warnings") or [])
         elif doc.get("event") == "end":
             ended.update(doc)
@@ -256,11 +290,12 @@ def warm_target(
         "modules": list(req.modules),
         "head_dims": list(req.head_dims),
         "dtypes": list(req.dtypes),
+        "jobs": compile_slots(target),
     }
     done = proc.run_lines(
         [env / "bin" / "python", script, "warm"],
         on_line,
-        env=with_env_bin(env / "bin", probe_env(store_root, target, remote)),
+        env=prefetch.with_env_bin(env / "bin", probe_env(store_root, target, remote)),
         input_text=json.dumps(request_doc),
         timeout=WARM_TIMEOUT,
     )

@@ -234,3 +234,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         "(.ci/run, and the nox test sessions for the registry and Redis, install them where "
         "they can)"
     )
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Path:
+    """The toy compiler and linker of the JIT store's tests (tests/test_jit_store.py)."""
+    from tests.test_jit_store import make_tools
+
+    return make_tools(tmp_path)
+
+
+@pytest.fixture
+def host_path(tmp_path: Path) -> str:
+    """A PATH whose host compilers are scripts of known content (tests/test_jit_store.py)."""
+    from tests.test_jit_store import make_host_path
+
+    return make_host_path(tmp_path)

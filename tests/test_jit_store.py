@@ -5,6 +5,8 @@ run, so a test sees whether anything was compiled."""
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from builder import store as jit_store
+from builder.reporter import Reporter
 from tests.helpers import write
 
 # A compiler: output = flags + source + header; a depfile naming both; one line per run.
@@ -58,10 +61,16 @@ def make_env(root: Path, tools: Path, *, arch: str = "120f", cub: str = "cub 13.
     write(root / "site" / "sampling.cu", "__global__ void k() {}\n")
     build = root / "var" / "cache" / "sampling"
     build.mkdir(parents=True)
-    py = sys.executable
     write(
-        build / "build.ninja",
-        f"""ninja_required_version = 1.3
+        build / "build.ninja", ninja_text(root, tools, build, root / "site" / "sampling.cu", arch)
+    )
+    return build
+
+
+def ninja_text(root: Path, tools: Path, build: Path, source: Path, arch: str = "120f") -> str:
+    """The module's build.ninja as FlashInfer writes it: absolute paths of the env."""
+    py = sys.executable
+    return f"""ninja_required_version = 1.3
 cuda_home = {root}/cuda-home
 cxx = c++
 cuda_cflags = -I {root}/cuda-home/include -gencode=arch=compute_{arch},code=sm_{arch}
@@ -74,24 +83,21 @@ rule cuda_compile
 rule link
   command = {py} {tools}/link.py $in -o $out
 
-build {build}/sampling.cuda.o: cuda_compile {root}/site/sampling.cu
+build {build}/sampling.cuda.o: cuda_compile {source}
 build {build}/sampling.so: link {build}/sampling.cuda.o
 default {build}/sampling.so
-""",
-    )
-    return build
+"""
 
 
-@pytest.fixture
-def tools(tmp_path: Path) -> Path:
+def make_tools(tmp_path: Path) -> Path:
+    """The toy compiler and linker, each recording its runs."""
     d = tmp_path / "tools"
     write(d / "fakecc.py", FAKECC)
     write(d / "link.py", LINK)
     return d
 
 
-@pytest.fixture
-def host_path(tmp_path: Path) -> str:
+def make_host_path(tmp_path: Path) -> str:
     """A PATH whose c++, gcc and g++ are scripts of known content (the host compiler)."""
     bin_dir = tmp_path / "host-bin"
     for name in ("c++", "gcc", "g++"):
@@ -265,6 +271,45 @@ def test_builders_of_one_key_wait_and_compile_once(
     assert sorted(outcome.values()) == [False, True]  # one compiled, one reused
     assert len(runs(tools)) == 2
     assert all((build / "sampling.so").exists() for build in builds)
+
+
+def test_a_waiter_hears_which_process_builds_the_key_and_since_when(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress that names what it waits for: the holder leaves its pid, the time and what it
+    builds in the key's lock; a waiter is told of them while it waits, and a warm says
+    "waiting for pid N's compile of sampling (12.0f), started 0s ago"."""
+    from builder import warmrun
+    from builder.store import locking
+
+    monkeypatch.setattr(locking, "TELL_EVERY", 0.05)
+    store = jit_store.Store(tmp_path / "store")
+    held = store.acquire(KEY, note="sampling (12.0f)")
+    heard: list[tuple[jit_store.Holder, float]] = []
+    release = threading.Timer(0.4, held.release)
+    release.start()
+    second = store.acquire(KEY, timeout=30, waiting=lambda h, s: heard.append((h, s)))
+    second.release()
+    release.join()
+    assert heard, "the waiter was never told whom it waits for"
+    holder, waited = heard[-1]
+    assert (holder.pid, holder.what) == (str(os.getpid()), "sampling (12.0f)")
+    assert abs(holder.since - time.time()) < 5 and 0 < waited < 30
+    said = io.StringIO()
+    progress = warmrun.Progress("12.0f", Reporter(stream=said))
+    since = time.time() - 125
+    doc = {"pid": holder.pid, "what": holder.what, "since": since, "module": "sampling"}
+    progress.event({"event": "waiting", **doc})
+    (line,) = said.getvalue().splitlines()
+    expected = (
+        f"cudaenv: sampling (12.0f): waiting for pid {os.getpid()}'s compile of sampling (12.0f)"
+    )
+    assert line.startswith(f"{expected}, started 2m0") and line.endswith("s ago"), line
+    # Past the deadline: the error names the holder's pid, as before.
+    held = store.acquire(KEY, note="sampling (12.0f)")
+    with pytest.raises(jit_store.StoreError, match=rf"held by pid {os.getpid()}\)"):
+        store.acquire(KEY, timeout=0.1)
+    held.release()
 
 
 def test_an_envs_results_travel_in_a_wheelhouse_and_join_another_store(

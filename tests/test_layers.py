@@ -16,7 +16,7 @@ ARCHITECTURE = ROOT / "docs" / "development" / "architecture.md"
 # one by one ("verify.model", ..., "verify" for its __init__.py), except the packages in WHOLE.
 LAYERS = [
     "store.errors", "store.limits", "store.trust", "store.ninja_files", "store.entries",
-    "store.hashing", "store.locking", "store.store", "store.ninja_build", "store",
+    "store.hashing", "store.locking", "store.store", "store.ninja_build", "store.plans", "store",
     "probe", "kernels",
     "statuses", "errors", "commandargs", "cudaversion", "indexview", "platforms", "remote_cache",
     "variables",

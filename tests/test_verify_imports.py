@@ -431,3 +431,59 @@ def test_the_imports_leave_the_bytecode_of_what_was_imported(
     assert said.startswith("4 written, 0 already there"), said
     again = run_imports(target_of(venv, tmp_path / "other", ("sglang==0.5.23",)))
     assert dict(again.evidence)["bytecode of what was imported"].startswith("0 written, 4 ")
+
+
+def test_an_identical_env_reuses_the_pass_of_the_first_and_its_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second env of one lock and spec, at another path: its verify reuses the first one's
+    pass (saying where and when it was made) and imports nothing, and copies the first env's
+    bytecode for each source that is the same file here (uv links both envs' files from one
+    cache: same mtime and size), so its servers also start from bytecode. An env that differs
+    in one distribution runs the check."""
+    import importlib.util
+    import os
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    marker = tmp_path / "imported"
+    engine = f"open({str(marker)!r}, 'a').write('x')\n"
+    envs = {n: uv_venv(Path(sys.executable).resolve(), tmp_path / n) for n in ("a", "b", "c")}
+    for python in envs.values():
+        install(python, "sglang", "0.5.23", sglang_files(engine=engine))
+    install(envs["c"], "pybase64", "1.4.0", {"pybase64/__init__.py": ""})
+    sites = {n: next(p.parent.parent.glob("lib/python3*/site-packages")) for n, p in envs.items()}
+    for rel in sglang_files():
+        st = (sites["a"] / rel).stat()
+        os.utime(sites["b"] / rel, ns=(st.st_atime_ns, st.st_mtime_ns))  # one cache's file
+    # One source that is another file in b: its bytecode is not b's.
+    os.utime(sites["b"] / "sglang/srt/__init__.py", (1, 1))
+
+    def run(name: str) -> CheckResult:
+        return run_imports(target_of(envs[name], tmp_path / f"work-{name}", ("sglang==0.5.23",)))
+
+    assert run("a").status == PASSED and marker.read_text() == "x"
+    # Bytecode another user could have written is never copied (it would run here).
+    (writable,) = (sites["a"] / "sglang" / "__pycache__").glob("__init__.*.pyc")
+    writable.chmod(0o666)
+    second = run("b")
+    assert marker.read_text() == "x", "an identical env was imported again"
+    assert second.status == PASSED
+    assert re.match(
+        rf"passed \d\d:\d\d in {re.escape(str(tmp_path / 'a'))}, an identical env: ", second.summary
+    ), second.summary
+    said = dict(second.evidence)["bytecode"]
+    assert said.startswith(f"2 file(s) copied from {tmp_path / 'a'}"), said
+    assert not (sites["b"] / "sglang" / "__pycache__" / writable.name).exists()
+    assert Path(importlib.util.cache_from_source(str(sites["b"] / ENGINE))).is_file()
+    assert not Path(
+        importlib.util.cache_from_source(str(sites["b"] / "sglang/srt/__init__.py"))
+    ).exists()
+    # Its own record now: the next verify of b says its env is unchanged.
+    assert re.match(r"passed \d\d:\d\d, env unchanged: ", run("b").summary)
+    # One distribution more: not identical, imported.
+    assert run("c").status == PASSED and marker.read_text() == "xx"
+    # --fresh never borrows.
+    fresh = dataclasses.replace(
+        target_of(envs["b"], tmp_path / "w2", ("sglang==0.5.23",)), fresh=True
+    )
+    assert run_imports(fresh).status == PASSED and marker.read_text() == "xxx"

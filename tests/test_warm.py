@@ -9,8 +9,11 @@ import dataclasses
 import importlib
 import io
 import json
+import os
 import platform
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,7 +116,9 @@ def test_a_target_warms_with_count_eta_and_already_warm(
     assert warnings == []
     (run,) = seen
     assert run["argv"][1:] == [str(PROBE_DIR / "jit_warm.py"), "warm"]
+    jobs = run["request"].pop("jobs")
     assert run["request"] == {"modules": ["*_and_mul"], "head_dims": [64], "dtypes": ["fp16"]}
+    assert isinstance(jobs, int) and jobs >= 1  # the compile slots of this machine
     assert run["env"]["CUDAENV_ARCH_LIST"] == "9.0a,12.0f"
     assert run["env"]["CUDAENV_JIT_STORE"] == str(tmp_path / "store")
     assert run["env"]["PATH"].split(":")[0] == str(tmp_path / "env" / "bin")
@@ -462,7 +467,7 @@ def test_a_module_built_but_not_kept_is_a_failure_of_the_warm(
     monkeypatch.setattr(
         probe,
         "build_through_store",
-        lambda spec, root, compiled, recipe: outcomes[spec.name],
+        lambda spec, root, compiled, recipe, waiting: outcomes[spec.name],
     )
     monkeypatch.setattr(probe, "recipes", lambda hd, dt: [(n, [n, {}]) for n in outcomes])
     monkeypatch.setattr(probe, "generate", lambda recipe: types.SimpleNamespace(name=recipe[0]))
@@ -516,3 +521,77 @@ def test_the_jit_probe_reads_what_ninja_ran_not_what_existed(
     assert (out["reused"], out["ran"]) == (True, [])
     log.unlink()  # no log after the build: no evidence, so not "reused"
     assert env_facts.jit_sampling()["reused"] is False
+
+
+SLEEPER = """rule s
+  command = echo "start $$(date +%s.%N)" >> {log}; sleep {pause}; echo "end $$(date +%s.%N)" >> {log}; touch $out
+"""
+
+
+def jobserver_ninja() -> str:
+    found = Path(sys.executable).parent / "ninja"
+    if not found.is_file():
+        pytest.skip("no ninja in this venv (the test group installs one)")
+    done = subprocess.run([found, "--version"], capture_output=True, text=True, check=True)
+    if tuple(int(p) for p in done.stdout.split(".")[:2]) < (1, 13):
+        pytest.skip(f"ninja {done.stdout.strip()} joins no jobserver")
+    return str(found)
+
+
+def most_at_once(log: Path) -> int:
+    """The most commands running together, from their start and end stamps."""
+    events = sorted(
+        (float(stamp), 1 if kind == "start" else -1)
+        for kind, stamp in (line.split() for line in log.read_text().splitlines())
+    )
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_a_warm_builds_modules_at_once_within_its_compile_slots(
+    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One scheduler for the compiles of a warm: modules are built together on 2 slots (a
+    jobserver every ninja joins), never more than 2 commands at once across all of them, and
+    the module left last gets both slots for its own compiles."""
+    import types
+
+    ninja = jobserver_ninja()
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__="0.7.2"))
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PATH", f"{Path(ninja).parent}:{os.environ['PATH']}")
+    # The probe sets both for its own ninjas; monkeypatch puts them back after.
+    monkeypatch.setenv("MAKEFLAGS", "")
+    monkeypatch.setenv("MAX_JOBS", "8")
+    log = tmp_path / "log"
+    edges = {"a": 1, "b": 1, "c": 1, "topk": 4}  # topk is built first (the longest)
+
+    def build(spec: Any, root: Path, compiled: bool, recipe: Any, waiting: Any) -> dict[str, Any]:
+        where = tmp_path / spec.name
+        where.mkdir()
+        rules = SLEEPER.format(log=log, pause=0.6)
+        (where / "build.ninja").write_text(
+            rules + "".join(f"build o{i}: s\n" for i in range(edges[spec.name]))
+        )
+        assert "MAX_JOBS" not in os.environ  # FlashInfer would pass -j and leave the jobserver
+        subprocess.run([ninja, "-C", str(where)], check=True, capture_output=True)
+        return {"used": True, "entry": f"e-{spec.name}", "key": spec.name, "hit": False}
+
+    monkeypatch.setattr(probe, "build_through_store", build)
+    monkeypatch.setattr(probe, "recipes", lambda hd, dt: [(n, [n, {}]) for n in edges])
+    monkeypatch.setattr(probe, "generate", lambda recipe: types.SimpleNamespace(name=recipe[0]))
+    started = time.monotonic()
+    assert probe.warm({"modules": [], "jobs": 2}) == 0
+    wall = time.monotonic() - started
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    plan = next(e for e in events if e["event"] == "plan")
+    assert (plan["workers"], plan["slots"]) == (2, 2)
+    done = [e for e in events if e["event"] == "done"]
+    assert sorted(e["module"] for e in done) == sorted(edges)
+    assert all(e["status"] == "built" for e in done), done
+    assert most_at_once(log) == 2  # 7 commands, never more than the 2 slots together
+    # 7 commands of 0.6 s on 2 slots: 2.4 s at best, 4.2 s one at a time.
+    assert wall < 3.9, wall

@@ -192,13 +192,19 @@ def store_key(spec: Any, store: Any, ninja: str) -> tuple[str, Path]:
 
 
 def build_through_store(
-    spec: Any, root: Path, *, compiled: bool, recipe: list[object] | None = None
+    spec: Any,
+    root: Path,
+    *,
+    compiled: bool,
+    recipe: list[object] | None = None,
+    waiting: Any = None,
 ) -> dict[str, object]:
     """FlashInfer's build of ``spec`` through cudaenv's store (builder/store/): a result some
     env of the same toolchain built is placed with ninja logs for this env, so ninja has
     nothing to do; a miss is pulled from the store's remote tier where one is set, else built
     here and kept for the next env; with a ``recipe`` (a warm's module) the entry records
     which module it is (:func:`module_meta`), so that prefetch can place it in another env.
+    ``waiting`` hears of the process that builds the same key while this one waits for it.
     An env that has the result already (``compiled``) only offers it to the store. Whatever
     fails in the store costs a compile, never the build."""
     ninja = shutil.which("ninja")  # what FlashInfer's run_ninja runs
@@ -209,7 +215,8 @@ def build_through_store(
     store = jit_store.Store(root)
     try:
         key, build_dir = store_key(spec, store, ninja)
-        lock = store.acquire(key)
+        what = f"{spec.name} ({os.environ.get('FLASHINFER_CUDA_ARCH_LIST', '')})"
+        lock = store.acquire(key, note=what, waiting=waiting)
     except (jit_store.StoreError, OSError) as exc:
         ran = build_seen(spec)
         return {"used": False, "warnings": [f"the JIT store was not used: {exc}"], "ran": ran}
@@ -246,6 +253,8 @@ def build_through_store(
     out: dict[str, object] = {
         "used": True,
         "key": key[:16],
+        # What a placement plan records of the module (builder/store/plans.py).
+        "planned": {"key": key, "name": str(spec.name), "dir": str(build_dir)},
         "hit": hit,
         "ran": ran,
         "warnings": [*store.notes, *notes],

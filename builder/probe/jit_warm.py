@@ -18,10 +18,15 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import select as selectors
 import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +44,13 @@ PREFETCH_LOCK_WAIT = 10.0
 KINDS = (*MISC, "act", *ATTENTION)
 
 
+_EMIT = threading.Lock()
+
+
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    line = json.dumps({"event": event, **fields})
+    with _EMIT:  # one whole line at a time, whichever thread says it
+        print(line, flush=True)
 
 
 def activations() -> list[str]:
@@ -160,6 +170,76 @@ def select(
     return chosen
 
 
+def jobserver_ninja(ninja: str | None) -> bool:
+    """Whether ``ninja`` joins a GNU make jobserver named in MAKEFLAGS (ninja 1.13 and
+    later, when it is not given ``-j``: FlashInfer passes none unless MAX_JOBS is set)."""
+    if ninja is None:
+        return False
+    try:
+        done = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=60)
+        major, minor = (int(p) for p in done.stdout.strip().split(".")[:2])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return False
+    return (major, minor) >= (1, 13)
+
+
+class Jobserver:
+    """The compile slots of one warm: a GNU make jobserver (a FIFO holding one token a slot)
+    that every ninja the warm starts joins, so the modules built at once never run more
+    compiles together than there are slots, and a module left alone gets them all. Each
+    module's ninja runs on a token its worker took (make's implicit token) and takes one more
+    for each further compile."""
+
+    def __init__(self, slots: int) -> None:
+        self.dir = tempfile.mkdtemp(prefix="cudaenv-jobs-")
+        self.path = os.path.join(self.dir, "fifo")
+        os.mkfifo(self.path, 0o600)
+        # Read and write ends held open here: no reader or writer ever blocks on open, and
+        # a token a killed ninja held comes back when its end closes (it exits).
+        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        os.write(self.fd, b"+" * slots)
+        self.slots = slots
+
+    def makeflags(self) -> str:
+        return f" -j{self.slots} --jobserver-auth=fifo:{self.path}"
+
+    def take(self, beat: Any) -> bytes:
+        """One token, waiting as long as it takes (every compile gives its token back);
+        ``beat`` is called every minute of the wait."""
+        waited = 0.0
+        while True:
+            ready, _, _ = selectors.select([self.fd], [], [], 60.0)
+            if ready:
+                try:
+                    token = os.read(self.fd, 1)
+                except BlockingIOError:
+                    continue  # another worker took it first
+                if token:
+                    return token
+            waited += 60.0
+            beat(waited)
+
+    def give(self, token: bytes) -> None:
+        os.write(self.fd, token)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# The modules whose compile is longest first (measured on 2 cores: topk 1,014 s, the
+# attention modules minutes each), so the last to finish is not a long one started late.
+LONGEST_FIRST = ("topk", "prefill", "decode", "sampling", "cascade")
+
+
+def order(chosen: list[Any]) -> list[Any]:
+    def rank(item: Any) -> int:
+        kind = item[1][0] if isinstance(item[1], list) and item[1] else ""
+        return LONGEST_FIRST.index(kind) if kind in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    return sorted(chosen, key=rank)
+
+
 def warm(request: dict[str, Any]) -> int:
     root = Path(os.environ.get("CUDAENV_JIT_STORE") or "")
     if not str(root) or str(root) == "off":
@@ -171,27 +251,82 @@ def warm(request: dict[str, Any]) -> int:
         [str(d) for d in request.get("dtypes") or ["bf16"]],
     )
     archs = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "")
+    # "jobs": the compile slots the caller found for this machine (none when the user set
+    # MAX_JOBS: then one module at a time, each with the user's -j).
+    slots = int(request.get("jobs") or 0)
+    buildable = [c for c in chosen if c[2] is not None]
+    pool = None
+    if slots > 0 and len(buildable) > 1 and jobserver_ninja(shutil.which("ninja")):
+        pool = Jobserver(slots)
+        os.environ["MAKEFLAGS"] = pool.makeflags()
+        os.environ.pop("MAX_JOBS", None)  # FlashInfer's -j would leave the jobserver
+    elif slots > 0:
+        os.environ["MAX_JOBS"] = str(slots)
+    workers = min(slots, len(buildable)) if pool is not None else 1
     emit(
         "plan",
         total=len(chosen),
         modules=[c[0] for c in chosen],
         archs=archs,
         flashinfer=flashinfer_version(),
+        workers=workers,
+        slots=slots,
     )
-    for name, recipe, spec, why in chosen:
-        emit("start", module=name)
-        started = time.monotonic()
-        done: dict[str, object] = {"module": name}
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as threads:
+            running = [
+                (item, threads.submit(warm_one, root, pool, *item)) for item in order(chosen)
+            ]
+        for item, future in running:
+            failure = future.exception()
+            if failure is not None:  # said as this module's result, never lost
+                emit("done", module=item[0], status="failed", reason=reason(failure), seconds=0)
+    finally:
+        if pool is not None:
+            pool.close()
+    emit("end")
+    return 0
+
+
+def warm_one(
+    root: Path, pool: Jobserver | None, name: str, recipe: Any, spec: Any, why: str | None
+) -> None:
+    """One module built through the store (its own thread when the warm builds several at
+    once): a ``start`` and a ``done`` event, and a ``waiting`` one for each long wait."""
+    emit("start", module=name)
+    started = time.monotonic()
+    done: dict[str, object] = {"module": name}
+
+    def waiting(holder: Any, waited: float) -> None:
+        emit(
+            "waiting",
+            module=name,
+            pid=holder.pid,
+            what=holder.what,
+            since=holder.since,
+            seconds=round(waited),
+        )
+
+    def slotless(waited: float) -> None:
+        emit("waiting", module=name, pid=str(os.getpid()), what="a free compile slot",
+             since=time.time() - waited, seconds=round(waited))  # fmt: skip
+
+    token = pool.take(slotless) if pool is not None and spec is not None else None
+    try:
         if spec is None:
             done.update(status="failed", reason=why)
         else:
             try:
-                stored = build_through_store(spec, root, compiled=False, recipe=recipe)
+                stored = build_through_store(
+                    spec, root, compiled=False, recipe=recipe, waiting=waiting
+                )
             except Exception as exc:  # FlashInfer's compile failed: its reason is the result
                 done.update(status="failed", reason=reason(exc))
             else:
                 done["status"] = "warm" if stored.get("hit") else "built"
                 done["key"] = stored.get("key")
+                if isinstance(stored.get("planned"), dict):
+                    done["planned"] = {**stored["planned"], "recipe": recipe}
                 done["entry"] = stored.get("entry")
                 notes = [str(w) for w in stored.get("warnings") or []]
                 done["warnings"] = notes
@@ -202,17 +337,20 @@ def warm(request: dict[str, Any]) -> int:
                     done.update(
                         status="failed", reason=f"built, but not kept in the JIT store: {why}"
                     )
-        done["seconds"] = round(time.monotonic() - started, 3)
-        emit("done", **done)
-    emit("end")
-    return 0
+    finally:
+        if token is not None and pool is not None:
+            pool.give(token)
+    done["seconds"] = round(time.monotonic() - started, 3)
+    emit("done", **done)
 
 
 def prefetch(request: dict[str, Any]) -> int:
     """Place every entry whose key, computed here, is one the store holds; compile nothing."""
     root = Path(os.environ.get("CUDAENV_JIT_STORE") or "")
     ninja = shutil.which("ninja")
-    out: dict[str, Any] = {"placed": [], "present": [], "missed": [], "warnings": []}
+    # "planned": each generated module's key and build directory in this env, which the
+    # caller keeps as a placement plan (builder/store/plans.py) for the next env like it.
+    out: dict[str, Any] = {"placed": [], "present": [], "missed": [], "warnings": [], "planned": []}
     if not str(root) or str(root) == "off" or ninja is None:
         out["warnings"].append("no JIT store or no ninja on PATH: nothing prefetched")
         print(json.dumps(out))
@@ -231,6 +369,17 @@ def prefetch(request: dict[str, Any]) -> int:
         made = not build_dir.exists()
         try:
             key, _ = store_key(spec, store, ninja)
+            # "made": what generating the module wrote here; the caller removes it once it
+            # has kept the plan, where nothing was placed.
+            out["planned"].append(
+                {
+                    "recipe": recipe,
+                    "key": key,
+                    "name": str(spec.name),
+                    "dir": str(build_dir),
+                    "made": made,
+                }
+            )
             # A warm building this key now holds it: the build does not wait out its compile.
             with store.locked(key, timeout=PREFETCH_LOCK_WAIT):
                 entry = jit_store.place_ninja(store, key, build_dir, sys.prefix, ninja)
@@ -241,8 +390,8 @@ def prefetch(request: dict[str, Any]) -> int:
             out["placed"].append(spec.name)
             continue
         out["missed"].append(spec.name)
-        if made:  # what generating the module wrote here, and nothing was placed
-            shutil.rmtree(build_dir, ignore_errors=True)
+        if made and not any(p.get("dir") == str(build_dir) for p in out["planned"]):
+            shutil.rmtree(build_dir, ignore_errors=True)  # no key: nothing to plan from it
     out["warnings"] += store.notes
     store.hasher.save()
     print(json.dumps(out))

@@ -59,7 +59,7 @@ from .limits import (
     parse_size,
     store_max,
 )
-from .locking import Lock, flock_within
+from .locking import Holder, Lock, Waiting, flock_within
 from .ninja_build import ninja_material, place_ninja, publish_ninja
 from .ninja_files import (
     LOG_HASHES,
@@ -106,10 +106,12 @@ __all__ = [
     "EntryError",
     "FileRecord",
     "Hasher",
+    "Holder",
     "Listed",
     "Lock",
     "Store",
     "StoreError",
+    "Waiting",
     "check_ancestors",
     "check_dir",
     "command_hash",

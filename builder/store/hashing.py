@@ -16,7 +16,7 @@ from typing import Any
 
 from .entries import VERSION
 from .errors import StoreError
-from .trust import check_dir, read_doc
+from .trust import check_dir, read_doc, tmp_tag
 
 ENV = "@ENV@"
 # What nvcc reads from the environment on top of its command line. Written out: this module
@@ -85,7 +85,7 @@ class Hasher:
             self.memo_path.parent.mkdir(parents=True, exist_ok=True)
             check_dir(self.memo_path.parent)
             kept = dict(list(self.memo.items())[-20000:])
-            tmp = self.memo_path.with_name(f".{self.memo_path.name}.{os.getpid()}")
+            tmp = self.memo_path.with_name(f".{self.memo_path.name}.{tmp_tag()}")
             tmp.write_text(json.dumps(kept))
             tmp.chmod(0o644)  # whatever the umask: a memo others can write is never read
             tmp.replace(self.memo_path)

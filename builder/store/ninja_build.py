@@ -28,7 +28,13 @@ def ninja_material(
     store: Store, build_dir: Path, prefix: str, ninja: str, env: Mapping[str, str]
 ) -> dict[str, Any]:
     """What a ninja build's key is made of; ``build.ninja`` must be written."""
-    text = (build_dir / "build.ninja").read_text()
+    return material_of(store, (build_dir / "build.ninja").read_text(), prefix, ninja, env)
+
+
+def material_of(
+    store: Store, text: str, prefix: str, ninja: str, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """What the key of a ninja build described by ``text`` (a ``build.ninja``) is made of."""
     variables = dict(
         (line.split("=", 1)[0].strip(), line.split("=", 1)[1].strip())
         for line in text.splitlines()

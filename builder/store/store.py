@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from .entries import (
 from .errors import EntryError, StoreError
 from .hashing import Hasher, localise
 from .limits import MAX_INPUT, lock_timeout, store_max
-from .locking import Lock, lock_file
+from .locking import Lock, Waiting, lock_file
 from .trust import (
     check_ancestors,
     check_dir,
@@ -38,6 +39,7 @@ from .trust import (
     read_doc,
     remove_tree,
     sha256_file,
+    tmp_tag,
     tree_size,
 )
 
@@ -105,15 +107,24 @@ class Store:
             check_dir(current)
         return True
 
-    def acquire(self, key: str, timeout: float | None = None) -> Lock:
+    def acquire(
+        self,
+        key: str,
+        timeout: float | None = None,
+        *,
+        note: str = "",
+        waiting: Waiting | None = None,
+    ) -> Lock:
         """The key's lock: one builder looks up, compiles and publishes ``key`` while another
         builder of the same key waits here. StoreError after ``timeout`` seconds, naming the
-        process that holds it."""
+        process that holds it. ``note`` (what the holder builds) is left in the lock for a
+        waiter to name; ``waiting`` is told of the holder now and then while this waits."""
         if not is_key(key):
             raise StoreError(f"{key!r} is not a store key")
         lock_dir = self.root / "locks"
         self._dir(lock_dir, make=True)
-        return lock_file(lock_dir / f"{key}.lock", lock_timeout() if timeout is None else timeout)
+        wait = lock_timeout() if timeout is None else timeout
+        return lock_file(lock_dir / f"{key}.lock", wait, note=note, waiting=waiting)
 
     @contextlib.contextmanager
     def locked(self, key: str, timeout: float | None = None) -> Iterator[None]:
@@ -181,7 +192,7 @@ class Store:
         # Named apart from dst's own name: a file name may be NAME_MAX long (trust.py), and
         # one more character would be refused by the file system.
         tag = hashlib.sha256(dst.name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        tmp = dst.with_name(f".{tag}.{os.getpid()}.tmp")
+        tmp = dst.with_name(f".{tag}.{tmp_tag()}.tmp")
         copy_checked(
             entry.path / "files" / name,
             tmp,
@@ -433,20 +444,25 @@ class Store:
 USED = Path("var") / "cudaenv" / "jit-entries.json"
 
 
+# The threads of one warm note their modules into one env's list: one at a time, or an
+# update is lost.
+_USED_LOCK = threading.Lock()
+
+
 def note_use(store: Store, variant: Path, prefix: str) -> None:
     """Add ``variant`` to the entries the env at ``prefix`` uses; only a cudaenv env (one with
     a ``cudaenv.json``) is written to."""
     if not os.path.exists(os.path.join(prefix, "cudaenv.json")):
         return
     path = Path(prefix) / USED
-    with contextlib.suppress(OSError, ValueError):
+    with _USED_LOCK, contextlib.suppress(OSError, ValueError):
         rel = str(variant.relative_to(store.root))
         used = json.loads(path.read_text()) if path.exists() else []
         if not isinstance(used, list):
             used = []
         if rel not in used:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp = path.with_name(f".{path.name}.{tmp_tag()}")
             tmp.write_text(json.dumps([*used, rel], indent=1))
             tmp.replace(path)
 

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,12 @@ from .limits import MAX_DOC
 # for head dim 128 writes an object named with 212 characters), and none that no build could
 # have written.
 MAX_NAME_BYTES = 255
+
+
+def tmp_tag() -> str:
+    """What names this writer's temporary files apart from every other's: the process and
+    the thread (a warm builds modules on several threads of one process)."""
+    return f"{os.getpid()}-{threading.get_ident()}"
 
 
 def is_file_name(name: object) -> bool:

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Final
 
 from builder import proc, settings, spec, variables
@@ -235,6 +236,14 @@ def recorders() -> dict[str, Callable[[Target, EnvFacts], dict[str, object] | No
     return {"imports": imports.inputs}
 
 
+def borrowers() -> dict[str, Callable[[Path, Target], tuple[str, str]]]:
+    """What a check whose pass is reused from an identical env does in this one instead of
+    running (its evidence line): the imports check's bytecode, copied from that env."""
+    from builder.verify import imports
+
+    return {"imports": imports.borrow_bytecode}
+
+
 def run_recorded(name: str, check: Check, target: Target, facts: EnvFacts) -> CheckResult:
     """:func:`run_one`, or the pass recorded for ``name`` when its inputs are unchanged."""
     from builder.verify import recorded
@@ -252,6 +261,16 @@ def run_recorded(name: str, check: Check, target: Target, facts: EnvFacts) -> Ch
             again = recorded.recorded(target, name, key)
             if again is not None:
                 return dataclasses.replace(again, seconds=time.monotonic() - started)
+            twin = recorded.borrowed(target, name, key)
+            if twin is not None:
+                result, other = twin
+                after = borrowers().get(name)
+                if after is not None:  # what the check would have left in this env
+                    result = dataclasses.replace(
+                        result, evidence=(*result.evidence, after(other, target))
+                    )
+                recorded.record(target, name, key, result)
+                return dataclasses.replace(result, seconds=time.monotonic() - started)
     result = run_one(name, check, target, facts)
     if key is not None:
         recorded.record(target, name, key, result)

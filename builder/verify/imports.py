@@ -11,6 +11,7 @@ the check, naming the missing module and who imported it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -183,8 +184,14 @@ def inputs(target: Target, facts: EnvFacts) -> dict[str, Any] | None:
     it is asked, the probe script, the interpreter, the variables that steer imports, and each
     site-packages directory as installers leave it (its entries, every ``.pth`` file, and
     every distribution's RECORD, which lists each installed file with its sha256). None for an
-    interpreter whose site-packages cudaenv cannot find (it is checked every time)."""
+    interpreter whose site-packages cudaenv cannot find (it is checked every time).
+
+    Nothing of it names where the env lies (its path is written ``@ENV@``; a RECORD's lines
+    for files outside site-packages, console scripts that hold the env's path in their first
+    line, are left out), so a pass holds for every identical env: a second env of one lock
+    and spec reuses the first one's pass."""
     root = target.python.absolute().parent.parent
+    roots = [str(root), os.path.realpath(root)]
     sites = sorted(root.glob("lib/python3*/site-packages"))
     if not sites:
         return None
@@ -193,32 +200,146 @@ def inputs(target: Target, facts: EnvFacts) -> dict[str, Any] | None:
         entries = sorted(e.name for e in site.iterdir() if e.name != "__pycache__")
         digests = {}
         for name in entries:
-            path = site / name / "RECORD" if name.endswith(".dist-info") else site / name
-            if name.endswith((".dist-info", ".pth")):
-                digests[name] = _digest(path)
-        listed[str(site)] = {"entries": entries, "digests": digests}
+            if name.endswith(".dist-info"):
+                digests[name] = _digest(site / name / "RECORD", record=True)
+            elif name.endswith(".pth") or name == HOOK:
+                digests[name] = _digest(site / name, roots=roots, skip_first=name == HOOK)
+        listed[str(site.relative_to(root))] = {"entries": entries, "digests": digests}
     exe = target.python.resolve()
     st = exe.stat()
     script = resources.files("builder.probe").joinpath("imports_probe.py").read_bytes()
+    names = sorted({*facts.env, *IMPORT_VARIABLES})
     return {
         "check": CHECK_VERSION,
         "request": request(asked(target)),
         "probe": hashlib.sha256(script).hexdigest(),
         "python": [str(exe), st.st_size, st.st_mtime_ns, facts.python_version],
-        "variables": {k: facts.environ.get(k) for k in sorted({*facts.env, *IMPORT_VARIABLES})},
+        "variables": {k: _placeless(facts.environ.get(k), roots) for k in names},
         "sites": listed,
     }
 
 
-def _digest(path: Path) -> str:
-    """A file's sha256 (links not followed: a link's target is named instead)."""
+# cudaenv's start-up hook: its first line names the env, the rest is the same for every env
+# of one spec.
+HOOK: Final = "_cudaenv_hook.py"
+
+
+def _placeless(value: str | None, roots: Sequence[str]) -> str | None:
+    """``value`` with the env's path written ``@ENV@``."""
+    if value is None:
+        return None
+    for r in sorted({r.rstrip("/") for r in roots if r and r != "/"}, key=len, reverse=True):
+        value = value.replace(r, "@ENV@")
+    return value
+
+
+def _digest(
+    path: Path, *, record: bool = False, roots: Sequence[str] = (), skip_first: bool = False
+) -> str:
+    """A file's sha256 (links not followed: a link's target is named instead); a RECORD
+    without its lines for files outside site-packages, other text with the env's path
+    written ``@ENV@``."""
     try:
         if path.is_symlink():
             return f"link:{path.readlink()}"
         with path.open("rb") as f:
-            return hashlib.sha256(f.read(MAX_RECORD)).hexdigest()
+            data = f.read(MAX_RECORD)
     except OSError as exc:
         return f"unreadable: {type(exc).__name__}"
+    text = data.decode("utf-8", "surrogateescape")
+    if record:
+        text = "\n".join(sorted(ln for ln in text.splitlines() if not ln.startswith("../")))
+    if skip_first:
+        text = text.partition("\n")[2]
+    if roots:
+        text = _placeless(text, roots) or ""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def borrow_bytecode(other: Path, target: Target) -> tuple[str, str]:
+    """The bytecode an identical env at ``other`` holds for its site-packages, copied into
+    this env where this env has none: what the imports check would have written here (a pass
+    reused from ``other`` imports nothing), so a server's first start here imports from
+    bytecode too. A file is copied only when its header names this env's own source (its
+    mtime and size: uv links one cache's files into both envs) and it is a regular file that
+    only this user or root can write, in directories reached without a link; Python fixes
+    the code's file names to this env's on load. The evidence line."""
+    started = time.monotonic()
+    root = target.python.absolute().parent.parent
+    copied = skipped = 0
+    for site in sorted(other.glob("lib/python3*/site-packages")):
+        if site.is_symlink() or not site.is_dir():
+            continue
+        here_site = root / site.relative_to(other)
+        # os.walk descends into no linked directory.
+        for dirpath, _, filenames in os.walk(site):
+            if Path(dirpath).name != "__pycache__":
+                continue
+            rel = Path(dirpath).relative_to(site)
+            for name in filenames:
+                if not name.endswith(".pyc"):
+                    continue
+                made = _borrow_one(Path(dirpath) / name, here_site / rel / name)
+                copied += made
+                skipped += not made
+    seconds = time.monotonic() - started
+    return (
+        "bytecode",
+        f"{copied} file(s) copied from {other} in {seconds:.1f} s, each for this env's own "
+        f"source ({skipped} left: present, or for another source)",
+    )
+
+
+def _borrow_one(src: Path, dst: Path) -> bool:
+    """Copy one .pyc (see :func:`borrow_bytecode`); False when it is not copied."""
+    import stat
+
+    source = dst.parent.parent / (dst.name.split(".", 1)[0] + ".py")
+    try:
+        if os.path.lexists(dst) or dst.parent.parent.is_symlink():
+            return False
+        here = source.lstat()
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
+                return False
+            if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+                return False
+            data = fh.read(MAX_RECORD)
+    except OSError:
+        return False
+    if not stat.S_ISREG(here.st_mode) or len(data) < 16:
+        return False
+    # PEP 552's header: magic, flags (0: checked by the source's mtime and size), mtime, size.
+    flags, mtime, size = (int.from_bytes(data[i : i + 4], "little") for i in (4, 8, 12))
+    mine = (int(here.st_mtime) & 0xFFFFFFFF, here.st_size & 0xFFFFFFFF)
+    if flags != 0 or (mtime, size) != mine:
+        return False
+    return _write_beside(dst, data)
+
+
+def _write_beside(dst: Path, data: bytes) -> bool:
+    """``data`` at ``dst``: its ``__pycache__`` made where missing (never through a link),
+    written to a temporary file and renamed into place. Not synced: bytecode is a cache
+    that Python checks against its source on every load."""
+    import stat
+
+    try:
+        with contextlib.suppress(FileExistsError):
+            dst.parent.mkdir(mode=0o755)
+        if not stat.S_ISDIR(os.lstat(dst.parent).st_mode):
+            return False
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, dst)
+    except OSError:
+        return False
+    return True
 
 
 def check(target: Target, facts: EnvFacts) -> CheckResult:

@@ -15,6 +15,7 @@ modes checked, size bounded) and a record that does not parse is one that is not
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -30,6 +31,8 @@ from builder.verify.model import CheckResult, Target
 
 # Bump when what a record holds, or what a recorded check proves, changes.
 RECORD_VERSION = 1
+# The evidence a reuse adds (verify/__init__.py's borrowers add the second).
+REUSE_EVIDENCE = ("recorded", "bytecode")
 
 
 def fingerprint(inputs: Mapping[str, Any]) -> str:
@@ -42,24 +45,35 @@ def path_of(target: Target, name: str) -> Path:
     return target.work / "results" / f"{name}.json"
 
 
-def recorded(target: Target, name: str, inputs: str) -> CheckResult | None:
-    """The pass recorded for ``name`` under the same inputs, said as reused; None otherwise."""
-    if target.fresh:
-        return None
-    doc = cachefiles.read_json(path_of(target, name))
+def _read_pass(
+    path: Path, name: str, inputs: str
+) -> tuple[CheckResult, str, dict[str, Any]] | None:
+    """The pass recorded at ``path`` for ``name`` under ``inputs``: (its result, when it was
+    made as the user reads it, the record); None where there is none."""
+    doc = cachefiles.read_json(path)
     if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
         return None
     if doc.get("inputs") != inputs or not isinstance(doc.get("at"), str):
         return None
     try:
-        where = str(path_of(target, name))
-        result = CheckResult.from_json(Reader(doc.get("result"), where, "recorded result"))
+        result = CheckResult.from_json(Reader(doc.get("result"), str(path), "recorded result"))
         at = dt.datetime.fromisoformat(str(doc["at"]))
     except (CudaenvError, ValueError):
         return None
     if result.status != PASSED or result.name != name:
         return None
-    when = at.astimezone().strftime("%H:%M" if _today(at) else "%Y-%m-%d %H:%M")
+    # What the run that made the record said of its own reuse is not this run's evidence.
+    kept = tuple(e for e in result.evidence if e[0] not in REUSE_EVIDENCE)
+    result = dataclasses.replace(result, evidence=kept)
+    return result, at.astimezone().strftime("%H:%M" if _today(at) else "%Y-%m-%d %H:%M"), doc
+
+
+def recorded(target: Target, name: str, inputs: str) -> CheckResult | None:
+    """The pass recorded for ``name`` under the same inputs, said as reused; None otherwise."""
+    found = None if target.fresh else _read_pass(path_of(target, name), name, inputs)
+    if found is None:
+        return None
+    result, when, doc = found
     return CheckResult(
         name=name,
         status=PASSED,
@@ -77,21 +91,65 @@ def _today(at: dt.datetime) -> bool:
     return at.astimezone().date() == dt.datetime.now().astimezone().date()
 
 
+def shared_path(name: str, inputs: str) -> Path:
+    """Where a pass is kept for every env of this user with the same inputs: a check whose
+    inputs name nothing of where the env lies (``imports``) holds for an identical env."""
+    return cachefiles.cache_dir() / "verify" / "passed" / f"{name}-{inputs[:32]}.json"
+
+
+def env_root(target: Target) -> Path:
+    return target.python.absolute().parent.parent
+
+
 def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
-    """Keep a pass for the next verify; nothing else is kept (and a record that cannot be
-    written costs the next verify a run, never this one)."""
+    """Keep a pass for the next verify, of this env and of an identical one; nothing else
+    is kept (and a record that cannot be written costs the next verify a run, never this
+    one)."""
     if result.status != PASSED:
-        # The record says the last run passed (:func:`passed_last`): not any more.
-        with contextlib.suppress(OSError):
-            path_of(target, name).unlink()
+        # The record says the last run passed (:func:`passed_last`): not any more, here or
+        # for an env identical to this one.
+        for path in (path_of(target, name), shared_path(name, inputs)):
+            with contextlib.suppress(OSError):
+                path.unlink()
         return
     doc = {
         "version": RECORD_VERSION,
         "inputs": inputs,
         "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "result": result.to_json(),
+        "env": str(env_root(target)),
     }
     cachefiles.write_json(path_of(target, name), doc)
+    cachefiles.write_json(shared_path(name, inputs), doc)
+
+
+def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path] | None:
+    """The pass an identical env (another path, the same inputs) recorded for ``name``, said
+    as made there, and that env; None where there is none."""
+    found = None if target.fresh else _read_pass(shared_path(name, inputs), name, inputs)
+    if found is None:
+        return None
+    result, when, doc = found
+    other = doc.get("env")
+    if not isinstance(other, str) or Path(other) == env_root(target):
+        return None
+    said = CheckResult(
+        name=name,
+        status=PASSED,
+        summary=f"passed {when} in {other}, an identical env: {result.summary}",
+        evidence=(
+            *result.evidence,
+            (
+                "recorded",
+                f"{doc['at']} in {other}: every RECORD, .pth file, the start-up hook, the "
+                f"interpreter and the variables as here (inputs sha256 {inputs[:16]}; "
+                "`verify --fresh` runs it)",
+            ),
+        ),
+        fix=result.fix,
+        warnings=result.warnings,
+    )
+    return said, Path(other)
 
 
 def passed_last(target: Target, name: str) -> bool:
