@@ -17,6 +17,7 @@ FlashInfer's own reason, and the exit code is 4 (BuildError) when one was.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
 import time
@@ -204,6 +205,8 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
     for target in targets(s.archs, req.archs):
         planned: list[dict[str, Any]] = []
         results, warnings = warm_target(env, store.root, target, req, remote, say, planned)
+        mine, notes = warm_own_kernel(env, target, req, s.env, say)
+        results, warnings = results + mine, warnings + notes
         if target == own:
             # What the env's own servers generate (its hook's arch list): the plan the next
             # env like this one is placed from without FlashInfer (builder/store/plans.py).
@@ -302,12 +305,64 @@ def warm_target(
     if ended.get("error") or not ended:
         why = str(ended.get("error") or done.stderr.strip()[-2000:] or f"exit {done.returncode}")
         raise BuildError(f"warming {target} in {env} failed: {why}")
-    if req.modules and not progress.total:
+    mine = any(fnmatch.fnmatchcase(OWN_KERNEL, p) for p in req.modules)
+    if req.modules and not progress.total and not mine:
         raise UsageError(
             f"--modules {' '.join(req.modules)}: no module of the default set matches "
-            f"(FlashInfer's names, like silu_and_mul, norm, batch_decode_*)"
+            f"(FlashInfer's names, like silu_and_mul, norm, batch_decode_*, or {OWN_KERNEL}: "
+            "cudaenv's own kernel)"
         )
     return results, jit_share.summarised(list(dict.fromkeys(warnings)))
+
+
+# cudaenv's own top-k/top-p kernel (builder/kernels/), which verify compiles for each arch.
+OWN_KERNEL = "topk_topp"
+
+
+def warm_own_kernel(
+    env: Path,
+    target: str,
+    req: WarmRequest,
+    variables: tuple[tuple[str, str], ...],
+    say: Reporter,
+) -> tuple[list[ModuleResult], list[str]]:
+    """cudaenv's own kernel for each arch of ``target``, compiled through the store as
+    verify compiles it (the same key: the env's nvcc, host compiler and NVCC_* variables),
+    so a node's verify reuses it like FlashInfer's modules; a ``--modules`` list leaves it
+    out unless a pattern matches ``topk_topp``."""
+    import tempfile
+
+    from builder.verify.kernel_compile import build_kernel
+
+    if req.modules and not any(fnmatch.fnmatchcase(OWN_KERNEL, p) for p in req.modules):
+        return [], []
+    environ = prefetch.runtime_environ(env, variables)
+    environ.update(CUDAENV_JIT_PUSH="0", CUDAENV_JIT_REMOTE="off")  # cudaenv pushes after
+    nvcc = env / "cuda-home" / "bin" / "nvcc"
+    results: list[ModuleResult] = []
+    notes: list[str] = []
+    # A work directory of its own: the kernel an earlier verify left in the env would be
+    # reused from there, never from (or into) the store.
+    with tempfile.TemporaryDirectory(prefix="cudaenv-warm-kernel-") as work:
+        for arch in parse_archs(target):
+            built = build_kernel(nvcc, arch, Path(work), env=environ, owner=str(env))
+            notes += [n for n in built.notes if n not in notes]
+            status = FAILED if built.error else WARM if built.stored is not None else BUILT
+            why = built.error or ""
+            if status != FAILED and built.entry is None:
+                status = FAILED
+                why = "built, but not kept in the JIT store: " + ("; ".join(built.notes) or "?")
+            result = ModuleResult(
+                target=target,
+                module=f"{OWN_KERNEL} {arch}",
+                status=status,
+                seconds=built.seconds,
+                reason=why,
+                entry=built.entry,
+            )
+            results.append(result)
+            say(result.line())
+    return results, notes
 
 
 def outcome(report: WarmReport, say: Reporter, as_json: bool) -> int:

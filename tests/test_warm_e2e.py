@@ -121,17 +121,21 @@ def test_a_node_builds_warm_from_what_a_warmer_pushed(
     ws: Path, registry: Registry, garbage: str
 ) -> None:
     build(ws, "a", None)
-    warm = ["warm", SPEC, "--env-dir", str(ws / "a"), "--modules", *MODULES, "--json"]
-    first = cudaenv(*warm, cwd=ws, env=node(ws, "a", registry.url))
+    # The two activations, and cudaenv's own kernel (verify compiles it on every node).
+    warm = ["warm", SPEC, "--env-dir", str(ws / "a"), "--modules", *MODULES, "topk_topp"]
+    first = cudaenv(*warm, "--json", cwd=ws, env=node(ws, "a", registry.url))
     doc = json.loads(first.stdout)
-    assert (doc["built"], doc["warm"], doc["failed"], doc["pushed"]) == (2, 0, 0, 2), doc
+    assert (doc["built"], doc["warm"], doc["failed"], doc["pushed"]) == (3, 0, 0, 3), doc
+    assert "topk_topp 12.0f (12.0f): built in " in first.stderr, first.stderr
     # The count, both modules built at once on this machine's compile slots.
     assert "[2/2" in first.stderr and ", 2 at once (" in first.stderr, first.stderr
     # A rerun resumes: what the store holds is not built again.
-    again = json.loads(cudaenv(*warm, cwd=ws, env=node(ws, "a", registry.url)).stdout)
-    assert (again["built"], again["warm"]) == (0, 2), again
+    again = json.loads(cudaenv(*warm, "--json", cwd=ws, env=node(ws, "a", registry.url)).stdout)
+    assert (again["built"], again["warm"]) == (0, 3), again
     listed = cudaenv("store", "list", SPEC, "--json", cwd=ws, env=node(ws, "a", None))
-    names = sorted(e["module"]["name"] for e in json.loads(listed.stdout)["entries"])
+    names = sorted(
+        e["module"]["name"] for e in json.loads(listed.stdout)["entries"] if e.get("module")
+    )
     assert names == sorted(MODULES)
     # A second env of the stack on node A: placed from the plan warm kept for an env like A,
     # without starting the env's interpreter, and FlashInfer compiles nothing at first load.
@@ -145,11 +149,20 @@ def test_a_node_builds_warm_from_what_a_warmer_pushed(
     # Node B: an empty store, the registry. Its build places both; nothing compiles.
     b = build(ws, "b", registry.url)
     assert (
-        f"prefetched 2 of 2 warmed FlashInfer module(s) from the JIT store (2 pulled from "
+        # 3 pulled: the two modules and cudaenv's own kernel, which verify places itself.
+        f"prefetched 2 of 2 warmed FlashInfer module(s) from the JIT store (3 pulled from "
         f"{registry.url})" in b.stderr
     ), b.stderr
     assert warnings(b.stderr) == []
     assert loads_without_compiling(ws / "b") == dict.fromkeys(MODULES, True)
+    # Node B's verify compiles nothing of its own either: the kernel came with the warm list.
+    checked = cudaenv(
+        "verify", SPEC, "--env-dir", str(ws / "b"), "--checks", "kernel-compile",
+        cwd=ws, env=node(ws, "b", registry.url),
+    )  # fmt: skip
+    assert "reused from the store" in checked.stdout and "compiled in" not in checked.stdout, (
+        checked.stdout
+    )
     # A server started without activation, another ninja first on its PATH: the env's hook
     # puts the env's own bin/ ahead, so FlashInfer runs the ninja the key names and finds the
     # placed modules up to date (another ninja would read the log as "command line changed").

@@ -269,7 +269,7 @@ def run_recorded(name: str, check: Check, target: Target, facts: EnvFacts) -> Ch
                     result = dataclasses.replace(
                         result, evidence=(*result.evidence, after(other, target))
                     )
-                recorded.record(target, name, key, result)
+                recorded.record(target, name, key, result, shared=False)
                 return dataclasses.replace(result, seconds=time.monotonic() - started)
     result = run_one(name, check, target, facts)
     if key is not None:

@@ -55,6 +55,8 @@ class KernelBuild:
     notes: tuple[str, ...] = ()
     # Where this machine, a warmer (CUDAENV_JIT_PUSH=1), pushed the entry: "KEY to REMOTE".
     pushed: str | None = None
+    # The store's entry placed or kept (``v3/ab/KEY/VARIANT``): what `cudaenv warm` pushes.
+    entry: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +244,7 @@ def _through_store(
             stored=stored,
             notes=(*store.notes, *notes),
             pushed=pushed,
+            entry=str(entry.path.relative_to(store.root)),
         )
     built = _compile(nvcc, arch, out, env, depfile=out.with_suffix(".d"))
     if built.error is None and usable:
@@ -254,7 +257,8 @@ def _through_store(
             if kept is not None:
                 jit_store.note_use(store, kept, owner or prefix)
                 pushed = _pushed(store, store.load(key, kept), remote, env, notes)
-                built = dataclasses.replace(built, pushed=pushed)
+                entry_of = str(kept.relative_to(store.root))
+                built = dataclasses.replace(built, pushed=pushed, entry=entry_of)
         except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
             notes.append(f"the kernel was not kept in the JIT store: {exc}")
     return dataclasses.replace(built, notes=(*store.notes, *notes))

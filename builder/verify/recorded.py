@@ -101,10 +101,12 @@ def env_root(target: Target) -> Path:
     return target.python.absolute().parent.parent
 
 
-def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
-    """Keep a pass for the next verify, of this env and of an identical one; nothing else
-    is kept (and a record that cannot be written costs the next verify a run, never this
-    one)."""
+def record(
+    target: Target, name: str, inputs: str, result: CheckResult, *, shared: bool = True
+) -> None:
+    """Keep a pass for the next verify, of this env and (``shared``: it ran here) of an
+    identical one; nothing else is kept (and a record that cannot be written costs the next
+    verify a run, never this one). A pass reused from another env keeps naming that env."""
     if result.status != PASSED:
         # The record says the last run passed (:func:`passed_last`): not any more, here or
         # for an env identical to this one.
@@ -120,7 +122,8 @@ def record(target: Target, name: str, inputs: str, result: CheckResult) -> None:
         "env": str(env_root(target)),
     }
     cachefiles.write_json(path_of(target, name), doc)
-    cachefiles.write_json(shared_path(name, inputs), doc)
+    if shared:
+        cachefiles.write_json(shared_path(name, inputs), doc)
 
 
 def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path] | None:
@@ -133,6 +136,8 @@ def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path]
     other = doc.get("env")
     if not isinstance(other, str) or Path(other) == env_root(target):
         return None
+    if not any(Path(other).glob("lib/python3*/site-packages")):
+        return None  # gone: the check runs here, and this env is the one named next time
     said = CheckResult(
         name=name,
         status=PASSED,
