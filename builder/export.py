@@ -73,7 +73,24 @@ def lock_wheelhouse(spec: EnvSpec, lock: Lock, lock_file: Path) -> Path | None:
                 )
     if problems:
         raise SpecError(problems, "lock")
-    return (lock_file.parent / wheelhouse).absolute() if named and wheelhouse else None
+    if not (named and wheelhouse):
+        return None
+    where = (lock_file.parent / wheelhouse).absolute()
+    source = project.settings_for(spec.source).source
+    root = source.parent if source is not None else lock_file.parent
+    # A cloned project chooses this directory, and export writes into it: through `..` or a
+    # link it must not reach outside the project (`../../../etc` as root writes into /etc).
+    real, inside = os.path.realpath(where), os.path.realpath(root)
+    if real != inside and not real.startswith(inside + os.sep):
+        shown = f"{source}: tool.cudaenv.wheelhouse" if source is not None else "wheelhouse"
+        raise SpecError(
+            [
+                f"{shown}: {wheelhouse!r} resolves to {real}, outside the project {inside}; "
+                "export writes only inside it (or give --wheelhouse DIR)"
+            ],
+            "project settings",
+        )
+    return where
 
 
 def check_wheelhouse(lock: Lock, wheelhouse: Path, platform: str | None = None) -> dict[str, str]:

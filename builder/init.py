@@ -16,6 +16,7 @@ fails, the spec is removed again, so a failed init leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -681,6 +682,26 @@ def _check_free(out: Path, request: Request, name: str) -> Path:
     return lock_file
 
 
+def _free_name(choice: Choice, request: Request, say: Reporter) -> Choice:
+    """``choice`` under the first of its name, ``NAME-2``, ``NAME-3``, ... whose spec and lock
+    are free: the name init chose itself may be a shipped spec's (the default spec is the
+    newest sglang stack, which is what ``init --with sglang`` chooses too). The user's own
+    ``--name`` is never changed: taken, it is refused."""
+    base = choice.name
+    for n in range(1, 100):
+        name = base if n == 1 else f"{base}-{n}"
+        out = request.out or Path("envspecs") / f"{name}.yaml"
+        if out.exists() or out.is_symlink():
+            continue
+        lock_file = lock.lock_path(out, name)
+        if lock_file.exists() or lock_file.is_symlink():
+            continue
+        if n > 1:
+            say(f"named {name}: {base} is taken (its spec or lock exists); --name chooses another")
+        return dataclasses.replace(choice, name=name)
+    return choice  # all taken: _check_free says which
+
+
 def _made_dirs(path: Path) -> list[Path]:
     """The directories above ``path`` that do not exist yet, deepest first."""
     out: list[Path] = []
@@ -721,6 +742,8 @@ def init(
     choice = choose(request, box, probe, say, out.absolute(), latest)
     for note in choice.notes:
         say(f"note: {note}")
+    if request.name is None:
+        choice = _free_name(choice, request, say)
     out = request.out or Path("envspecs") / f"{choice.name}.yaml"
     lock_file = _check_free(out, request, choice.name)
     text = render(choice, request, box)

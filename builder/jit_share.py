@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -202,11 +203,26 @@ def push_env(
     return pushed, summarised(warnings)
 
 
+# A whole pull of a warm list (a build's prefetch) is bounded: a registry whose entries
+# never answer would otherwise cost one full timeout per key, one after another (4,096 keys
+# at 30 s is 34 h). Past the budget, or after this many failures in a row, the rest is left.
+PULL_BUDGET = 300.0
+MAX_FAILURES_IN_A_ROW = 3
+
+
 def pull_env(
-    store: jit_store.Store, remote: Remote, tag: str, *, absent_ok: bool = False
+    store: jit_store.Store,
+    remote: Remote,
+    tag: str,
+    *,
+    absent_ok: bool = False,
+    budget: float | None = None,
 ) -> tuple[int, list[str]]:
     """Every entry the index ``tag`` lists added to ``store``; (added, warnings). An index
-    the remote does not hold is a warning unless ``absent_ok`` (nothing pushed for it yet)."""
+    the remote does not hold is a warning unless ``absent_ok`` (nothing pushed for it yet).
+    ``budget``: the seconds the whole pull may take (each request's timeout shrinks to what is
+    left); it also stops after :data:`MAX_FAILURES_IN_A_ROW` entries failed one after another,
+    saying how many were left."""
     from builder import jit_remote, oci
 
     signing = jit_signing.policy()
@@ -222,22 +238,36 @@ def pull_env(
         ]
     added, warnings = 0, []
     store.ready()
-    for key in keys:
-        if not jit_store.is_key(key) or store.variants(key):
-            continue
+    deadline = time.monotonic() + budget if budget is not None else None
+    failed_in_a_row = 0
+    wanted = [k for k in keys if jit_store.is_key(k) and not store.variants(k)]
+    for done, key in enumerate(wanted):
+        left = deadline - time.monotonic() if deadline is not None else None
+        if (left is not None and left <= 0) or failed_in_a_row >= MAX_FAILURES_IN_A_ROW:
+            why = (
+                f"{failed_in_a_row} entries failed in a row"
+                if failed_in_a_row >= MAX_FAILURES_IN_A_ROW
+                else f"the pull took its {budget:.0f} s"
+            )
+            warnings.append(
+                f"{why}: {len(wanted) - done} of {len(wanted)} listed entries not pulled "
+                f"from {remote.url} (they compile at first use)"
+            )
+            break
+        wait = timeout() if left is None else max(1.0, min(timeout(), left))
         try:
             with tempfile.TemporaryDirectory(prefix=".pull-", dir=store.root) as tmp:
-                got = jit_remote.fetch(
-                    remote, jit_remote.tag_for(key), Path(tmp), timeout=timeout()
-                )
+                got = jit_remote.fetch(remote, jit_remote.tag_for(key), Path(tmp), timeout=wait)
                 if got is None:
                     warnings.append(f"{key[:16]}: listed but not in {remote.url}")
                     continue
                 _vouched(remote, key, got[0], signing)
                 store.import_entry(key, got[0], got[1], {"origin": remote.url})
                 added += 1
+                failed_in_a_row = 0
         except (oci.RemoteError, jit_store.EntryError, jit_signing.SigningError) as exc:
             warnings.append(f"{key[:16]}: {exc}")
+            failed_in_a_row += 1
     return added, summarised(warnings)
 
 

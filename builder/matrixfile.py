@@ -167,7 +167,7 @@ class _Loader:
         name = self.path.stem
         if "name" in data:
             given = data["name"].value
-            if isinstance(given, str) and _NAME_RE.match(given) and ".." not in given:
+            if isinstance(given, str) and _NAME_RE.fullmatch(given) and ".." not in given:
                 name = given
             else:
                 self.add(data["name"], "name", f"expected a directory-safe name, got {kind(given)}")

@@ -6,6 +6,8 @@ with ``XDG_CACHE_HOME`` (or ``CUDAENV_CACHE_DIR``), and tests can point all of i
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def _declares_cudaenv(pyproject: Path) -> bool:
     nothing: finding the root must not fail where ``cudaenv list`` would otherwise work."""
     try:
         doc = tomllib.loads(pyproject.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return False
     tool = doc.get("tool")
     return isinstance(tool, dict) and "cudaenv" in tool
@@ -43,14 +45,84 @@ def current_dir() -> Path:
         return Path()
 
 
+def owned(st: os.stat_result) -> bool:
+    """Whether a file or directory is the user's own (or root's) and no other user can write
+    it: a group-writable one only where the group is the owner's alone."""
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & stat.S_IWOTH:
+        return False
+    if not st.st_mode & stat.S_IWGRP:
+        return True
+    try:
+        import grp
+        import pwd
+
+        group = grp.getgrgid(st.st_gid)
+        owner = pwd.getpwuid(st.st_uid)
+    except (KeyError, ImportError):
+        return False
+    return group.gr_mem in ([], [owner.pw_name]) and owner.pw_gid == st.st_gid
+
+
+def trusted_dirs(start: Path) -> list[Path]:
+    """``start`` and the directories above it, up to the first that another user owns or can
+    write (``/tmp`` is one), which ends the list: what lies there is not the user's project,
+    whatever it holds. git stops the same way at a repository another user owns (its
+    ``safe.directory`` rule, CVE-2022-24765); cudaenv often runs as root, and a
+    ``pyproject.toml`` or an ``envspecs/`` planted in a shared parent would choose its
+    registry, its envs dir and the interpreter it runs."""
+    out: list[Path] = []
+    for directory in (start, *start.parents):
+        try:
+            st = directory.stat()
+        except OSError:
+            break
+        if not owned(st):
+            _say_ignored(directory, st)
+            break
+        out.append(directory)
+    return out
+
+
+def _say_ignored(directory: Path, st: os.stat_result) -> None:
+    """One warning where the directory that ends the search holds what would have made it a
+    project: a project there is the user's to vouch for (chown it, or move the project)."""
+    found = [n for n in ("pyproject.toml", "envspecs") if (directory / n).exists()]
+    if not found:
+        return
+    who = (
+        f"belongs to uid {st.st_uid}"
+        if st.st_uid not in (os.geteuid(), 0)
+        else f"can be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    )
+    cachefiles.warn(
+        f"{directory / found[0]} is not read: {directory} {who}, and cudaenv trusts no "
+        "project directory another user could have written (as git's safe.directory rule)"
+    )
+
+
+def project_file(path: Path) -> bool:
+    """``path`` is a regular file of the user's own (or root's) that no other user can write:
+    a project file cudaenv may read (a FIFO or a device would hang or flood the read)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and owned(st)
+
+
 def project_root(start: Path | None = None) -> Path | None:
     """The nearest directory at or above ``start`` (default: the current one) holding an
     ``envspecs/`` directory or a ``pyproject.toml`` with ``[tool.cudaenv]``, as uv and pixi
     find their project: ``cd envspecs && cudaenv verify default.yaml`` finds the env built
-    from the root. None where no directory up to ``/`` is one."""
+    from the root. None where no directory up to ``/`` is one; the search never goes past a
+    directory another user owns or can write (:func:`trusted_dirs`)."""
     here = start.absolute() if start is not None else current_dir()
-    for directory in (here, *here.parents):
-        if (directory / "envspecs").is_dir() or _declares_cudaenv(directory / "pyproject.toml"):
+    for directory in trusted_dirs(here):
+        envspecs = directory / "envspecs"
+        if (envspecs.is_dir() and not envspecs.is_symlink() and owned(envspecs.stat())) or (
+            project_file(directory / "pyproject.toml")
+            and _declares_cudaenv(directory / "pyproject.toml")
+        ):
             return directory
     return None
 

@@ -134,7 +134,9 @@ def pull_warmed(store: jit_store.Store, remote: Remote, tag: str) -> tuple[int, 
     remote with no such list is no warning: nothing was warmed for this lock yet."""
     from builder import jit_share
 
-    added, warnings = jit_share.pull_env(store, remote, tag, absent_ok=True)
+    added, warnings = jit_share.pull_env(
+        store, remote, tag, absent_ok=True, budget=jit_share.PULL_BUDGET
+    )
     if not warnings:
         return added, None
     more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""

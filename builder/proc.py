@@ -131,7 +131,22 @@ def _start(
     stdout: int | IO[Any],
     stderr: int | IO[Any],
 ) -> subprocess.Popen[str]:
-    """The one place a child starts: text mode, die-with-parent, a missing program named."""
+    """The one place a child starts: text mode, die-with-parent, a missing program named, and
+    a program named without a directory found only where no other user could have put it
+    (:func:`which`)."""
+    if args and os.sep not in args[0]:
+        path = (env if env is not None else os.environ).get("PATH")
+        found = which(args[0], path)
+        if found is None:
+            planted = _untrusted_on_path(args[0], path)
+            if planted is not None:
+                raise ToolMissing(
+                    f"{args[0]}: only {planted} is on PATH, and {planted_why(planted)}: "
+                    "cudaenv runs no program another user could have written",
+                    tool=args[0],
+                )
+        else:
+            args = [found, *args[1:]]
     try:
         return subprocess.Popen(
             args,
@@ -336,7 +351,46 @@ def replace_process(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
 
 
 def which(name: str, path: str | None = None) -> str | None:
-    return shutil.which(name, path=path)
+    """``name`` on ``path`` (default: PATH) as the shell finds it, skipping every candidate
+    that another user owns or can write, or that lies in a directory another user can write
+    (the program, where its link leads, and the directories holding both): a planted
+    ``ssh-keygen`` or ``cc`` in a shared directory on root's PATH is never run. git refuses
+    another user's repository for the same reason (its safe.directory rule)."""
+    if os.sep in name:
+        return shutil.which(name, path=path)
+    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+        found = shutil.which(name, path=directory or ".")
+        if found is not None and planted_why(found) is None:
+            return found
+    return None
+
+
+def _untrusted_on_path(name: str, path: str | None) -> str | None:
+    """The first ``name`` on ``path`` that :func:`which` skipped, if any."""
+    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+        found = shutil.which(name, path=directory or ".")
+        if found is not None:
+            return found
+    return None
+
+
+def planted_why(program: str) -> str | None:
+    """Why ``program`` may be another user's (None: it is not): its file or its directory,
+    or where a link leads and that directory, owned by another user or writable by one."""
+    from builder.paths import owned
+
+    given = Path(program).absolute()
+    real = given.resolve()
+    for where in dict.fromkeys((given, given.parent, real, real.parent)):
+        try:
+            st = where.stat()
+        except OSError:
+            return f"{where} cannot be read"
+        if not owned(st):
+            if st.st_uid not in (os.geteuid(), 0):
+                return f"{where} belongs to uid {st.st_uid}"
+            return f"{where} can be written by other users"
+    return None
 
 
 def uv_bin() -> str:
@@ -356,7 +410,7 @@ def uv_bin() -> str:
         return str(find_uv_bin())
     except (ImportError, FileNotFoundError):
         pass
-    found = shutil.which("uv")
+    found = which("uv")
     if found:
         return found
     raise ToolMissing(

@@ -57,10 +57,14 @@ class Settings:
 def find_pyproject(spec_source: Path) -> Path | None:
     """The nearest ``pyproject.toml`` in the spec's directory or above it. The nearest one
     decides, with or without a ``[tool.cudaenv]`` table, as for ruff and pytest: a project
-    nested in another is its own project."""
-    for directory in (spec_source.absolute().parent, *spec_source.absolute().parent.parents):
+    nested in another is its own project. The search stops at a directory another user owns
+    or can write, and a file another user could have written is not read
+    (paths.trusted_dirs: git's ``safe.directory`` rule)."""
+    from builder import paths
+
+    for directory in paths.trusted_dirs(spec_source.absolute().parent):
         candidate = directory / "pyproject.toml"
-        if candidate.is_file():
+        if paths.project_file(candidate):
             return candidate
     return None
 
@@ -78,6 +82,10 @@ def settings_for(spec_source: Path) -> Settings:
         raise SpecError([f"{where}: cannot read it ({exc.strerror})"], "project settings") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([f"{where}: not valid TOML: {exc}"], "project settings") from exc
+    except RecursionError:  # tomllib recurses once per nested array: 5,000 deep is a traceback
+        raise SpecError(
+            [f"{where}: not valid TOML: nested too deep for a settings file"], "project settings"
+        ) from None
     tool = doc.get("tool")
     table = tool.get("cudaenv") if isinstance(tool, dict) else None
     if table is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -78,14 +79,14 @@ def flushed(code: int) -> int:
 def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False) -> int:
     """A process's main (the CLI, a matrix cell): run ``body`` with SIGTERM turned into an
     interrupt; an error becomes one ``error:`` line per problem on stderr and its exit code
-    (with ``debug``, the traceback instead), an interrupt 130 and what it left; a reader of
+    (with ``debug``, the traceback before it), an interrupt 130 and what it left; a reader of
     stdout that left early 141, however far the output got (:func:`flushed`)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = body()
     except CudaenvError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback too, and still the documented code: scripts branch on it
+            traceback.print_exc(file=sys.stderr)
         for line in error_lines(exc):
             print(line, file=sys.stderr)
         code = exc.exit_code

@@ -236,6 +236,19 @@ def load(path: str | Path, text: str | None = None) -> EnvSpec:
 
 
 def _validate(data: dict[str, Item], path: Path, top: Mark, problems: Problems) -> EnvSpec | None:
+    strange = [item for key, item in data.items() if key not in TOP_KEYS]
+    if strange and len(strange) == len(data):
+        # No key a spec has: a file of another kind named by mistake (or by someone who wants
+        # its lines printed: /etc/shadow reads as a mapping whose keys are its lines). It is
+        # said to be no spec, and none of its text is echoed.
+        first = strange[0]
+        problems.add(
+            top,
+            "",
+            f"{top.file} is not a spec: none of its {len(strange)} key(s) is a spec's (the "
+            f"first at {first.key_mark or first.mark}; its text is not shown)",
+        )
+        return None
     for key, item in data.items():
         if key not in _VALIDATORS:
             problems.add(item.key_mark or item.mark, key, suggest(key, TOP_KEYS))
@@ -270,7 +283,7 @@ def _validate(data: dict[str, Item], path: Path, top: Mark, problems: Problems) 
 
 def _name(item: Item, problems: Problems) -> str | None:
     name = string(item, "name", problems, "a name")
-    if name is not None and (not _NAME_RE.match(name) or ".." in name):
+    if name is not None and (not _NAME_RE.fullmatch(name) or ".." in name):
         problems.add(
             item.mark,
             "name",
@@ -295,7 +308,7 @@ def _python(item: Item, problems: Problems) -> str | None:
         )
         return None
     python = string(item, "python", problems, 'a Python version like "3.12"')
-    if python is not None and not _PYTHON_RE.match(python):
+    if python is not None and not _PYTHON_RE.fullmatch(python):
         problems.add(item.mark, "python", f'expected a Python version like "3.12", got {python!r}')
         return None
     return python
@@ -473,9 +486,10 @@ def _env(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | None:
         return None
     env: list[tuple[str, str]] = []
     for key, sub in item.value.items():
-        sub_path = f"env.{key}"
+        # A name with a newline or a control character is quoted: the error stays one line.
+        sub_path = f"env.{key}" if str(key).isprintable() else f"env.{key!r}"
         where = sub.key_mark or sub.mark
-        if not _ENV_NAME_RE.match(key):
+        if not _ENV_NAME_RE.fullmatch(key):
             problems.add(where, sub_path, "not a valid environment variable name")
             continue
         # The env's own variables (builder/variables.py), and the names activation keeps.
@@ -517,11 +531,11 @@ def _indexes(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | No
     for key, sub in item.value.items():
         sub_path = f"indexes.{key}"
         where = sub.key_mark or sub.mark
-        if not _PACKAGE_KEY_RE.match(key):
+        if not _PACKAGE_KEY_RE.fullmatch(key):
             problems.add(where, sub_path, "not a package name")
             continue
         url = sub.value
-        if not isinstance(url, str) or not _INDEX_URL_RE.match(url):
+        if not isinstance(url, str) or not _INDEX_URL_RE.fullmatch(url):
             problems.add(
                 sub.mark, sub_path, f"expected an index URL (https://.../simple), got {kind(url)}"
             )

@@ -116,7 +116,7 @@ def _one(item: Item, path: str, problems: Problems) -> Target | None:
     name = cc = platform = driver = None
     if "name" in fields:
         name = string(fields["name"], f"{path}.name", problems, "a name")
-        if name is not None and not _NAME.match(name):
+        if name is not None and not _NAME.fullmatch(name):
             problems.add(
                 fields["name"].mark,
                 f"{path}.name",
@@ -136,7 +136,7 @@ def _one(item: Item, path: str, problems: Problems) -> Target | None:
             platform = None
     if "driver" in fields:
         driver = _scalar_text(fields["driver"], f"{path}.driver", problems, "a driver version")
-        if driver is not None and not _DRIVER.match(driver):
+        if driver is not None and not _DRIVER.fullmatch(driver):
             problems.add(
                 fields["driver"].mark,
                 f"{path}.driver",
@@ -263,7 +263,7 @@ def this_node(
                 "no NVIDIA driver version found on this node: give it with --driver VERSION"
             )
         driver_version = found.version
-    if not _DRIVER.match(driver_version):
+    if not _DRIVER.fullmatch(driver_version):
         raise UsageError(f"--driver {driver_version!r}: expected a version like 580.95.05")
     caps: list[Arch] = []
     if cc is not None:
@@ -289,7 +289,7 @@ def this_node(
         label = name or f"sm{arch.major}{arch.minor}-{platform.removeprefix('linux-')}"
         if name is not None and len(caps) > 1:
             label = f"{name}-sm{arch.major}{arch.minor}"
-        if not _NAME.match(label):
+        if not _NAME.fullmatch(label):
             raise UsageError(f"--name {name!r}: letters, digits and '._+-', at most 64")
         out.append(
             Target(name=label, cc=arch, platform=platform, driver=driver_version, required=required)

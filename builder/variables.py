@@ -254,7 +254,9 @@ TABLE: tuple[Variable, ...] = (
     Variable(name="CUDAENV_JIT_REMOTE", kind=Kind.CUDAENV,
              reader="cudaenv (oci://HOST[:PORT]/REPO: the store's registry tier; `off`: none)",
              reserved=True,
-             setting=Setting(field="jit_remote", type="remote", pyproject="jit-remote")),
+             # oci://USER:PASSWORD@HOST/REPO is a URL a registry's login can be written in.
+             setting=Setting(field="jit_remote", type="remote", pyproject="jit-remote",
+                             secret=True)),
     Variable(name="CUDAENV_JIT_PUSH", kind=Kind.CUDAENV,
              reader="cudaenv (1: push compiled and used entries to the remote)", reserved=True,
              setting=Setting(field="jit_push", type="switch")),

@@ -22,6 +22,7 @@ from packaging.pylock import Pylock
 
 from builder import export as exporting
 from builder import interpreters, lock, proc, spec
+from builder.errors import SpecError
 from builder.export import sha256_of
 from tests.helpers import (
     ENVSPECS,
@@ -259,6 +260,17 @@ def test_export_of_a_lock_of_urls_needs_a_destination(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def one_wheel_lock(s: spec.EnvSpec, wheel: str, where: str) -> lock.Lock:
+    """A lock of ``s`` with one package whose one wheel has the path ``where``."""
+    f = lock.LockedFile(name=wheel, sha256="0" * 64, path=where)
+    pkg = lock.LockedPackage(name="cudaenv-tiny-alpha", version="1.0", wheels=(f,))
+    return lock.Lock(
+        spec_name=s.name, fingerprint=s.fingerprint(), python=s.python,
+        platforms=s.platforms, cuda=s.cuda, torch=None, torch_cuda=None, toolkit=None,
+        packages=(pkg,),
+    )  # fmt: skip
+
+
 def test_export_writes_only_into_the_wheelhouse_the_project_configures(tmp_path: Path) -> None:
     """An edited lock's paths never choose where `cudaenv export` writes wheels and its
     manifest: each must be the project's wheelhouse (beside the lock) and the file's name."""
@@ -268,13 +280,7 @@ def test_export_writes_only_into_the_wheelhouse_the_project_configures(tmp_path:
     wheel = "cudaenv_tiny_alpha-1.0-py3-none-any.whl"
 
     def locked(where: str) -> lock.Lock:
-        f = lock.LockedFile(name=wheel, sha256="0" * 64, path=where)
-        pkg = lock.LockedPackage(name="cudaenv-tiny-alpha", version="1.0", wheels=(f,))
-        return lock.Lock(
-            spec_name=s.name, fingerprint=s.fingerprint(), python=s.python,
-            platforms=s.platforms, cuda=s.cuda, torch=None, torch_cuda=None, toolkit=None,
-            packages=(pkg,),
-        )  # fmt: skip
+        return one_wheel_lock(s, wheel, where)
 
     lock.write(locked(f"wheels/{wheel}"), path)
     assert exporting.lock_wheelhouse(s, lock.read(path, spec=s), path) == path.parent / "wheels"
@@ -322,3 +328,29 @@ def test_the_toolchain_exported_for_this_index_installs_with_uv_and_pip(tmp_path
     done = pip_install(by_pip, out)
     assert done.returncode == 0, done.stderr
     assert installed(by_pip) == expected
+
+
+def test_a_wheelhouse_that_leaves_the_project_is_refused(tmp_path: Path) -> None:
+    """A cloned project's `wheelhouse = "../../../x"`, or a link inside it to /etc: export
+    (often run as root) never writes outside the project, and says where it would have."""
+    ws = workspace(tmp_path / "ws")
+    s = spec.load(write(ws / "envspecs" / "tiny.yaml", SPEC))
+    path = lock.lock_path(s.source, s.name)
+    wheel = "cudaenv_tiny_alpha-1.0-py3-none-any.whl"
+
+    def locked(where: str) -> lock.Lock:
+        return one_wheel_lock(s, wheel, where)
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for wheelhouse, made in (("../../../outside", None), ("w", ws / "envspecs" / "locks" / "w")):
+        write(
+            ws / "pyproject.toml",
+            f'[tool.cudaenv]\nlocks = "index-neutral"\nwheelhouse = "{wheelhouse}"\n',
+        )
+        if made is not None:
+            made.symlink_to(outside)  # a link in the project to a directory outside it
+        lock.write(locked(f"{wheelhouse}/{wheel}"), path)
+        with pytest.raises(SpecError, match=r"tool\.cudaenv\.wheelhouse: .* outside the project"):
+            exporting.lock_wheelhouse(s, lock.read(path, spec=s), path)
+    assert list(outside.iterdir()) == []

@@ -3,6 +3,7 @@ overwrite, nothing written on failure; one network test runs the real vLLM init.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -454,17 +455,33 @@ def test_a_refused_choice_writes_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_default_out_that_exists_is_not_overwritten(in_tmp: Path) -> None:
+def test_a_default_name_that_is_taken_is_never_overwritten_and_the_next_is_chosen(
+    in_tmp: Path,
+) -> None:
+    """The name init chooses itself may be a shipped spec's (`init --with sglang` chooses the
+    default spec's stack, so its name too): the existing spec and lock are kept, and the
+    first free NAME-N is written, said. A --name the user gave is refused instead."""
     (in_tmp / "envspecs").mkdir()
     taken = in_tmp / "envspecs" / "vllm-0.33.0-cu130.yaml"
     taken.write_text("keep\n")
     request = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"])
+    told = io.StringIO()
+    done = init.init(
+        request, Reporter(stream=told), box=NO_GPU, probe=FakeUv(), latest=fake_latest,
+        locker=_fake_locker,
+    )  # fmt: skip
+    said = [line.removeprefix("cudaenv: ") for line in told.getvalue().splitlines()]
+    assert taken.read_text() == "keep\n"
+    assert done.spec_path == Path("envspecs") / "vllm-0.33.0-cu130-2.yaml"
+    assert done.spec.name == "vllm-0.33.0-cu130-2"
+    assert any(
+        line.startswith("named vllm-0.33.0-cu130-2: vllm-0.33.0-cu130 is taken") for line in said
+    )
+    named = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"], name="vllm-0.33.0-cu130")
     with pytest.raises(UsageError, match="the file exists; init never overwrites"):
         init.init(
-            request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+            named, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
         )
-    assert taken.read_text() == "keep\n"
-    assert sorted(p.name for p in (in_tmp / "envspecs").iterdir()) == [taken.name]
 
 
 def test_an_existing_lock_of_that_name_is_not_overwritten(tmp_path: Path) -> None:
@@ -472,11 +489,10 @@ def test_an_existing_lock_of_that_name_is_not_overwritten(tmp_path: Path) -> Non
     stale.parent.mkdir()
     stale.write_text("old\n")
     request = init.make_request(with_=["vllm==0.33.0"], gpu=["12.0"], out=str(tmp_path / "v.yaml"))
-    with pytest.raises(UsageError, match="exists already"):
-        init.init(
-            request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
-        )
-    assert stale.read_text() == "old\n" and not (tmp_path / "v.yaml").exists()
+    done = init.init(
+        request, silent(), box=NO_GPU, probe=FakeUv(), latest=fake_latest, locker=_fake_locker
+    )
+    assert stale.read_text() == "old\n" and done.spec.name == "vllm-0.33.0-cu130-2"
 
 
 def test_one_line_drops_uv_decoration() -> None:

@@ -312,3 +312,38 @@ def test_flashinfer_builds_share_through_the_registry(
     )
     assert not c["hit"] and len(runs(tools)) == 4
     assert len(c["warnings"]) == 1 and registry.url in c["warnings"][0]
+
+
+def test_a_warm_list_whose_entries_never_answer_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4,096 listed keys whose entries time out: the pull stops after 3 failures in a row,
+    and a slow one stops at its budget, each saying how many it left (they compile at first
+    use); it never costs one full timeout per key."""
+    keys = [f"{n:064x}" for n in range(4096)]
+    calls: list[float] = []
+
+    def fetch(remote: Any, tag: str, into: Path, *, timeout: float) -> None:
+        calls.append(timeout)
+        raise oci.RemoteError(f"timed out after {timeout:.0f} s")
+
+    monkeypatch.setattr(jit_remote, "fetch_index", lambda remote, tag, timeout: keys)
+    monkeypatch.setattr(jit_remote, "fetch", fetch)
+    store = jit_store.Store(tmp_path / "store")
+    remote = oci.Remote.parse("oci://127.0.0.1:9/cudaenv/jit")
+    added, warnings = jit_share.pull_env(store, remote, "t", budget=300.0)
+    assert (added, len(calls)) == (0, 3)
+    assert warnings[-1].startswith("3 entries failed in a row: 4093 of 4096 listed entries not")
+
+    def slow(remote: Any, tag: str, into: Path, *, timeout: float) -> None:
+        calls.append(timeout)
+        time.sleep(0.3)
+        return None  # listed but not there: no failure, just slow
+
+    calls.clear()
+    monkeypatch.setattr(jit_remote, "fetch", slow)
+    started = time.monotonic()
+    added, warnings = jit_share.pull_env(store, remote, "t", budget=1.0)
+    assert time.monotonic() - started < 3.0 and len(calls) <= 5
+    assert any("the pull took its 1 s" in w for w in warnings), warnings
+    assert all(t <= 1.0 for t in calls)  # each wait within what was left (1 s at least)

@@ -237,3 +237,31 @@ def test_uv_env_keeps_the_users_own_settings(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("UV_LINK_MODE", "copy")
     env = proc.uv_env()
     assert (env["UV_PYTHON_DOWNLOADS"], env["UV_LINK_MODE"]) == ("automatic", "copy")
+
+
+def test_a_program_another_user_could_have_written_is_never_run(tmp_path: Path) -> None:
+    """Root's PATH with a shared directory first (as /tmp, writable by all): a planted
+    `ssh-keygen` there is skipped for the real one, and run nowhere when it is the only one,
+    with one line naming it. A directory of the user's own is used as before."""
+    planted = tmp_path / "shared"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    tool = planted / "cudaenv-test-tool"
+    tool.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    tool.chmod(0o755)
+    planted.chmod(0o777)
+    path = f"{planted}:/usr/bin:/bin"
+    assert proc.which("sh", path) in ("/usr/bin/sh", "/bin/sh")  # past the shared directory
+    assert proc.which("cudaenv-test-tool", path) is None
+    with pytest.raises(ToolMissing, match=r"only .*cudaenv-test-tool is on PATH, and .* can be "
+                       r"written by other users: cudaenv runs no program another user"):  # fmt: skip
+        proc.run(["cudaenv-test-tool"], env={"PATH": path})
+    assert not marker.exists()
+    # The file itself writable by others, in a directory of ours: skipped too.
+    planted.chmod(0o755)
+    tool.chmod(0o777)
+    assert proc.which("cudaenv-test-tool", path) is None
+    tool.chmod(0o755)
+    assert proc.which("cudaenv-test-tool", path) == str(tool)
+    proc.run(["cudaenv-test-tool"], env={"PATH": path})
+    assert marker.exists()

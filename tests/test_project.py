@@ -148,3 +148,63 @@ def test_a_specs_env_lives_in_the_project_that_holds_the_spec(
     assert done.returncode == 4
     assert f"error: {proj / '.envs' / 'x'} is not built" in done.stderr
     assert not (elsewhere / ".envs").exists()
+
+
+NOBODY = 65534  # another user's uid: the attacker's files
+
+
+def test_a_parent_another_user_owns_or_can_write_is_never_the_project(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """git's safe.directory rule (CVE-2022-24765) for cudaenv, which often runs as root: the
+    search for a pyproject.toml and for the project root stops at a directory another user
+    owns or can write (a shared /tmp), so a settings file or an envspecs/ planted there never
+    chooses the registry, the envs dir or the interpreter cudaenv runs."""
+    import os
+
+    from builder import paths
+
+    shared = tmp_path / "shared"
+    write(shared / "pyproject.toml", '[tool.cudaenv]\njit-remote = "oci://attacker.example/j"\n')
+    (shared / "envspecs").mkdir()
+    spec_file = write(shared / "project" / "specs" / "x.yaml", SPEC)
+    # Ours, writable by no one else: the parent's files are used (a control).
+    assert project.settings_for(spec_file).jit_remote == "oci://attacker.example/j"
+    assert paths.project_root(shared / "project") == shared
+    # Writable by every user (as /tmp is): nothing at or above it is used.
+    shared.chmod(0o777)
+    assert project.settings_for(spec_file) == project.Settings()
+    assert paths.project_root(shared / "project") is None
+    said = capsys.readouterr().err
+    assert f"warning: {shared / 'pyproject.toml'} is not read: {shared} can be written" in said
+    shared.chmod(0o755)
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    # Another user's directory, or another user's file in ours.
+    os.chown(shared, NOBODY, NOBODY)
+    assert project.settings_for(spec_file).jit_remote is None
+    assert paths.project_root(shared / "project") is None
+    os.chown(shared, 0, 0)
+    os.chown(shared / "pyproject.toml", NOBODY, NOBODY)
+    os.chown(shared / "envspecs", NOBODY, NOBODY)
+    assert project.settings_for(spec_file).jit_remote is None
+    assert paths.project_root(shared / "project") is None
+
+
+def test_a_pyproject_that_is_no_file_is_not_read(tmp_path: Path) -> None:
+    """A FIFO where pyproject.toml would be hangs no command: it is not a project file."""
+    import os
+
+    spec_file = write(tmp_path / "project" / "specs" / "x.yaml", SPEC)
+    os.mkfifo(tmp_path / "project" / "pyproject.toml")
+    assert project.settings_for(spec_file) == project.Settings()
+
+
+def test_a_pyproject_nested_too_deep_is_one_located_error(tmp_path: Path) -> None:
+    from builder import paths
+
+    spec_file = write(tmp_path / "specs" / "x.yaml", SPEC)
+    write(tmp_path / "pyproject.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(SpecError, match=r"pyproject\.toml: not valid TOML: nested too deep"):
+        project.settings_for(spec_file)
+    assert paths.project_root(tmp_path) is None  # and finding the root does not fail on it

@@ -146,6 +146,25 @@ def test_debug_prints_each_setting_and_where_it_came_from_before_any_work(
     assert lines[: len(shown)] == shown  # before anything the command says
 
 
+def test_debug_never_prints_a_registry_password_and_keeps_the_exit_code(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A registry's login written in its URL is shown without its password; an error under
+    ``--debug`` prints its traceback and still exits with its documented code."""
+    from builder import cli
+
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(in_tmp / "store"))
+    monkeypatch.setenv("CUDAENV_JIT_REMOTE", "oci://admin:hunter2@registry.example:5000/jit")
+    assert cli.main(["--debug", "store", "list"]) == 0
+    err = capsys.readouterr().err
+    assert "hunter2" not in err
+    assert "CUDAENV_JIT_REMOTE = oci://admin:***@registry.example:5000/jit" in err
+    bad = write(in_tmp / "bad.yaml", "name: [\n")
+    assert cli.main(["--debug", "plan", str(bad)]) == 2  # a spec error, as without --debug
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "error: " in err
+
+
 def test_without_debug_nothing_is_printed(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from builder import cli
 

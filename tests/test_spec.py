@@ -167,6 +167,12 @@ def test_env_values_and_reserved_names(in_tmp: Path) -> None:
     ]
     ok = spec.load(write(in_tmp / "t.yaml", GOOD + "env: {FINE: '$(touch x)', N: 3}\n"))
     assert ok.env == (("FINE", "$(touch x)"), ("N", "3"))
+    # A name with a trailing newline (a regex's `$` matches before one): bash and dash
+    # activation would fail on it, and fish would run the value as a command.
+    bad = write(in_tmp / "n.yaml", GOOD + 'env: {"FOO\\n": "echo pwned"}\n')
+    (problem,) = problems(bad)
+    assert problem.endswith("not a valid environment variable name"), problem
+    assert problem.startswith("n.yaml:7:") and "env.'FOO\\n'" in problem and "\n" not in problem
 
 
 @pytest.mark.parametrize(
@@ -605,3 +611,20 @@ def test_what_activation_keeps_for_deactivate_is_reserved(in_tmp: Path, key: str
     assert problems(path) == [
         f"s.yaml:7:7: env.{key}: {key} is set by cudaenv itself and cannot be overridden"
     ]
+
+
+def test_a_file_of_another_kind_is_no_spec_and_none_of_its_text_is_shown(in_tmp: Path) -> None:
+    """/etc/shadow named as a spec reads as a mapping whose keys are its lines: it is said to
+    be no spec, and no line of it reaches the terminal or a CI log."""
+    line = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"  # a shadow entry
+    path = write(in_tmp / "shadow", f"{line}\ndaemon:*:19000:0:99999:7:::\n")
+    path.chmod(0o600)
+    (problem,) = problems(path)
+    assert problem == (
+        "shadow:1:1: shadow is not a spec: none of its 2 key(s) is a spec's (the first at "
+        "shadow:1:1; its text is not shown)"
+    )
+    assert "saltsalt" not in problem and "daemon" not in problem
+    # A spec with one key misspelt is still a spec: the key is named, with a suggestion.
+    typo = write(in_tmp / "t.yaml", GOOD + "pakages: [x]\n")
+    assert any("pakages: unknown key" in p for p in problems(typo))

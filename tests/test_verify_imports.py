@@ -497,3 +497,23 @@ def test_an_identical_env_reuses_the_pass_of_the_first_and_its_bytecode(
     )
     count = len(marker.read_text())
     assert run_imports(fresh).status == PASSED and len(marker.read_text()) == count + 1
+
+
+def test_a_second_identical_env_is_probed_once(tmp_path: Path) -> None:
+    """An env never verified, of the signature of one whose imports passed: one probe (one
+    torch import), the JIT in it, as for an env that passed before."""
+    envs = {n: uv_venv(Path(sys.executable).resolve(), tmp_path / n) for n in ("a", "b", "c")}
+    for python in envs.values():
+        install(python, "sglang", "0.5.23", sglang_files())
+    install(envs["c"], "pybase64", "1.4.0", {"pybase64/__init__.py": ""})
+
+    def probes(name: str) -> list[str]:
+        said: list[str] = []
+        target = target_of(envs[name], tmp_path / f"work-{name}", ("sglang==0.5.23",))
+        verify.run_checks(target, ["flashinfer-jit", "imports"], said.append)
+        return [line for line in said if line.startswith("probing ")]
+
+    assert len(probes("a")) == 2  # never verified, nothing like it verified either
+    (only,) = probes("b")
+    assert "JIT-building" in only
+    assert len(probes("c")) == 2  # another signature

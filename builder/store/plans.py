@@ -78,15 +78,18 @@ def signature(prefix: Path, hasher: Hasher) -> str | None:
         for site in sites:
             listed: dict[str, str] = {}
             for name in sorted(os.listdir(site)):
+                if name == "__pycache__":
+                    continue  # bytecode, which an env gains as it is used
                 path = site / name
                 if name.endswith(".dist-info"):
                     # A console script's file holds the env's path in its first line, and so its
                     # RECORD line: the lines outside site-packages are not the package's code.
-                    lines = _bounded(path / "RECORD", MAX_RECORD).decode("utf-8", "replace")
-                    kept = "\n".join(
-                        ln for ln in sorted(lines.splitlines()) if not ln.startswith("../")
-                    )
-                    listed[name] = hashlib.sha256(kept.encode()).hexdigest()
+                    data = _bounded(path / "RECORD", MAX_RECORD)
+                    if b"\n../" in data or data.startswith(b"../"):
+                        data = b"\n".join(
+                            ln for ln in data.split(b"\n") if not ln.startswith(b"../")
+                        )
+                    listed[name] = hashlib.sha256(data).hexdigest()
                 elif name.endswith(".pth") or name == HOOK:
                     text = _bounded(path, MAX_RECORD).decode("utf-8", "replace")
                     if name == HOOK:

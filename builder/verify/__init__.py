@@ -260,6 +260,7 @@ def run_recorded(name: str, check: Check, target: Target, facts: EnvFacts) -> Ch
             key = recorded.fingerprint(found)
             again = recorded.recorded(target, name, key)
             if again is not None:
+                recorded.note_twin(target, name, key)
                 return dataclasses.replace(again, seconds=time.monotonic() - started)
             twin = recorded.borrowed(target, name, key)
             if twin is not None:

@@ -265,23 +265,28 @@ def borrow_bytecode(other: Path, target: Target) -> tuple[str, str]:
     only this user or root can write, in directories reached without a link; Python fixes
     the code's file names to this env's on load. The evidence line."""
     started = time.monotonic()
-    root = target.python.absolute().parent.parent
+    # Strings and os.path, not pathlib: parsing 44,000 paths cost 1.3 s of 2.3 s for the
+    # default env's 6,587 files; with this and hard links the borrow takes 0.5 s.
+    root = str(target.python.absolute().parent.parent)
     copied = skipped = 0
     for site in sorted(other.glob("lib/python3*/site-packages")):
         if site.is_symlink() or not site.is_dir():
             continue
-        here_site = root / site.relative_to(other)
+        there = str(site)
+        here_site = os.path.join(root, str(site.relative_to(other)))  # noqa: PTH118
         # os.walk descends into no linked directory.
-        for dirpath, _, filenames in os.walk(site):
-            if Path(dirpath).name != "__pycache__":
+        for dirpath, _, filenames in os.walk(there):
+            if os.path.basename(dirpath) != "__pycache__":  # noqa: PTH119
                 continue
-            rel = Path(dirpath).relative_to(site)
+            into = here_site + dirpath[len(there) :]
+            made = False
             for name in filenames:
                 if not name.endswith(".pyc"):
                     continue
-                made = _borrow_one(Path(dirpath) / name, here_site / rel / name)
-                copied += made
-                skipped += not made
+                done = _borrow_one(os.path.join(dirpath, name), into, name, made)  # noqa: PTH118
+                made = made or done
+                copied += done
+                skipped += not done
     seconds = time.monotonic() - started
     return (
         "bytecode",
@@ -290,53 +295,54 @@ def borrow_bytecode(other: Path, target: Target) -> tuple[str, str]:
     )
 
 
-def _borrow_one(src: Path, dst: Path) -> bool:
-    """Copy one .pyc (see :func:`borrow_bytecode`); False when it is not copied."""
+def _borrow_one(src: str, into: str, name: str, made: bool) -> bool:
+    """Copy one .pyc ``src`` into the ``__pycache__`` ``into`` (see :func:`borrow_bytecode`);
+    False when it is not copied. ``made``: ``into`` exists already, made by this walk."""
     import stat
 
-    source = dst.parent.parent / (dst.name.split(".", 1)[0] + ".py")
+    dst = os.path.join(into, name)  # noqa: PTH118
+    source = os.path.join(os.path.dirname(into), name.split(".", 1)[0] + ".py")  # noqa: PTH118, PTH120
     try:
-        if os.path.lexists(dst) or dst.parent.parent.is_symlink():
+        if os.path.lexists(dst):
             return False
-        here = source.lstat()
+        here = os.lstat(source)
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
+        try:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
                 return False
             if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
                 return False
-            data = fh.read(MAX_RECORD)
+            header = os.pread(fd, 16, 0)
+        finally:
+            os.close(fd)
     except OSError:
         return False
-    if not stat.S_ISREG(here.st_mode) or len(data) < 16:
+    if not stat.S_ISREG(here.st_mode) or len(header) < 16:
         return False
     # PEP 552's header: magic, flags (0: checked by the source's mtime and size), mtime, size.
-    flags, mtime, size = (int.from_bytes(data[i : i + 4], "little") for i in (4, 8, 12))
+    flags, mtime, size = (int.from_bytes(header[i : i + 4], "little") for i in (4, 8, 12))
     mine = (int(here.st_mtime) & 0xFFFFFFFF, here.st_size & 0xFFFFFFFF)
     if flags != 0 or (mtime, size) != mine:
         return False
-    return _write_beside(dst, data)
-
-
-def _write_beside(dst: Path, data: bytes) -> bool:
-    """``data`` at ``dst``: its ``__pycache__`` made where missing (never through a link),
-    written to a temporary file and renamed into place. Not synced: bytecode is a cache
-    that Python checks against its source on every load."""
-    import stat
-
     try:
-        with contextlib.suppress(FileExistsError):
-            dst.parent.mkdir(mode=0o755)
-        if not stat.S_ISDIR(os.lstat(dst.parent).st_mode):
-            return False
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
-        )
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, dst)
+        if not made:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(into, 0o755)  # noqa: PTH102
+            if not stat.S_ISDIR(os.lstat(into).st_mode):
+                return False  # a link where __pycache__ would be: never written through
+        try:
+            # Python replaces a stale .pyc by renaming a new one over it, never by writing
+            # into it: a hard link shares nothing that either env changes.
+            os.link(src, dst, follow_symlinks=False)
+        except OSError:  # another file system: copied whole, renamed into place
+            with open(src, "rb") as fh:  # noqa: PTH123
+                data = fh.read(MAX_RECORD)
+            tmp = f"{dst}.{os.getpid()}.tmp"
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(out, "wb") as sink:
+                sink.write(data)
+            os.replace(tmp, dst)
     except OSError:
         return False
     return True

@@ -101,18 +101,33 @@ def env_root(target: Target) -> Path:
     return target.python.absolute().parent.parent
 
 
+def twin_path(target: Target, name: str) -> Path | None:
+    """Where the last result of ``name`` in an env of this env's signature is noted
+    (builder/store/plans.py: its RECORDs, hook and interpreter, not its path); None for an
+    interpreter whose env cudaenv cannot read. Read before any probe, so that verify of a
+    second identical env probes once."""
+    from builder.store import Hasher, plans
+
+    sig = plans.signature(env_root(target), Hasher(None))
+    if sig is None:
+        return None
+    return cachefiles.cache_dir() / "verify" / "passed" / f"{name}-env-{sig[:32]}.json"
+
+
 def record(
     target: Target, name: str, inputs: str, result: CheckResult, *, shared: bool = True
 ) -> None:
     """Keep a pass for the next verify, of this env and (``shared``: it ran here) of an
     identical one; nothing else is kept (and a record that cannot be written costs the next
     verify a run, never this one). A pass reused from another env keeps naming that env."""
+    twin = twin_path(target, name)
     if result.status != PASSED:
         # The record says the last run passed (:func:`passed_last`): not any more, here or
         # for an env identical to this one.
-        for path in (path_of(target, name), shared_path(name, inputs)):
-            with contextlib.suppress(OSError):
-                path.unlink()
+        for path in (path_of(target, name), shared_path(name, inputs), twin):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
         return
     doc = {
         "version": RECORD_VERSION,
@@ -124,6 +139,16 @@ def record(
     cachefiles.write_json(path_of(target, name), doc)
     if shared:
         cachefiles.write_json(shared_path(name, inputs), doc)
+    if twin is not None:
+        cachefiles.write_json(twin, {"version": RECORD_VERSION, "inputs": inputs})
+
+
+def note_twin(target: Target, name: str, inputs: str) -> None:
+    """Note a reused pass for envs of this env's signature too (:func:`passed_last`), where
+    the note is missing: an env verified before the note existed names it from now on."""
+    twin = twin_path(target, name)
+    if twin is not None and cachefiles.read_json(twin) is None:
+        cachefiles.write_json(twin, {"version": RECORD_VERSION, "inputs": inputs})
 
 
 def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path] | None:
@@ -165,6 +190,15 @@ def passed_last(target: Target, name: str) -> bool:
         return False
     doc = cachefiles.read_json(path_of(target, name))
     if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
-        return False
+        # Never verified here: an env of the same signature passed it (a second env of one
+        # lock and spec), and its pass is still on record.
+        twin = twin_path(target, name)
+        note = cachefiles.read_json(twin) if twin is not None else None
+        inputs = note.get("inputs") if isinstance(note, dict) else None
+        if not isinstance(inputs, str):
+            return False
+        doc = cachefiles.read_json(shared_path(name, inputs))
+        if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
+            return False
     result = doc.get("result")
     return isinstance(result, dict) and result.get("status") == PASSED
