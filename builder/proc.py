@@ -135,7 +135,7 @@ def _start(
     a program named without a directory found only where no other user could have put it
     (:func:`which`)."""
     if args and os.sep not in args[0]:
-        path = (env if env is not None else os.environ).get("PATH")
+        path = (env if env is not None else settings.child_environ()).get("PATH")
         found = which(args[0], path)
         if found is None:
             planted = _untrusted_on_path(args[0], path)
@@ -358,7 +358,7 @@ def which(name: str, path: str | None = None) -> str | None:
     another user's repository for the same reason (its safe.directory rule)."""
     if os.sep in name:
         return shutil.which(name, path=path)
-    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+    for directory in _path_dirs(path):
         found = shutil.which(name, path=directory or ".")
         if found is not None and planted_why(found) is None:
             return found
@@ -367,11 +367,18 @@ def which(name: str, path: str | None = None) -> str | None:
 
 def _untrusted_on_path(name: str, path: str | None) -> str | None:
     """The first ``name`` on ``path`` that :func:`which` skipped, if any."""
-    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+    for directory in _path_dirs(path):
         found = shutil.which(name, path=directory or ".")
         if found is not None:
             return found
     return None
+
+
+def _path_dirs(path: str | None) -> list[str]:
+    """The directories of ``path``, else of this process's PATH."""
+    return (path if path is not None else settings.child_environ().get("PATH", "")).split(
+        os.pathsep
+    )
 
 
 def planted_why(program: str) -> str | None:

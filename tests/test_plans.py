@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,8 @@ def test_a_build_prefetches_from_the_plan_without_starting_the_probe(
     FlashInfer when the store held a warmed module. With a plan for the env's signature, the
     prefetch places it and runs no probe; a module the plan does not hold still goes to it."""
     store, _, _ = warmed(tmp_path, tools, host_path)
+    b = tmp_path / "b"
+    build = bare_env(b, tools)  # before PATH changes: the same ninja as env a's (in the key)
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(store.root))
     monkeypatch.setenv("PATH", f"{host_path}:{os.environ['PATH']}")
     ran: list[Any] = []
@@ -204,12 +207,12 @@ def test_a_build_prefetches_from_the_plan_without_starting_the_probe(
         return None, "probe ran"
 
     monkeypatch.setattr(prefetch, "run_probe", probe)
-    b = tmp_path / "b"
-    build = bare_env(b, tools)
     done = prefetch.prefetch(b / "bin" / "python", flashinfer="0.7.2")
     assert (done.placed, done.by_plan, ran, done.warnings) == (("sampling",), 1, [], ())
     assert "1 placed from the plan of an identical env" in done.line()
-    assert "no work to do" in run_ninja(build)
+    # The env's own ninja (the key names its version; the test's PATH now leads elsewhere).
+    dry = subprocess.run([b / "bin" / "ninja", "-C", build, "-n"], capture_output=True, text=True)
+    assert "no work to do" in dry.stdout, dry.stdout
     # An env of other contents: no plan, the probe judges.
     c = tmp_path / "c"
     make_env(c, tools, record="pkg/a.py,sha256=cc,1\n")

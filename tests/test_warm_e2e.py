@@ -230,6 +230,9 @@ def test_an_interrupted_warm_keeps_what_it_finished_and_resumes(ws: Path) -> Non
         "PYTHONPATH": str(REPO),
         **node(ws, "a", None),
         "CUDAENV_JIT_STORE": str(ws / "store-interrupted"),
+        # One module after the other (a MAX_JOBS of the user's own): built at once, both
+        # would finish together and leave nothing to resume.
+        "MAX_JOBS": "2",
     }
     argv = [sys.executable, "-m", "builder.cli", "warm", SPEC, "--env-dir", str(ws / "a")]
     warm = [*argv, "--modules", *MODULES]

@@ -215,7 +215,7 @@ def build_through_store(
     store = jit_store.Store(root)
     try:
         key, build_dir = store_key(spec, store, ninja)
-        what = f"{spec.name} ({os.environ.get('FLASHINFER_CUDA_ARCH_LIST', '')})"
+        what = f"{getattr(spec, 'name', '?')} ({os.environ.get('FLASHINFER_CUDA_ARCH_LIST', '')})"
         lock = store.acquire(key, note=what, waiting=waiting)
     except (jit_store.StoreError, OSError) as exc:
         ran = build_seen(spec)
@@ -254,7 +254,7 @@ def build_through_store(
         "used": True,
         "key": key[:16],
         # What a placement plan records of the module (builder/store/plans.py).
-        "planned": {"key": key, "name": str(spec.name), "dir": str(build_dir)},
+        "planned": {"key": key, "name": str(getattr(spec, "name", "")), "dir": str(build_dir)},
         "hit": hit,
         "ran": ran,
         "warnings": [*store.notes, *notes],
