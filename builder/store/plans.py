@@ -66,6 +66,21 @@ def _bounded(path: Path, limit: int) -> bytes:
         return fh.read(limit)
 
 
+def placeless(name: str, data: bytes, roots: list[str]) -> bytes:
+    """What the site-packages entry ``name`` holds that does not depend on where the env
+    lies: a RECORD without its lines for files outside site-packages (a console script holds
+    the env's path in its first line, so its RECORD line does too), the start-up hook without
+    its first line (it names the env), any other text with the env's path written ``@ENV@``.
+    The env signature here and the imports check's recorded inputs are made of it."""
+    if name == "RECORD":
+        if b"\n../" in data or data.startswith(b"../"):
+            data = b"\n".join(ln for ln in data.split(b"\n") if not ln.startswith(b"../"))
+        return data
+    if name == HOOK:
+        data = data.partition(b"\n")[2]
+    return normalise_bytes(data, roots)
+
+
 def signature(prefix: Path, hasher: Hasher) -> str | None:
     """The env's signature (see the module's docstring); None for a tree that is not a venv
     cudaenv can read (no plan is used for it then)."""
@@ -82,19 +97,11 @@ def signature(prefix: Path, hasher: Hasher) -> str | None:
                     continue  # bytecode, which an env gains as it is used
                 path = site / name
                 if name.endswith(".dist-info"):
-                    # A console script's file holds the env's path in its first line, and so its
-                    # RECORD line: the lines outside site-packages are not the package's code.
-                    data = _bounded(path / "RECORD", MAX_RECORD)
-                    if b"\n../" in data or data.startswith(b"../"):
-                        data = b"\n".join(
-                            ln for ln in data.split(b"\n") if not ln.startswith(b"../")
-                        )
+                    data = placeless("RECORD", _bounded(path / "RECORD", MAX_RECORD), roots)
                     listed[name] = hashlib.sha256(data).hexdigest()
                 elif name.endswith(".pth") or name == HOOK:
-                    text = _bounded(path, MAX_RECORD).decode("utf-8", "replace")
-                    if name == HOOK:
-                        text = text.partition("\n")[2]
-                    listed[name] = hashlib.sha256(normalise(text, roots).encode()).hexdigest()
+                    data = placeless(name, _bounded(path, MAX_RECORD), roots)
+                    listed[name] = hashlib.sha256(data).hexdigest()
                 else:
                     listed[name] = ""
             parts[str(site.relative_to(prefix))] = listed

@@ -27,6 +27,7 @@ from packaging.utils import canonicalize_name
 
 from builder import proc
 from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.store import normalise, plans
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 
@@ -201,9 +202,9 @@ def inputs(target: Target, facts: EnvFacts) -> dict[str, Any] | None:
         digests = {}
         for name in entries:
             if name.endswith(".dist-info"):
-                digests[name] = _digest(site / name / "RECORD", record=True)
-            elif name.endswith(".pth") or name == HOOK:
-                digests[name] = _digest(site / name, roots=roots, skip_first=name == HOOK)
+                digests[name] = _digest(site / name / "RECORD", "RECORD", roots)
+            elif name.endswith(".pth") or name == plans.HOOK:
+                digests[name] = _digest(site / name, name, roots)
         listed[str(site.relative_to(root))] = {"entries": entries, "digests": digests}
     exe = target.python.resolve()
     st = exe.stat()
@@ -219,26 +220,14 @@ def inputs(target: Target, facts: EnvFacts) -> dict[str, Any] | None:
     }
 
 
-# cudaenv's start-up hook: its first line names the env, the rest is the same for every env
-# of one spec.
-HOOK: Final = "_cudaenv_hook.py"
-
-
-def _placeless(value: str | None, roots: Sequence[str]) -> str | None:
+def _placeless(value: str | None, roots: list[str]) -> str | None:
     """``value`` with the env's path written ``@ENV@``."""
-    if value is None:
-        return None
-    for r in sorted({r.rstrip("/") for r in roots if r and r != "/"}, key=len, reverse=True):
-        value = value.replace(r, "@ENV@")
-    return value
+    return None if value is None else normalise(value, roots)
 
 
-def _digest(
-    path: Path, *, record: bool = False, roots: Sequence[str] = (), skip_first: bool = False
-) -> str:
-    """A file's sha256 (links not followed: a link's target is named instead); a RECORD
-    without its lines for files outside site-packages, other text with the env's path
-    written ``@ENV@``."""
+def _digest(path: Path, name: str, roots: list[str]) -> str:
+    """The sha256 of what the site-packages entry ``name`` at ``path`` holds wherever the env
+    lies (plans.placeless); links not followed: a link's target is named instead."""
     try:
         if path.is_symlink():
             return f"link:{path.readlink()}"
@@ -246,14 +235,7 @@ def _digest(
             data = f.read(MAX_RECORD)
     except OSError as exc:
         return f"unreadable: {type(exc).__name__}"
-    text = data.decode("utf-8", "surrogateescape")
-    if record:
-        text = "\n".join(sorted(ln for ln in text.splitlines() if not ln.startswith("../")))
-    if skip_first:
-        text = text.partition("\n")[2]
-    if roots:
-        text = _placeless(text, roots) or ""
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    return hashlib.sha256(plans.placeless(name, data, roots)).hexdigest()
 
 
 def borrow_bytecode(other: Path, target: Target) -> tuple[str, str]:
