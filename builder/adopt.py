@@ -23,12 +23,13 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from builder import (
     __version__,
@@ -38,6 +39,7 @@ from builder import (
     driver,
     manifest,
     platforms,
+    policy,
     proc,
     toolchain,
 )
@@ -77,6 +79,9 @@ class Plan:
     system_toolkit: Path | None
     spec: EnvSpec
     files: tuple[str, ...] = field(default=())
+    # Installed again even at the same version (uv --reinstall-package): cuda-bindings, whose
+    # files a cuda-python of another major overwrote.
+    reinstall: tuple[str, ...] = field(default=())
 
     def lines(self) -> list[str]:
         out = [f"adopt {self.env.prefix}: torch {self.env.torch} is built for CUDA {self.cuda}"]
@@ -238,6 +243,7 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
         archs=chosen,
         toolchain=Toolchain(source="wheels", components=tuple(components)),
     )
+    bindings, reinstall = binding_repair(env.dists, version.major)
     if not channels.has_pip_nvcc(version.major):
         toolkit = _system_toolkit(cuda, env)
         if toolkit is None:
@@ -248,8 +254,10 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
                 f"install CUDA {cuda} there",
             )
         spec = dataclasses.replace(spec, toolchain=Toolchain(source="system", path=toolkit))
-        return Plan(env=env, cuda=cuda, requirements=(), changes=(), system_toolkit=toolkit,
-                    spec=spec, files=_files(env))  # fmt: skip
+        changes = _dry_run(env, bindings, reinstall) if bindings else ()
+        return Plan(env=env, cuda=cuda, requirements=bindings, changes=changes,
+                    system_toolkit=toolkit, spec=spec, files=_files(env),
+                    reinstall=reinstall)  # fmt: skip
     pin = torch_pin(env)
     extras = channels.toolkit_extras(tuple(components))
     if pin is not None and pin[0] == "cuda-toolkit":
@@ -258,9 +266,29 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
         requirements = (f"cuda-toolkit[{extras}]>={cuda},<{version.next_minor()}",)
         if pin is not None:
             requirements += (f"{pin[0]}=={pin[1]}",)
-    changes = _dry_run(env, requirements)
+    requirements += bindings
+    changes = _dry_run(env, requirements, reinstall)
     return Plan(env=env, cuda=cuda, requirements=requirements, changes=changes,
-                system_toolkit=None, spec=spec, files=_files(env))  # fmt: skip
+                system_toolkit=None, spec=spec, files=_files(env),
+                reinstall=reinstall)  # fmt: skip
+
+
+def binding_repair(dists: Mapping[str, str], major: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The requirements (and the packages to reinstall) that put NVIDIA's CUDA Python
+    bindings at torch's CUDA ``major``, where one of them is of another; empty when they are.
+    cuda-python below 12.8 ships cuda/bindings/ itself: replacing it removes files that
+    cuda-bindings shares, so cuda-bindings is installed again whatever its version."""
+    if not policy.binding_mismatches(dists, major):
+        return (), ()
+    by: dict[str, str] = {canonicalize_name(n): v for n, v in dists.items()}
+    wanted: list[str] = []
+    if "cuda-python" in by:
+        wanted.append(f"cuda-python>={major},<{major + 1}")
+    # A range, not the installed version: the newest cuda-bindings (what torch's >=13.0.3
+    # picked) may have no cuda-python release of its minor yet, which is how a cuda-python
+    # of the older major came in (cuda-bindings 13.5.0 beside cuda-python 12.6.2.post1).
+    wanted.append(f"cuda-bindings>={major},<{major + 1}")
+    return tuple(wanted), ("cuda-bindings",)
 
 
 def _files(env: Env) -> tuple[str, ...]:
@@ -273,11 +301,15 @@ def _files(env: Env) -> tuple[str, ...]:
     )
 
 
+def _reinstall_args(names: Sequence[str]) -> list[str]:
+    return [arg for name in names for arg in ("--reinstall-package", name)]
+
+
 _CHANGE = re.compile(r"^\s*([+-])\s+([A-Za-z0-9._-]+)==(\S+)")
 
 
 def _dry_run(
-    env: Env, requirements: Sequence[str]
+    env: Env, requirements: Sequence[str], reinstall: Sequence[str] = ()
 ) -> tuple[tuple[str, str | None, str | None], ...]:
     argv = [
         proc.uv_bin(),
@@ -286,6 +318,7 @@ def _dry_run(
         "--dry-run",
         "--python",
         str(env.python),
+        *_reinstall_args(reinstall),
         *requirements,
     ]
     try:
@@ -345,7 +378,8 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         fault_point("adopt-journal", progress)
         if p.requirements:
             progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
-            argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python), *p.requirements]
+            argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python),
+                    *_reinstall_args(p.reinstall), *p.requirements]  # fmt: skip
             try:
                 proc.run(argv, env=proc.uv_env(), stream=True, timeout=3600)
             except proc.CommandFailed as exc:

@@ -17,7 +17,6 @@ import ctypes
 import datetime as dt
 import errno
 import fcntl
-import functools
 import logging
 import os
 import re
@@ -41,7 +40,7 @@ from builder import (
     toolchain,
 )
 from builder.archs import Arch
-from builder.errors import BuildError, CudaenvError, EnvBusy
+from builder.errors import BuildError, EnvBusy
 from builder.lock import Lock, LockedPackage
 from builder.manifest import Manifest
 from builder.paths import envs_dir, project_root
@@ -393,6 +392,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     venv.rmdir()
     stage("venv", t)
     t = time.monotonic()
+    venv_made = sorted(p.name for p in toolchain.site_packages(tmp).iterdir())
     req = tmp / "var" / "requirements.lock.txt"
     req.parent.mkdir(parents=True, exist_ok=True)
     req.write_text(lock.requirements_txt(platforms.host_name()))
@@ -413,7 +413,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     t = time.monotonic()
     marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
     marker_env["python_full_version"] = interp.version
-    _prove_installed(job, toolchain.site_packages(tmp), packages, marker_env)
+    _prove_installed(job, toolchain.site_packages(tmp), packages, marker_env, venv_made)
     stage(f"every file of {len(packages)} packages' RECORD in place", t)
     t = time.monotonic()
     fault_point("overlay", progress)
@@ -543,7 +543,8 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
         ) from exc
     stage(f"unpack {len(packages)} packages for {platform.name}", t)
     t = time.monotonic()
-    _prove_installed(job, site, packages, platform.marker_environment(spec.python))
+    # uv locks a --target directory with an empty `.lock` it leaves there (no RECORD has it).
+    _prove_installed(job, site, packages, platform.marker_environment(spec.python), [".lock"])
     overlay = toolchain.wheel_overlay(tmp, spec, platform)
     toolchain.write_hooks(tmp, spec, env_archs)
     problems = toolchain.assembly_problems(tmp, platform)
@@ -617,37 +618,23 @@ def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -
     )
 
 
-def _in_uv_cache(dist_info: str, rel: str) -> Path | None:
-    """Where uv's cache holds ``rel`` of the wheel of ``dist_info`` (asked only for a file
-    that differs from its RECORD)."""
-    cache = _uv_cache_dir()
-    return installproof.uv_archive_file(cache)(dist_info, rel) if cache is not None else None
-
-
-@functools.cache
-def _uv_cache_dir() -> Path | None:
-    """uv's cache directory, as uv says (once per process: one question, however many
-    files differ)."""
-    try:
-        done = proc.run([proc.uv_bin(), "cache", "dir"], env=proc.uv_env(), timeout=60)
-    except (proc.CommandFailed, CudaenvError):
-        return None
-    cache = Path(done.stdout.strip())
-    return cache if cache.is_dir() else None
-
-
 def _prove_installed(
-    job: _Job, site: Path, packages: Sequence[LockedPackage], marker_env: dict[str, str]
+    job: _Job,
+    site: Path,
+    packages: Sequence[LockedPackage],
+    marker_env: dict[str, str],
+    made_before: Sequence[str] = (),
 ) -> None:
     """BuildError unless every locked package whose marker holds in ``marker_env`` (the
     others uv rightly skips) is installed and every file its RECORD names is there as
     recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
-    disk), and the env must not replace a working one then."""
+    disk), and the env must not replace a working one then. ``made_before``: the entries of
+    ``site`` before the install (the venv's own), which no RECORD lists."""
     problems = installproof.problems(
         site,
         job.tmp,
         [p for p in packages if installproof.applies(p, marker_env)],
-        wheel_file=_in_uv_cache,
+        made_before=made_before,
     )
     if not problems:
         return

@@ -34,6 +34,13 @@ CUDA_VERSIONED = (
     "nvidia-cuda-runtime-cu11",
 )
 
+# NVIDIA's Python bindings, versioned by the CUDA major they bind (cuda-bindings 13.5.0 binds
+# CUDA 13). cuda-python below 12.8 *is* the bindings and ships the same cuda/bindings/ files,
+# so cuda-python 12.6.2.post1 installed beside cuda-bindings 13.5.0 overwrites them and
+# `import flashinfer` fails; from 12.8 on cuda-python is a metapackage pinning cuda-bindings
+# of its own version. Either way their major must be torch's.
+CUDA_BINDINGS = ("cuda-python", "cuda-bindings")
+
 # NVIDIA CUDA runtime/toolkit wheels that carry their CUDA major in the name. Two majors of
 # these in one env load two libcudart/libcublas generations (DESIGN rule 3).
 _MAJOR_SUFFIXED = re.compile(

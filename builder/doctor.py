@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -24,6 +25,7 @@ from builder.doctor_facts import INFO as INFO
 from builder.doctor_facts import WARNING as WARNING
 from builder.doctor_facts import Facts as Facts
 from builder.doctor_facts import Finding as Finding
+from builder.doctor_facts import LastVerify as LastVerify
 from builder.doctor_rules import diagnose
 from builder.errors import CudaenvError
 
@@ -88,7 +90,41 @@ def probe(
     built = manifest.try_read(Path(prefix)) if prefix else None
     facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note, target_archs=target_archs)
     facts = _remote_cache(facts)
+    if prefix:
+        facts = replace(facts, last_verify=last_verify(Path(prefix), built))
     return facts, diagnose(facts), time.monotonic() - started
+
+
+# A verify report holds a few lines per check: a file larger than this is not one.
+_REPORT_LIMIT = 4 * 2**20
+
+
+def last_verify(prefix: Path, built: manifest.Manifest | None) -> LastVerify | None:
+    """What the env's own last verify report says; None where there is none, or the file
+    there is not a readable verify report (it is never shown: only its checks' names and
+    summaries are read)."""
+    path = prefix / "var" / "cudaenv" / "verify.json"
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _REPORT_LIMIT:
+            return None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") != "verify":
+        return None
+    checks = doc.get("checks")
+    if not isinstance(checks, list):
+        return None
+    failed = tuple(
+        (str(c.get("name", "?"))[:60], str(c.get("summary", ""))[:300])
+        for c in checks
+        if isinstance(c, dict) and c.get("status") == "failed"
+    )
+    said = doc.get("lock_hash")
+    current = built is None or said is None or said == built.lock_hash
+    return LastVerify(path=str(path), created=str(doc.get("created", "?"))[:40], failed=failed,
+                      current=current)  # fmt: skip
 
 
 def _remote_cache(facts: Facts) -> Facts:

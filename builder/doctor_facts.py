@@ -53,6 +53,21 @@ class JitEntry:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LastVerify:
+    """What the env's own last verify report (``var/cudaenv/verify.json``) says."""
+
+    path: str
+    created: str
+    failed: tuple[tuple[str, str], ...]  # each failed check: its name and summary
+    # Of the env as it stands: the report's lock hash is the manifest's (a rebuild since
+    # leaves the report of another env).
+    current: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return codec.to_json(self)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Facts:
     python: str
     python_version: str
@@ -85,6 +100,8 @@ class Facts:
     # password) and what it said to PING, asked by cudaenv (doctor.probe); None: none named.
     remote_cache: str | None = None
     remote_answer: Answer | None = None
+    # The env's last verify, as its report says (doctor.probe); None: none there.
+    last_verify: LastVerify | None = None
 
     @property
     def jit_home(self) -> CudaHome | None:
@@ -228,6 +245,7 @@ class Facts:
                 "status": self.remote_answer.status if self.remote_answer else None,
                 "detail": self.remote_answer.detail if self.remote_answer else None,
             },
+            "last_verify": None if self.last_verify is None else self.last_verify.to_json(),
             "probe_seconds": round(self.seconds, 3),
         }
 

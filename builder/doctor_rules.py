@@ -244,7 +244,10 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 ),
             )
         )
-    split = policy.mixed_majors(facts.dists)
+    # The bindings have their own finding below (a reinstall, not an uninstall, repairs them).
+    split = policy.mixed_majors(
+        {n: v for n, v in facts.dists.items() if canonicalize_name(n) not in channels.CUDA_BINDINGS}
+    )
     if split is not None:
         majors: dict[int, list[str]] = {}
         for wheel in split.wheels:
@@ -284,6 +287,90 @@ def rule_wheels(facts: Facts) -> list[Finding]:
             )
         )
     return out
+
+
+def rule_bindings(facts: Facts) -> list[Finding]:
+    """cuda-python or cuda-bindings of another CUDA major than torch's: cuda-python < 12.8
+    ships cuda/bindings/ itself, so installed over torch's cuda-bindings 13 it replaces their
+    files (`import flashinfer` fails); a cuda-python 12 metapackage pins cuda-bindings 12."""
+    torch = CudaVersion.read(facts.torch_cuda)
+    if torch is None:
+        return []
+    wrong = policy.binding_mismatches(facts.dists, torch.major)
+    if not wrong:
+        return []
+    m = torch.major
+    by: dict[str, str] = {canonicalize_name(n): v for n, v in facts.dists.items()}
+    # A range for cuda-bindings too: torch's >=13.0.3 picks the newest cuda-bindings, which
+    # no cuda-python 13 release may admit yet (cuda-bindings 13.5.0: cuda-python 13.4.4
+    # requires <13.5), and that is how cuda-python 12 came in.
+    keep = f"cuda-bindings>={m},<{m + 1}"
+    wanted = [f"cuda-python>={m},<{m + 1}", keep] if "cuda-python" in by else [keep]
+    # Reinstalled, not only upgraded: uninstalling the old cuda-python removes the
+    # cuda/bindings/ files it shares with cuda-bindings.
+    if "pip" in facts.dists:
+        repair = install_command(facts, "install --force-reinstall", *wanted)
+    else:
+        repair = install_command(facts, "install --reinstall-package cuda-bindings", *wanted)
+    fixes: list[str] = []
+    adopt_fix = _adopt_fix(facts)
+    if adopt_fix is not None:
+        fixes.append(adopt_fix.replace("installs torch's matched toolkit", "reinstalls the "
+                                       f"CUDA {m} bindings, installs torch's matched toolkit"))  # fmt: skip
+    if facts.manifest is not None and facts.manifest.spec != manifest.ADOPTED_SPEC:
+        fixes.append(
+            f"re-lock and rebuild: `cudaenv build {facts.manifest.spec} --relock` (the lock "
+            f"now keeps the bindings at CUDA {m})"
+        )
+    fixes.append(f"`{repair}`")
+    names = ", ".join(f"{w.name} {w.version} (CUDA {w.major})" for w in wrong)
+    return [
+        Finding(
+            code="cuda-binding-major",
+            severity=ERROR,
+            cause=f"{names} binds another CUDA major than torch {facts.torch_version} "
+            f"(CUDA {facts.torch_cuda}): "
+            + (
+                "cuda-python below 12.8 ships cuda/bindings/ itself, the same files as "
+                "cuda-bindings: where its copy was written last (installers write in "
+                "parallel), `import flashinfer` and anything using cuda.bindings fail"
+                if any(canonicalize_name(w.name) == "cuda-python" for w in wrong)
+                else f"its driver and runtime calls are CUDA {wrong[0].major}'s"
+            ),
+            evidence=(
+                *(f"{n} {by[n]}" for n in channels.CUDA_BINDINGS if n in by),
+                f"torch {facts.torch_version} (CUDA {facts.torch_cuda})",
+            ),
+            fix=tuple(fixes),
+        )
+    ]
+
+
+def rule_last_verify(facts: Facts) -> list[Finding]:
+    """An env is not healthy while its own last verify failed (the doctor reads less than the
+    verify ran: an import, a compile)."""
+    last = facts.last_verify
+    if last is None or not last.failed or not last.current:
+        return []
+    if facts.manifest is not None and facts.manifest.spec != manifest.ADOPTED_SPEC:
+        again = f"cudaenv verify {facts.manifest.spec} --env-dir {shlex.quote(facts.prefix)}"
+    else:
+        again = f"cudaenv verify --python {shlex.quote(facts.python)}"
+    first_name, first_summary = last.failed[0]
+    more = f" (and {len(last.failed) - 1} more failed check(s))" if len(last.failed) > 1 else ""
+    return [
+        Finding(
+            code="last-verify-failed",
+            severity=ERROR,
+            cause=f"this env's last verify ({last.created}) failed: {first_name}: "
+            f"{first_summary}{more}",
+            evidence=(*(f"{n}: failed: {w}" for n, w in last.failed), f"report: {last.path}"),
+            fix=(
+                "the findings above name a cause where the doctor sees one; repair that first",
+                f"then verify again: `{again}` (the report names each failed check's fix)",
+            ),
+        )
+    ]
 
 
 def rule_driver(facts: Facts) -> list[Finding]:
@@ -677,6 +764,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_probe,
     rule_nvcc,
     rule_wheels,
+    rule_bindings,
     rule_driver,
     rule_jit_cache,
     rule_caches,
@@ -687,9 +775,11 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_no_host_compiler,
     rule_glibc,
     rule_gpu_archs,
+    rule_last_verify,
 )
 ROOT_FIRST = (
     "probe-failed",
+    "cuda-binding-major",
     "torch-import-failed",
     "flashinfer-import-failed",
     "sm12x-nvcc-too-old",
@@ -713,6 +803,7 @@ ROOT_FIRST = (
     "gpu-arch-missing",
     "old-jit-cache",
     "no-driver",
+    "last-verify-failed",  # after every cause the doctor can name itself
     "rule-crashed",  # a doctor bug, not the env's: after every finding about the env
 )
 # root -> the symptoms it explains (grouped under it when both fire).
@@ -720,6 +811,7 @@ EXPLAINS = {
     "sm12x-nvcc-too-old": ("jit-toolkit-mismatch",),
     "nvcc-broken": ("jit-toolkit-mismatch",),
     "mixed-toolkit-minors": ("jit-toolkit-mismatch",),
+    "cuda-binding-major": ("flashinfer-import-failed", "torch-import-failed", "last-verify-failed"),
 }
 
 

@@ -12,7 +12,7 @@ import csv
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -56,30 +56,36 @@ def problems(
     packages: Sequence[LockedPackage] = (),
     *,
     hash_linked: bool = False,
-    wheel_file: Callable[[str, str], Path | None] | None = None,
+    made_before: Iterable[str] = (),
+    errata: Mapping[tuple[str, str, str], tuple[int, str]] | None = None,
 ) -> list[str]:
     """What is not as the RECORD files below ``site`` say; empty when every file is there.
 
     Each of ``packages`` must have a ``.dist-info`` of its version with a RECORD; every file a
     RECORD names must be inside ``root``, a regular file of the recorded size, and, where
     RECORD gives a hash (RECORD itself and ``.pyc`` files have none, PEP 376), that hash.
+    Every entry of ``site`` itself must be named by a RECORD or in ``made_before`` (what was
+    there before the install: the venv's own files): a ``.pth`` no RECORD lists, planted in
+    a cached package tree, would run at every interpreter start.
 
-    The hash is checked for every file this install wrote (one link: a copy), not for a file
-    hard-linked from uv's cache (``st_nlink > 1`` in a tree made this build): a hard link is
-    one directory entry made whole or not at all, its bytes are the cache's file, which uv
+    The hash is checked for every file this install wrote (one link: a copy), and for every
+    file whose size differs from RECORD's; not for a file of the recorded size hard-linked
+    from uv's cache (``st_nlink > 1`` in a tree made this build): a hard link is one
+    directory entry made whole or not at all, its bytes are the cache's file, which uv
     unpacked from a wheel whose sha256 matched the lock before renaming it into the cache, so
-    an interrupted or out-of-space install cannot leave such a file partly written; its size
-    is still checked. Hashing those too would read the whole env on every warm build (266 MiB
-    for the toolkit spec, gigabytes for a torch stack: ~0.2 s per 266 MiB on one core); a
-    cache changed after uv filled it is a question of the cache's trust, not of this install.
-    ``hash_linked`` hashes them all the same. Where uv copies (its cache on another
-    filesystem), everything is hashed: about the copy's own cost again (0.3 s of a 0.6 s
-    build of the toolkit spec on 2 cores), the price of proving bytes that were written.
+    an interrupted or out-of-space install cannot leave such a file partly written. Hashing
+    those too would read the whole env on every warm build (266 MiB for the toolkit spec,
+    gigabytes for a torch stack: ~0.2 s per 266 MiB on one core); a cache changed after uv
+    filled it is a question of the cache's trust (its owner and mode are checked), not of
+    this install. ``hash_linked`` hashes them all the same. Where uv copies (its cache on
+    another filesystem), everything is hashed: about the copy's own cost again.
 
-    Some published wheels ship a RECORD their own files contradict (pynvvideocodec 2.0.4: two
-    ``.so`` files 36191 bytes larger than recorded). A file that differs from RECORD is
-    therefore compared with the wheel's own file (``wheel_file(dist_info, rel)``: where uv
-    unpacked it, :func:`uv_archive_file`): equal bytes are the wheel's, installed whole."""
+    The reference is always RECORD, never uv's cached copy of the same file (one inode with
+    the env's: a file cut short in the cache would vouch for itself). A few published wheels
+    ship a RECORD their own files contradict; ``errata`` (default :data:`RECORD_ERRATA`)
+    names those files by (dist-info, path, RECORD's digest) with the size and sha256 the
+    wheel really holds, measured from wheels whose hash matched their lock."""
+    errata = RECORD_ERRATA if errata is None else errata
     problems: list[str] = []
     infos: dict[str, tuple[str, Path]] = {}
     for info in sorted(site.glob("*.dist-info")):
@@ -91,69 +97,137 @@ def problems(
             problems.append(f"{pkg.name} {pkg.version}: not installed (no .dist-info)")
         elif not _same_version(found[0], pkg.version):
             problems.append(f"{pkg.name}: {found[0]} installed, the lock says {pkg.version}")
-    to_hash: list[_Recorded] = []
     site_text, inside = os.fspath(site), os.fspath(root) + os.sep
-    claims: dict[str, list[_Recorded]] = {}
-    for _version, info in infos.values():
+    claims, shared, tops = _claims(site_text, infos.values(), problems)
+    problems += _unlisted(site, tops, {*made_before, *(i.name for _v, i in infos.values())})
+    to_hash: list[_Recorded] = []
+    differing: list[tuple[_Recorded, str]] = []
+    lstat, is_reg = os.lstat, stat.S_ISREG
+    for path, (dist, row) in claims.items():
+        # The common case inline (74,000 files in a torch stack; a call and a dataclass per
+        # file were half the proof's time): inside, a regular file of the recorded size, one
+        # of uv's hard links. Anything else takes _check_entry's slow path, which says why.
+        try:
+            st = lstat(path)
+        except OSError:
+            st = None
+        if (
+            st is not None
+            and is_reg(st.st_mode)
+            and path.startswith(inside)
+            and (len(row) < 3 or not row[2] or row[2] == str(st.st_size))
+            and (len(row) < 2 or not row[1] or (st.st_nlink > 1 and not hash_linked))
+        ):
+            continue
+        entry = _entry(dist, row[0], path, row)
+        problem = _check_entry(entry, inside, to_hash, hash_linked=hash_linked)
+        if problem is None:
+            continue
+        if problem.endswith(_DIFFERS_IN_SIZE):
+            problem = problem[: -len(_DIFFERS_IN_SIZE)]
+            if entry.digest:
+                differing.append((entry, problem))
+                continue
+        problems.append(problem)
+    for entries in shared.values():
+        # Two wheels ship one path (flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5
+        # both install a top-level build_backend.py): the installer's last write stays,
+        # so the file is as recorded when it is any one claimant's.
+        problem = _shared_entry_problem(entries, inside)
+        if problem is not None:
+            problems.append(problem)
+    problems += [p for _e, p in _hash_problems(to_hash)]
+    problems += [p for e, p in differing if not _as_erratum(e, errata)]
+    return problems
+
+
+# RECORD rows that their own wheel contradicts, by (dist-info, path, RECORD's sha256) -> the
+# (size, sha256) the wheel holds. pynvvideocodec 2.0.4 (every platform's wheel) records two
+# extension modules 36,191 (x86_64) or 64,895 (aarch64) bytes smaller than it ships, with the
+# digests of those smaller files: measured from the wheels of the vLLM stack's lock, each
+# unpacked by uv with its sha256 checked against the lock.
+RECORD_ERRATA: dict[tuple[str, str, str], tuple[int, str]] = {
+    ("pynvvideocodec-2.0.4.dist-info", f"PyNvVideoCodec/PyNvVideoCodec_{cu}.cpython-312-{arch}-linux-gnu.so", recorded): (size, real)
+    for cu, arch, recorded, size, real in (
+        ("121", "x86_64", "xHGpsXTzQ7UrIn9fMPOPHQ6LDpkChEOndoAOlWlVpJU", 2443232, "L7hfi80zwT4kDvKoxid_TVoCYLYp7PmiQqBPFAP1gqg"),
+        ("130", "x86_64", "IjqUR4p79WBAgGu86xwJfQFEo88rgPrpl4hdb06yuMI", 2459616, "FPEqeXfC9oH7AWk-QUNDCL-1zw4sMe0sKdEXYzfIZGI"),
+        ("121", "aarch64", "Lg7BDY4BWJcoMoq8TM2aHA99TSnX8MP2kvMExk0r14g", 2459328, "Ft23oVGQQcsNLNWVAsIgMvixDkIdFu7VHl_-YxZD7LQ"),
+        ("130", "aarch64", "7mB1bLWH3R6TFpOgANniy7fWO9RHawq_nbLwID4nxwY", 2524864, "9-yZLePHJX9Ef6k2v9OG1ZeeFDbl18AOeoswgSR09Rg"),
+        ("121", "aarch64", "s4QYLAFMTKzkaQ15Us8g63MV8n-0n-t0PHArvBfyOcA", 2388280, "kJM4XkkRAdqs_mluneEUUfmBT1ujkQHXsAATbGlTgGA"),
+        ("130", "aarch64", "QiTqVTgrxn4Ac9nFvF8Niv6tXCjtrqk_5d2nI6oqGKc", 2388280, "Yh5eZZEMC-wbGWDUmw044C_nOlEXBwMbhg6YfrCIfjU"),
+    )
+}  # fmt: skip
+
+# How _check_entry marks a file whose size differs from its RECORD (cut before it is said):
+# such a file may be a wheel's own (an erratum above), which its hash decides.
+_DIFFERS_IN_SIZE = "\0size"
+
+
+def _as_erratum(entry: _Recorded, errata: Mapping[tuple[str, str, str], tuple[int, str]]) -> bool:
+    """Whether ``entry``'s file is what its wheel really ships where RECORD is known wrong."""
+    known = errata.get((entry.dist, entry.rel, entry.digest or ""))
+    if known is None or entry.algorithm != "sha256":
+        return False
+    try:
+        return (
+            os.lstat(entry.path).st_size == known[0] and _digest(entry.path, "sha256") == known[1]
+        )
+    except OSError:
+        return False
+
+
+def _claims(
+    site: str, infos: Iterable[tuple[str, Path]], problems: list[str]
+) -> tuple[dict[str, tuple[str, list[str]]], dict[str, list[_Recorded]], set[str]]:
+    """Every RECORD row below ``site``: the paths one RECORD names (with its dist-info and
+    row), those several name, and the top-level names of ``site`` they cover. A RECORD that
+    cannot be read is a problem."""
+    claims: dict[str, tuple[str, list[str]]] = {}
+    shared: dict[str, list[_Recorded]] = {}
+    tops: set[str] = set()
+    prefix = site + os.sep
+    for _version, info in infos:
         try:
             text = (info / "RECORD").read_text(encoding="utf-8")
         except OSError as exc:
             problems.append(f"{info.name}/RECORD: {exc.strerror or exc}")
             continue
+        dist = info.name
         for row in csv.reader(text.splitlines()):
-            if row and row[0]:
-                entry = _entry(site_text, info.name, row)
-                claims.setdefault(entry.path, []).append(entry)
-    differing: list[tuple[_Recorded, str]] = []
-    for entries in claims.values():
-        if len(entries) > 1:
-            # Two wheels ship one path (flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5
-            # both install a top-level build_backend.py): the installer's last write stays,
-            # so the file is as recorded when it is any one claimant's.
-            problem = _shared_entry_problem(entries, inside)
-            if problem is not None:
-                problems.append(problem)
-            continue
-        problem = _check_entry(entries[0], inside, to_hash, hash_linked=hash_linked)
-        if problem is not None and any(d in problem for d in _DIFFERS):
-            differing.append((entries[0], problem))
-        elif problem is not None:
-            problems.append(problem)
-    differing += _hash_problems(to_hash)
-    for entry, problem in differing:
-        held = wheel_file(entry.dist, entry.rel) if wheel_file is not None else None
-        if held is None or not _same_bytes(Path(entry.path), held):
-            problems.append(problem)
-    return problems
+            if not row or not (rel := row[0]):
+                continue
+            if rel[0] in "/." or "/." in rel or "//" in rel:
+                path = os.path.normpath(os.path.join(site, rel))  # noqa: PTH118 - see _Recorded
+                if path.startswith(prefix):
+                    tops.add(path[len(prefix) :].partition(os.sep)[0])
+            else:
+                path = prefix + rel  # already normal: normpath is a third of the proof's time
+                tops.add(rel.partition("/")[0])
+            if path in shared:
+                shared[path].append(_entry(dist, rel, path, row))
+            elif (first := claims.pop(path, None)) is not None:
+                shared[path] = [_entry(first[0], first[1][0], path, first[1]),
+                                _entry(dist, rel, path, row)]  # fmt: skip
+            else:
+                claims[path] = (dist, row)
+    return claims, shared, tops
 
 
-# How a problem says a file differs from its RECORD (size or hash): such a file may be the
-# wheel's own (a RECORD the wheel contradicts), which the caller can ask uv's cache about.
-_DIFFERS = ("bytes, RECORD says", "differs from RECORD's")
-
-
-def _same_bytes(a: Path, b: Path) -> bool:
+def _unlisted(site: Path, tops: set[str], known: set[str]) -> list[str]:
+    """The entries of ``site`` itself that no RECORD names and the install did not find there."""
     try:
-        if a.stat().st_size != b.stat().st_size or not b.is_file():
-            return False
-        return _digest(os.fspath(a), "sha256") == _digest(os.fspath(b), "sha256")
-    except OSError:
-        return False
-
-
-def uv_archive_file(cache: Path) -> Callable[[str, str], Path | None]:
-    """``wheel_file`` for :func:`problems`: the file ``rel`` as uv unpacked the wheel whose
-    ``.dist-info`` is ``dist_info`` into its cache at ``cache`` (``archive-v*/ID/``), or None.
-    Only asked for the few files that differ from their RECORD."""
-
-    def find(dist_info: str, rel: str) -> Path | None:
-        for archive in sorted(cache.glob(f"archive-v*/*/{dist_info}")):
-            candidate = archive.parent / rel
-            if candidate.is_file() and not candidate.is_symlink():
-                return candidate
-        return None
-
-    return find
+        names = sorted(p.name for p in site.iterdir())
+    except OSError as exc:
+        return [f"{site}: {exc.strerror}"]
+    found = []
+    for name in names:
+        if name in tops or name in known or name == "__pycache__":
+            continue
+        why = " (a .pth file runs at every interpreter start)" if name.endswith(".pth") else ""
+        found.append(
+            f"{name}: in site-packages, but no installed distribution's RECORD lists it{why}"
+        )
+    return found
 
 
 def _shared_entry_problem(entries: Sequence[_Recorded], inside: str) -> str | None:
@@ -200,13 +274,12 @@ def _same_version(installed: str, locked: str) -> bool:
         return installed == locked
 
 
-def _entry(site: str, dist: str, row: list[str]) -> _Recorded:
+def _entry(dist: str, rel: str, path: str, row: list[str]) -> _Recorded:
     algorithm = digest = None
     if len(row) > 1 and "=" in row[1]:
         algorithm, _, digest = row[1].partition("=")
     size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
-    path = os.path.normpath(os.path.join(site, row[0]))  # noqa: PTH118 - see _Recorded.path
-    return _Recorded(dist=dist, rel=row[0], path=path, algorithm=algorithm, digest=digest,
+    return _Recorded(dist=dist, rel=rel, path=path, algorithm=algorithm, digest=digest,
                      size=size)  # fmt: skip
 
 
@@ -214,7 +287,8 @@ def _check_entry(
     entry: _Recorded, inside: str, to_hash: list[_Recorded], *, hash_linked: bool
 ) -> str | None:
     """None if the file is as RECORD says (its hash left to :func:`_hash_problems`, queued in
-    ``to_hash``), else the problem; ``inside``: the env's path and a separator."""
+    ``to_hash``), else the problem; ``inside``: the env's path and a separator. A size that
+    differs ends in :data:`_DIFFERS_IN_SIZE`."""
     if not entry.path.startswith(inside):
         return f"{entry.dist}: {entry.rel}: outside the env"
     try:
@@ -226,7 +300,12 @@ def _check_entry(
     if not stat.S_ISREG(st.st_mode):
         return f"{entry.dist}: {entry.rel}: not a regular file"
     if entry.size is not None and st.st_size != entry.size:
-        return f"{entry.dist}: {entry.rel}: {st.st_size} bytes, RECORD says {entry.size}"
+        said = f"{entry.dist}: {entry.rel}: {st.st_size} bytes, RECORD says {entry.size}"
+        if st.st_nlink > 1:
+            # One inode with uv's cache: the cache's copy is the damaged one.
+            name = entry.dist.partition("-")[0]
+            said += f"; uv's cache holds this copy (`uv cache clean {name}`, then build again)"
+        return said + _DIFFERS_IN_SIZE
     if entry.digest and (hash_linked or st.st_nlink == 1):
         to_hash.append(entry)
     return None

@@ -67,7 +67,7 @@ def major_of(name: str, version: str) -> int | None:
     major = channels.major_suffix(name)
     if major is not None:
         return major
-    if canonicalize_name(name) in channels.CUDA_VERSIONED:
+    if canonicalize_name(name) in (*channels.CUDA_VERSIONED, *channels.CUDA_BINDINGS):
         cuda = CudaVersion.read(version)
         return cuda.major if cuda is not None else None
     return None
@@ -89,6 +89,25 @@ def mixed_majors(dists: Mapping[str, str], want: int | None = None) -> MixedMajo
     if len(majors) > 1 or (want is not None and majors - {want}):
         return MixedMajors(wheels=tuple(wheels), want=want)
     return None
+
+
+def binding_mismatches(dists: Mapping[str, str], want: int) -> tuple[MajorWheel, ...]:
+    """Each of NVIDIA's CUDA Python bindings in ``dists`` (``channels.CUDA_BINDINGS``) that
+    binds another CUDA major than ``want`` (torch's)."""
+    out = []
+    for name, version in dists.items():
+        if canonicalize_name(name) in channels.CUDA_BINDINGS:
+            major = major_of(name, version)
+            if major is not None and major != want:
+                out.append(MajorWheel(name=name, version=version, major=major, by_name=False))
+    return tuple(out)
+
+
+def binding_constraints(major: int) -> tuple[str, ...]:
+    """Resolver constraints that keep the bindings at ``major`` where anything pulls them in
+    (a constraint adds no package): uv otherwise satisfies flashinfer-python's
+    ``cuda-python>=12.0`` with 12.6.2.post1 beside torch's cuda-bindings 13."""
+    return tuple(f"{name}>={major},<{major + 1}" for name in channels.CUDA_BINDINGS)
 
 
 def companion_mismatches(dists: Mapping[str, str]) -> tuple[CompanionMismatch, ...]:

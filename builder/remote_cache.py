@@ -35,9 +35,13 @@ SCHEMES = ("redis", "rediss")
 DEFAULT_PORT = 6379
 # The PyPI distribution the env needs for either tool to reach the server.
 CLIENT = "redis"
-# Seconds a connect or one answer may take, in the env's tools and in `doctor`: a server that
-# accepts and never answers costs each process this once (Triton's backend then gives up for
-# the process), never a hang. Triton's own RedisRemoteCacheBackend sets no timeout at all.
+# Seconds one whole request may take, in the env's tools and in `doctor`: the connect, and the
+# command with all of its answer, under one deadline, never a timeout per read of the socket
+# (redis-py's socket_timeout is one, and a server that trickles its reply renews it at each
+# byte). A server that accepts and never answers, or answers too slowly, costs each process
+# this once (both tools then give up for the process), never a hang. The env's client reads it
+# from TORCHINDUCTOR_REDIS_URL's socket_timeout (templates/remote_cache.py.j2, which also bounds
+# each reply's size: MAX_REPLY). Triton's own RedisRemoteCacheBackend sets no timeout at all.
 TIMEOUT = 3.0
 # What the hook points Triton at: its own manager, and the env's backend module (written
 # beside the hook by toolchain.write_hooks), which reads TORCHINDUCTOR_REDIS_URL.
@@ -212,6 +216,9 @@ class Answer:
     seconds: float
 
 
+# The longest answer `ping` reads: a status line (+PONG, +OK, -ERR ...). Nothing longer is read,
+# and a bulk reply ($LEN) is only its header line here, reported as not an answer to PING: its
+# body is never read, whatever length it announces.
 _MAX_LINE = 4096
 
 
@@ -223,14 +230,20 @@ def _command(*words: str) -> bytes:
     return b"".join(out)
 
 
+def _left(deadline: float) -> float:
+    """Seconds to ``deadline``, for the next wait on the socket; TimeoutError past it."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no answer in time")
+    return left
+
+
 def _reply(sock: socket.socket | ssl.SSLSocket, deadline: float) -> bytes:
-    """One RESP simple reply line (``+OK``, ``-ERR ...``), read before ``deadline``."""
+    """One RESP simple reply line (``+OK``, ``-ERR ...``), read before ``deadline``: each wait
+    is what is left of it, so a server that trickles bytes gains nothing by it."""
     got = b""
     while b"\r\n" not in got:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no answer in time")
-        sock.settimeout(left)
+        sock.settimeout(_left(deadline))
         chunk = sock.recv(256)
         if not chunk:
             raise ConnectionError("the server closed the connection")
@@ -255,16 +268,21 @@ def ping(cache: RemoteCache, *, timeout: float = TIMEOUT) -> Answer:
         return answer("down", f"no connection to {cache.netloc}: {exc.strerror or exc}")
     try:
         sock: socket.socket | ssl.SSLSocket = raw
+        # The TLS handshake and each send wait at most what is left of the deadline too (the
+        # socket's timeout bounds the whole of either call), not the time the connect had.
         if cache.tls:
+            raw.settimeout(_left(deadline))
             sock = ssl.create_default_context().wrap_socket(raw, server_hostname=cache.host)
         if cache.password:
             words = [cache.username, cache.password] if cache.username else [cache.password]
+            sock.settimeout(_left(deadline))
             sock.sendall(_command("AUTH", *words))
             said = _reply(sock, deadline)
             if said.startswith(b"-"):
                 return answer("auth-refused", f"AUTH refused: {_text(said[1:])}")
             if said != b"+OK":
                 return answer("down", f"not a Redis answer to AUTH: {_text(said)}")
+        sock.settimeout(_left(deadline))
         sock.sendall(_command("PING"))
         said = _reply(sock, deadline)
     except (OSError, ValueError) as exc:

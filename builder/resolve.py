@@ -150,6 +150,12 @@ def policy_problems(
                     f"{wheel.name} {wheel.version} is a CUDA {wheel.major} wheel in a CUDA "
                     f"{spec.cuda_major} env"
                 )
+            elif canonicalize_name(wheel.name) in channels.CUDA_BINDINGS:
+                problems.append(
+                    f"{wheel.name} {wheel.version} binds CUDA {wheel.major} in a CUDA "
+                    f"{spec.cuda_major} env (it overwrites or pins the cuda-bindings torch "
+                    "and FlashInfer import)"
+                )
     # Rule 4: FlashInfer companions equal flashinfer-python.
     for found in policy.companion_mismatches(versions):
         if found.flashinfer is None:
@@ -544,6 +550,7 @@ def resolve(
     for name, one in ones.items():
         pins = toolkit_pins(one, toolkit, compile_) if toolkit is not None else {}
         constraints = [f"{n}=={version}" for n, version in sorted(pins.items())]
+        constraints += policy.binding_constraints(spec.cuda_major)
         final = final_compile(one, requirements, constraints, ())
         packages = pin_sources(one, final.packages, wheelhouse=wheelhouse)
         problems += _on(name, policy_problems(one, packages, pins))

@@ -107,6 +107,41 @@ def test_a_set_uv_cannot_resolve_is_refused_with_uvs_words(
     assert "sglang==0.5.23 depends on nvidia-cuda-nvcc>=13.5" in str(info.value)
 
 
+def test_bindings_of_another_major_are_reinstalled_at_torchs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuda-python 12.6.2.post1 over torch's cuda-bindings 13.5.0 (`import flashinfer`
+    fails): adopt's plan installs both at torch's major, in ranges (no cuda-python 13 admits
+    cuda-bindings 13.5.0 yet), cuda-bindings again whatever its version."""
+    assert adopt.binding_repair({"cuda-bindings": "13.4.4", "cuda-python": "13.4.4"}, 13) == (
+        (),
+        (),
+    )
+    assert adopt.binding_repair({"cuda-bindings": "13.5.0", "cuda-python": "12.6.2.post1"}, 13) == (
+        ("cuda-python>=13,<14", "cuda-bindings>=13,<14"),
+        ("cuda-bindings",),
+    )
+    asked = tmp_path / "asked"
+    fake_uv = write(
+        tmp_path / "uv",
+        f"""#!/bin/sh
+echo "$@" > {asked}
+echo ' - cuda-python==12.6.2.post1'
+echo ' + cuda-python==13.4.4'
+echo ' - cuda-bindings==13.5.0'
+echo ' + cuda-bindings==13.4.4'
+""",
+    )
+    fake_uv.chmod(0o755)
+    monkeypatch.setenv("CUDAENV_UV", str(fake_uv))
+    dists = {"torch": "2.14.1", "cuda-bindings": "13.5.0", "cuda-python": "12.6.2.post1"}
+    planned = adopt.plan(an_env(tmp_path, dists=dists))
+    assert planned.requirements[1:] == ("cuda-python>=13,<14", "cuda-bindings>=13,<14")
+    assert planned.reinstall == ("cuda-bindings",)
+    assert "--reinstall-package cuda-bindings" in asked.read_text()
+    assert ("cuda-python", "12.6.2.post1", "13.4.4") in planned.changes
+
+
 # --------------------------------------------------------------------------- e2e
 
 
@@ -191,6 +226,43 @@ def test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back(
     assert leftovers == []
     assert not (plain_venv / "var").exists()
     assert jit_versions(plain_venv, cuda_128) == "12.8 13.0"
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_a_users_cuda_python_12_over_cuda_bindings_13_is_named_and_repaired(
+    tmp_path: Path,
+) -> None:
+    """As a user gets it: `uv pip install torch==2.14.1 flashinfer-python==0.7.2` (the index
+    as it stood on 2026-11-20) pulls cuda-python 12.6.2.post1 over cuda-bindings 13.5.0 and
+    `import flashinfer` may fail. doctor names it first; adopt repairs it; doctor is clean."""
+    from builder import interpreters
+
+    venv = tmp_path / "user"
+    base = interpreters.find("3.12", allow_download=False).path
+    proc.run(
+        [proc.uv_bin(), "venv", "--quiet", "--python", str(base), str(venv)], env=proc.uv_env()
+    )
+    python = venv / "bin" / "python"
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--python", str(python),
+              "--exclude-newer", "2026-11-20", "torch==2.14.1", "flashinfer-python==0.7.2"],
+             env=proc.uv_env(), timeout=1800)  # fmt: skip
+    versions = "import importlib.metadata as m; print(m.version('cuda-python'), m.version('cuda-bindings'))"
+    assert subprocess.run([python, "-c", versions], capture_output=True, text=True,
+                          check=True).stdout.split() == ["12.6.2.post1", "13.5.0"]  # fmt: skip
+    # Whether `import flashinfer` then fails depends on which of the two wheels uv wrote the
+    # shared cuda/bindings/ files of last (it installs in parallel): the doctor reads the set.
+    doctor = cudaenv("doctor", "--python", str(python), cwd=tmp_path, check=False)
+    assert doctor.returncode != 0
+    assert doctor.stdout.splitlines()[0].startswith(
+        "cuda-python 12.6.2.post1 (CUDA 12) binds another CUDA major than torch 2.14.1+cu130"
+    ), doctor.stdout
+    cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path)
+    subprocess.run([python, "-c", "import flashinfer"], check=True)
+    got = subprocess.run([python, "-c", versions], capture_output=True, text=True, check=True)
+    assert [v.split(".")[0] for v in got.stdout.split()] == ["13", "13"]
+    again = cudaenv("doctor", "--python", str(python), cwd=tmp_path, check=False)
+    assert again.returncode == 0, again.stdout
 
 
 @pytest.mark.network

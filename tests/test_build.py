@@ -324,24 +324,70 @@ def test_a_path_two_wheels_ship_is_as_one_of_them_records(tmp_path: Path) -> Non
     ]
 
 
-def test_a_file_its_own_wheel_contradicts_the_record_of_is_the_wheels(tmp_path: Path) -> None:
+def test_a_file_its_own_wheel_contradicts_the_record_of_is_an_erratum_by_hash(
+    tmp_path: Path,
+) -> None:
     """pynvvideocodec 2.0.4's RECORD gives two of its .so files 36191 bytes less than the
-    wheel holds: what uv unpacked from that wheel (its cache) is the reference then; a file
-    cut short is still found."""
+    wheel holds: such a file passes only as a known erratum, by the size and sha256 the wheel
+    really ships; a file cut short is still found, and so is one of the erratum's size with
+    other bytes."""
     site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
     info = installed_dist(site, "pynvvideocodec", "2.0.4", {"PyNvVideoCodec/c.so": b"s" * 100})
+    recorded = base64.urlsafe_b64encode(hashlib.sha256(b"s" * 100).digest()).rstrip(b"=")
     real = b"s" * 120  # what the wheel really holds
-    (site / "PyNvVideoCodec" / "c.so").write_bytes(real)
-    archive = tmp_path / "uv-cache" / "archive-v0" / "AbC123"
-    (archive / info.name).mkdir(parents=True)
-    (archive / "PyNvVideoCodec").mkdir()
-    (archive / "PyNvVideoCodec" / "c.so").write_bytes(real)
+    real_digest = base64.urlsafe_b64encode(hashlib.sha256(real).digest()).rstrip(b"=").decode()
+    so = site / "PyNvVideoCodec" / "c.so"
+    so.write_bytes(real)
     env = tmp_path / "env"
     wrong = f"{info.name}: PyNvVideoCodec/c.so: 120 bytes, RECORD says 100"
     assert installproof.problems(site, env) == [wrong]
-    lookup = installproof.uv_archive_file(tmp_path / "uv-cache")
-    assert installproof.problems(site, env, wheel_file=lookup) == []
-    (site / "PyNvVideoCodec" / "c.so").write_bytes(real[:50])  # a copy cut short
-    assert installproof.problems(site, env, wheel_file=lookup) == [
+    errata = {(info.name, "PyNvVideoCodec/c.so", recorded.decode()): (120, real_digest)}
+    assert installproof.problems(site, env, errata=errata) == []
+    so.write_bytes(b"t" * 120)  # the erratum's size, other bytes
+    assert installproof.problems(site, env, errata=errata) == [wrong]
+    so.write_bytes(real[:50])  # a copy cut short
+    assert installproof.problems(site, env, errata=errata) == [
         f"{info.name}: PyNvVideoCodec/c.so: 50 bytes, RECORD says 100"
+    ]
+
+
+def test_the_shipped_errata_are_pynvvideocodecs_measured_files() -> None:
+    """Each erratum names a file of a wheel and the size and sha256 it really ships."""
+    assert len(installproof.RECORD_ERRATA) == 6
+    for (dist, rel, recorded), (size, real) in installproof.RECORD_ERRATA.items():
+        assert dist == "pynvvideocodec-2.0.4.dist-info"
+        assert rel.startswith("PyNvVideoCodec/PyNvVideoCodec_1")
+        assert len(recorded) == len(real) == 43
+        assert recorded != real
+        assert size > 2_000_000
+
+
+def test_a_file_cut_short_in_uvs_cache_never_vouches_for_itself(tmp_path: Path) -> None:
+    """libcudart.so.13 truncated in uv's cache, hard-linked into the env: the env's file and
+    the cache's are one inode, so the proof compares with RECORD and names the cache."""
+    site = a_site(tmp_path)
+    nvcc = site / "nvidia" / "cu13" / "bin" / "nvcc"
+    cache = tmp_path / "uv-cache" / "archive-v0" / "AbC123" / "nvidia" / "cu13" / "bin"
+    cache.mkdir(parents=True)
+    with nvcc.open("r+b") as fh:
+        fh.truncate(40)
+    os.link(nvcc, cache / "nvcc")
+    assert installproof.problems(site, tmp_path / "env", LOCKED) == [
+        "nvidia_cuda_nvcc-13.0.88.dist-info: nvidia/cu13/bin/nvcc: 40 bytes, RECORD says 400; "
+        "uv's cache holds this copy (`uv cache clean nvidia_cuda_nvcc`, then build again)"
+    ]
+
+
+def test_an_entry_of_site_packages_no_record_lists_is_refused(tmp_path: Path) -> None:
+    """A .pth planted in a cached package tree runs at every interpreter start: an entry of
+    site-packages no RECORD names is a problem, unless it was there before the install."""
+    site = a_site(tmp_path)
+    (site / "zz-evil.pth").write_text("import os; os.system('id')\n")
+    (site / "_virtualenv.pth").write_text("import _virtualenv\n")
+    (site / "stray").mkdir()
+    made = ["_virtualenv.pth"]
+    assert installproof.problems(site, tmp_path / "env", LOCKED, made_before=made) == [
+        "stray: in site-packages, but no installed distribution's RECORD lists it",
+        "zz-evil.pth: in site-packages, but no installed distribution's RECORD lists it "
+        "(a .pth file runs at every interpreter start)",
     ]

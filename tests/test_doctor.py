@@ -793,3 +793,102 @@ def test_install_fixes_work_in_the_env_they_name() -> None:
     )
     assert found.fix == (f"/p -m pip install flashinfer-cubin=={fi}",)
     assert not any(fix.startswith("pip ") for f in doctor_rules.diagnose(facts) for fix in f.fix)
+
+
+# --------------------------------------------------------------------------- CUDA Python bindings
+
+
+def test_cuda_python_of_another_major_than_torchs_is_named_first(env: FakeEnv) -> None:
+    """`uv pip install torch==2.14.1 flashinfer-python==0.7.2` pulls cuda-python 12.6.2.post1
+    over torch's cuda-bindings 13.5.0 (`import flashinfer` fails): the doctor names it, as
+    one finding (not a generic "two CUDA majors"), with a repair that reinstalls the bindings
+    at torch's major in ranges uv can satisfy."""
+    env.dist("cuda-bindings", "13.5.0")
+    env.dist("cuda-python", "12.6.2.post1")
+    findings, _ = run(env)
+    assert codes(findings, doctor.ERROR) == ["cuda-binding-major"]
+    found = findings[0]
+    assert found.cause.startswith(
+        "cuda-python 12.6.2.post1 (CUDA 12) binds another CUDA major than torch 2.14.1+cu130 "
+        "(CUDA 13.0): cuda-python below 12.8 ships cuda/bindings/ itself"
+    )
+    assert found.fix[0].startswith(
+        f"repair this env in place: `cudaenv adopt --python {env.python}`"
+    )
+    assert found.fix[-1] == (
+        f"`uv pip install --reinstall-package cuda-bindings --python {env.python} "
+        "'cuda-python>=13,<14' 'cuda-bindings>=13,<14'`"
+    )
+
+
+def test_cuda_bindings_of_a_cuda_12_torchs_other_major() -> None:
+    """cuda-bindings 13 beside a CUDA 12.8 torch (nvidia-cutlass-dsl asks only >=12.8)."""
+    doc = facts_doc(
+        torch={"installed": True, "version": "2.9.1+cu128", "cuda": "12.8"},
+        distributions={"torch": "2.9.1", "cuda-bindings": "13.5.0", "pip": "25.0"},
+    )
+    facts = doctor.Facts.from_json(doc, None)
+    found = doctor_rules.rule_bindings(facts)
+    assert [f.code for f in found] == ["cuda-binding-major"]
+    assert "its driver and runtime calls are CUDA 13's" in found[0].cause
+    assert found[0].fix[-1] == "`/p -m pip install --force-reinstall 'cuda-bindings>=12,<13'`"
+    matched = facts_doc(distributions={**HEALTHY_DISTS, "cuda-bindings": "13.4.4",
+                                       "cuda-python": "13.4.4"})  # fmt: skip
+    assert doctor_rules.rule_bindings(doctor.Facts.from_json(matched, None)) == []
+
+
+# --------------------------------------------------------------------------- the last verify
+
+
+def a_verify_report(env_dir: Path, *, failed: bool, lock_hash: str = "h" * 16) -> Path:
+    checks = [
+        {"name": "toolchain", "status": "passed", "summary": "nvcc 13.0"},
+        {"name": "imports", "status": "failed" if failed else "passed",
+         "summary": "import flashinfer failed: AttributeError: cudaLibrary_t"},
+    ]  # fmt: skip
+    doc = {"schema_version": 1, "kind": "verify", "created": "2026-12-03T10:00:00+00:00",
+           "lock_hash": lock_hash, "checks": checks}  # fmt: skip
+    return write(env_dir / "var" / "cudaenv" / "verify.json", json.dumps(doc))
+
+
+def test_an_env_whose_last_verify_failed_is_not_healthy(env: FakeEnv) -> None:
+    """doctor said "healthy" while the env's own verify report said failed: it reads the
+    report, and only a report of the env as it stands (a rebuild since is another env)."""
+    venv = env.python.parent.parent
+    a_verify_report(venv, failed=True)
+    findings, facts = run(env)
+    assert codes(findings, doctor.ERROR) == ["last-verify-failed"]
+    assert findings[0].cause == (
+        "this env's last verify (2026-12-03T10:00:00+00:00) failed: imports: import flashinfer "
+        "failed: AttributeError: cudaLibrary_t"
+    )
+    assert (
+        findings[0].fix[-1].startswith(f"then verify again: `cudaenv verify --python {env.python}`")
+    )
+    assert doctor.to_json(env.python, facts, findings, 0.0)["healthy"] is False
+    a_verify_report(venv, failed=False)
+    findings, _ = run(env)
+    assert codes(findings, doctor.ERROR) == []
+
+
+def test_a_report_of_an_earlier_build_or_another_kind_is_not_read_as_the_last_verify(
+    tmp_path: Path,
+) -> None:
+    built = a_manifest()
+    a_verify_report(tmp_path, failed=True, lock_hash="0" * 16)
+    stale = doctor.last_verify(tmp_path, built)
+    assert stale is not None and not stale.current
+    a_verify_report(tmp_path, failed=True)
+    assert doctor.last_verify(tmp_path, built) == doctor.LastVerify(
+        path=str(tmp_path / "var" / "cudaenv" / "verify.json"),
+        created="2026-12-03T10:00:00+00:00",
+        failed=(("imports", "import flashinfer failed: AttributeError: cudaLibrary_t"),),
+        current=True,
+    )
+    report = tmp_path / "var" / "cudaenv" / "verify.json"
+    report.unlink()
+    report.symlink_to("/etc/passwd")  # not a file of its kind: never read
+    assert doctor.last_verify(tmp_path, built) is None
+    report.unlink()
+    report.write_text(json.dumps({"kind": "matrix", "checks": []}))
+    assert doctor.last_verify(tmp_path, built) is None

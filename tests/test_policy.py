@@ -131,6 +131,23 @@ def test_one_cuda_major_and_companions(default_spec: spec.EnvSpec) -> None:
     ]
 
 
+def test_cuda_python_bindings_of_another_major_are_refused(default_spec: spec.EnvSpec) -> None:
+    """The shipped FlashInfer 0.7.4 lock held cuda-python 12.6.2.post1 beside cuda-bindings
+    13.5.0: its cuda/bindings/ files replace torch's, and `import flashinfer` fails."""
+    packages = [
+        pkg("torch", "2.14.1"),
+        pkg("cuda-toolkit", "13.0.3.0"),
+        pkg("cuda-bindings", "13.5.0"),
+        pkg("cuda-python", "12.6.2.post1"),
+    ]
+    assert resolve.policy_problems(default_spec, packages, {}) == [
+        "cuda-python 12.6.2.post1 binds CUDA 12 in a CUDA 13 env (it overwrites or pins the "
+        "cuda-bindings torch and FlashInfer import)"
+    ]
+    matched = [*packages[:2], pkg("cuda-bindings", "13.4.4"), pkg("cuda-python", "13.4.4")]
+    assert resolve.policy_problems(default_spec, matched, {}) == []
+
+
 class FakeUv:
     """Replaces the one subprocess seam (uv pip compile) with recorded answers."""
 
@@ -212,6 +229,9 @@ def test_resolve_pins_the_toolkit_torch_pins(in_tmp: Path, monkeypatch: pytest.M
     )
     # nvjitlink floats within the major in cuda-toolkit's own metadata: not a pin.
     assert "nvidia-nvjitlink==13.5.37" not in cons
+    # NVIDIA's bindings held to the spec's major wherever anything pulls them in: uv
+    # otherwise meets flashinfer-python's cuda-python>=12.0 with 12.6.2.post1.
+    assert cons[-2:] == ("cuda-python>=13,<14", "cuda-bindings>=13,<14")
     assert "nvidia-cuda-nvcc==13.0.88" in cons
     assert plan.lock.toolkit == "13.0.3.0"
     assert plan.lock.torch_cuda == "13.0"

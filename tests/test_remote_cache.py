@@ -1,10 +1,12 @@
 """Triton's and Inductor's shared Redis cache: the URL and its refusals, the spec key, the
-setting, what the start-up hook and every shell's activation wire, and doctor's PING against a
-real redis-server (answers, wrong password, down, slow, not Redis). The two-node runs of the
-real tools are in tests/test_remote_cache_e2e.py."""
+setting, what the start-up hook and every shell's activation wire, doctor's PING against a
+real redis-server (answers, wrong password, down, slow, not Redis), and the env's own client
+(real redis-py) against servers that trickle, announce huge replies or nest them. The two-node
+runs of the real tools are in tests/test_remote_cache_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -13,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -464,3 +467,260 @@ def test_ping_bounds_the_name_lookup_too(monkeypatch: pytest.MonkeyPatch) -> Non
         release.set()
     assert time.monotonic() - started < 2
     assert said.status == "down" and "lookup of cache.example.internal" in said.detail
+
+
+# --------------------------------------------------------------------------- a hostile server
+
+# A bulk reply of 2 GiB announced (over any bound an entry has), and one of 1 MiB (under it),
+# either then trickled at 1 KiB every 0.5 s: 2 KiB/s, so the 1 MiB takes over 8 minutes, and
+# each byte renews a timeout that bounds one read of the socket.
+HUGE = b"$2147483648\r\n"
+SLOW = b"$1048576\r\n"
+# An array in an array, 5000 deep: past the recursion of redis-py's parser.
+DEEP = b"*1\r\n" * 5000
+
+
+@dataclass
+class Trickle:
+    """What a trickle_server saw: connections accepted, requests answered."""
+
+    port: int
+    connections: int = 0
+    requests: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@contextlib.contextmanager
+def trickle_server(head: bytes, *, every: float = 0.5, size: int = 1024) -> Iterator[Trickle]:
+    """A TCP port on 127.0.0.1 that answers the first request of each connection with ``head``
+    and then ``size`` bytes every ``every`` seconds, for 60 s at most a connection (a server
+    that is slow on purpose). Yields what it saw; every connection is closed at the end."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    seen = Trickle(port=listener.getsockname()[1])
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(5)
+                if not conn.recv(65536):
+                    return
+                seen.requests += 1
+                conn.sendall(head)
+                ends = time.monotonic() + 60
+                while not stop.wait(every) and time.monotonic() < ends:
+                    conn.sendall(b"x" * size)
+            except OSError:  # the client hung up: what a bounded client does
+                pass
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            seen.connections += 1
+            thread = threading.Thread(target=serve, args=(conn,), daemon=True)
+            thread.start()
+            threads.append(thread)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        acceptor.join(timeout=5)
+        for thread in threads:
+            thread.join(timeout=5)
+        listener.close()
+
+
+@pytest.fixture
+def redis_env(tmp_path: Path) -> Path:
+    """A venv with the real Redis client (redis-py, from uv's cache: no index is asked) and
+    the hook and Triton backend a build writes into an env that has it; wired at each start
+    from CUDAENV_REMOTE_CACHE. Skips where uv's cache has no redis-py (the e2e tests run the
+    same against a built env's own)."""
+    path = tmp_path / "env"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)])
+    done = proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--offline", "--python",
+                     str(path / "bin" / "python"), remote_cache.CLIENT], check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"redis-py is not in uv's cache here: {done.stderr.strip()[-300:]}")
+    s = spec.load(write(tmp_path / "env.yaml", SPEC))
+    toolchain.write_hooks(path, s, archs.DEFAULT_ARCHS)
+    assert (toolchain.site_packages(path) / f"{remote_cache.BACKEND_MODULE}.py").is_file()
+    return path
+
+
+def run_in(env: Path, code: str, url: str) -> tuple[dict[str, object], str]:
+    """``code`` in a process of ``env`` wired to ``url`` by its hook: its last line of output
+    as JSON, and its stderr."""
+    done = subprocess.run([env / "bin" / "python", "-c", code],
+                          env={**BARE, "CUDAENV_REMOTE_CACHE": url}, capture_output=True,
+                          text=True, timeout=90)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found, done.stderr
+
+
+# Triton's manager as it asks the env's backend: a group of files of one kernel, twice, then a
+# file written.
+TRITON_GETS = r"""
+import json, time
+import _cudaenv_remote_cache as backend
+cache = backend.RedisBackend("k")
+got, seconds = [], []
+for _ in range(2):
+    started = time.monotonic()
+    got.append(sorted(cache.get(["add.cubin", "add.json"])))
+    seconds.append(time.monotonic() - started)
+cache.put("add.json", b"{}")
+print(json.dumps({"got": got, "seconds": seconds}))
+"""
+
+# Inductor's backend as the hook's guard leaves it: the env's client, asked as Inductor's
+# RedisRemoteCacheBackend._get asks (torch is not needed for the client; the guard with a
+# real torch is in the e2e tests).
+INDUCTOR_GET = r"""
+import json, os, time
+import redis
+import _cudaenv_remote_cache as backend
+client = backend.client(os.environ["TORCHINDUCTOR_REDIS_URL"])
+started = time.monotonic()
+try:
+    client.get("pt2:fx-graph-v1::k:c1")
+    said = None
+except redis.exceptions.RedisError as exc:
+    said = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps({"said": said, "seconds": time.monotonic() - started}))
+"""
+
+
+def spans(found: dict[str, object]) -> list[float]:
+    """The seconds each get of TRITON_GETS took."""
+    seconds = found["seconds"]
+    assert isinstance(seconds, list)
+    return [float(s) for s in seconds]
+
+
+def warnings_of(err: str, tool: str) -> list[str]:
+    return [line for line in err.splitlines() if f"{tool}'s remote cache is not used" in line]
+
+
+@pytest.mark.slow
+def test_a_trickled_reply_costs_triton_one_warning_at_the_deadline(redis_env: Path) -> None:
+    """A reply under the size bound, trickled: redis-py's socket_timeout bounds each read and
+    every trickle renews it; the env's client has one deadline for the whole request
+    (TIMEOUT, the URL's socket_timeout). Then the process asks nothing more."""
+    with trickle_server(SLOW) as server:
+        found, err = run_in(redis_env, TRITON_GETS, server.url)
+    assert found["got"] == [[], []]
+    first = spans(found)[0]
+    assert remote_cache.TIMEOUT * 0.9 <= first < remote_cache.TIMEOUT + 2, found
+    # Given up: the second get, and the put, ask the server nothing.
+    assert (server.connections, server.requests) == (1, 1)
+    assert warnings_of(err, "Triton") == [
+        "cudaenv: Triton's remote cache is not used by this process (TooSlow: no whole answer "
+        f"in {remote_cache.TIMEOUT:g}s); compiling locally"
+    ], err
+
+
+@pytest.mark.slow
+def test_a_trickled_reply_costs_inductors_client_one_error_at_the_deadline(
+    redis_env: Path,
+) -> None:
+    with trickle_server(SLOW) as server:
+        found, _ = run_in(redis_env, INDUCTOR_GET, server.url)
+    assert found["said"] == f"TooSlow: no whole answer in {remote_cache.TIMEOUT:g}s"
+    seconds = float(str(found["seconds"]))
+    assert remote_cache.TIMEOUT * 0.9 <= seconds < remote_cache.TIMEOUT + 2, found
+
+
+def test_a_huge_announced_reply_is_refused_unread(redis_env: Path) -> None:
+    """2 GiB announced: refused at its header, long before the deadline, by both tools'
+    client, whatever the server would send after it."""
+    why = ("TooLarge: a reply of 2147483648 bytes announced, over the 64 MiB any entry "
+           "may be")  # fmt: skip
+    with trickle_server(HUGE) as server:
+        found, err = run_in(redis_env, TRITON_GETS, server.url)
+        inductor, _ = run_in(redis_env, INDUCTOR_GET, server.url)
+    assert found["got"] == [[], []]
+    assert max(spans(found)) < remote_cache.TIMEOUT / 3, found
+    assert warnings_of(err, "Triton") == [
+        f"cudaenv: Triton's remote cache is not used by this process ({why}); compiling locally"
+    ], err
+    assert inductor["said"] == why
+    assert float(str(inductor["seconds"])) < remote_cache.TIMEOUT / 3, inductor
+
+
+def test_a_reply_nested_past_the_parsers_recursion_is_an_error_of_redis(redis_env: Path) -> None:
+    """redis-py's parser recurses once a level: "*1\\r\\n" 5000 times is a RecursionError,
+    which the hook's Inductor guard (it catches redis' errors) would let fail the compile."""
+    with trickle_server(DEEP) as server:
+        found, err = run_in(redis_env, TRITON_GETS, server.url)
+        inductor, _ = run_in(redis_env, INDUCTOR_GET, server.url)
+    why = "TooDeep: a reply nested deeper than any answer to "
+    assert inductor["said"] == why + "GET", inductor
+    assert warnings_of(err, "Triton") == [
+        f"cudaenv: Triton's remote cache is not used by this process ({why}MGET); compiling locally"
+    ], err
+    assert max(spans(found)) < remote_cache.TIMEOUT / 3, found
+
+
+# Entries at and over the size bound on a real server: one at it is a hit, one over it (as
+# another client could write) is refused at its header, and the backend writes none over it.
+BOUNDS = r"""
+import json, os
+import redis
+import _cudaenv_remote_cache as backend
+plain = redis.Redis.from_url(os.environ["TORCHINDUCTOR_REDIS_URL"])
+cache = backend.RedisBackend("k")
+at = os.urandom(backend.MAX_REPLY - len(backend._seal(b"")))
+cache.put("at.cubin", at)
+cache.put("over.cubin", at + b"!")
+hit = cache.get(["at.cubin"]).get("at.cubin") == at
+plain.set(cache._name("big.cubin"), b"x" * (backend.MAX_REPLY + 1))
+print(json.dumps({"hit": hit, "over": plain.exists(cache._name("over.cubin")),
+                  "big": sorted(cache.get(["big.cubin"])), "after": sorted(cache.get(["at.cubin"]))}))
+"""
+
+
+@pytest.mark.slow
+def test_an_entry_over_the_bound_is_neither_written_nor_read(
+    redis_env: Path, redis_server: Redis
+) -> None:
+    found, err = run_in(redis_env, BOUNDS, redis_server.url)
+    assert found == {"hit": True, "over": 0, "big": [], "after": []}, found
+    assert warnings_of(err, "Triton") == [
+        "cudaenv: Triton's remote cache is not used by this process (TooLarge: a reply of "
+        "67108865 bytes announced, over the 64 MiB any entry may be); compiling locally"
+    ], err
+
+
+@pytest.mark.slow
+def test_ping_reads_no_bulk_reply_and_no_trickle_past_its_deadline() -> None:
+    """doctor's own client reads one status line: a bulk header is not an answer to PING (its
+    body is never read), and a line trickled without end stops at the deadline or at the
+    longest status line, whichever comes first."""
+    with trickle_server(HUGE) as server:
+        started = time.monotonic()
+        huge = remote_cache.ping(parse(server.url), timeout=2)
+    assert (huge.status, huge.detail) == ("down", "not a Redis answer to PING: $2147483648")
+    assert time.monotonic() - started < 1
+    with trickle_server(b"+", every=0.2, size=16) as server:
+        slow = remote_cache.ping(parse(server.url), timeout=1)
+    assert (slow.status, slow.detail.split(": ")[-1]) == ("down", "no answer in time")
+    assert 0.9 <= slow.seconds < 2
+    with trickle_server(b"+", every=0.05) as server:
+        long = remote_cache.ping(parse(server.url), timeout=5)
+    assert long.status == "down" and long.detail.endswith("longer than any Redis status line")
+    assert long.seconds < 5

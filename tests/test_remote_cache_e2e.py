@@ -4,8 +4,8 @@
 Node A compiles a Triton kernel for sm_120 (an explicit target: no GPU needed) and an Inductor
 graph on the CPU; node B, with empty local caches of its own, gets both from Redis and runs no
 ptxas and no compiler. Triton's keys are its own: another target arch, or a ptxas that reports
-another version, is another entry. A Redis that is down, hung or not Redis costs one warning
-and a local compile."""
+another version, is another entry. A Redis that is down, hung, not Redis, trickling its reply or announcing a huge one
+costs one warning and a local compile."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import pytest
 from builder import remote_cache, toolchain
 from tests.conftest import Redis, start_redis
 from tests.helpers import cudaenv, loopback_server, workspace, write
+from tests.test_remote_cache import DEEP, HUGE, SLOW, trickle_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
@@ -190,10 +191,12 @@ def test_two_toolchains_never_share_an_entry(
     assert by_ptxas and not by_ptxas & (first | by_arch)
 
 
-@pytest.mark.parametrize("how", ["down", "hung", "garbage", "corrupt entry"])
+@pytest.mark.parametrize("how", ["down", "hung", "garbage", "trickled", "huge", "corrupt entry"])
 def test_a_broken_remote_costs_one_warning_and_a_local_compile(
     wired_env: Path, shared: Redis, tmp_path: Path, how: str
 ) -> None:
+    """``trickled``: a reply under the size bound, 2 KiB/s (each byte renews redis-py's
+    timeout of one read); ``huge``: 2 GiB announced, then the same trickle."""
     wrapper, log = ptxas_wrapper(wired_env, tmp_path)
     fake = contextlib.ExitStack()
     url = shared.url
@@ -204,6 +207,8 @@ def test_a_broken_remote_costs_one_warning_and_a_local_compile(
     elif how in ("hung", "garbage"):
         reply = None if how == "hung" else b"\x00\xffgarbage\r\n"
         url = f"redis://127.0.0.1:{fake.enter_context(loopback_server(reply))}/0"
+    elif how in ("trickled", "huge"):
+        url = fake.enter_context(trickle_server(SLOW if how == "trickled" else HUGE)).url
     else:
         # Every entry of the kernel overwritten with bytes that are not what was stored.
         shared.command("FLUSHALL")
@@ -220,6 +225,10 @@ def test_a_broken_remote_costs_one_warning_and_a_local_compile(
     assert float(str(out["seconds"])) < 3 * remote_cache.TIMEOUT + 30
     if how == "corrupt entry":
         assert "does not match its sha256" in warnings[0]
+    if how == "trickled":
+        assert f"(TooSlow: no whole answer in {remote_cache.TIMEOUT:g}s)" in warnings[0]
+    if how == "huge":
+        assert "(TooLarge: a reply of 2147483648 bytes announced" in warnings[0]
 
 
 INDUCTOR_BACKEND = """
@@ -235,21 +244,35 @@ print(json.dumps({"fx": config.fx_graph_remote_cache, "autotune": config.autotun
 """
 
 
-@pytest.mark.parametrize("reply", [None, b"\x00\xffgarbage\r\n"], ids=["hung", "garbage"])
+@pytest.mark.parametrize("how", ["hung", "garbage", "trickled", "huge", "nested"])
 def test_inductor_takes_both_caches_from_redis_and_a_bad_server_costs_a_miss(
-    wired_env: Path, tmp_path: Path, reply: bytes | None
+    wired_env: Path, tmp_path: Path, how: str
 ) -> None:
     """Inductor's FX-graph and autotuning caches are wired; its Redis backend takes only a
     refused connection for a miss, and its autotuning cache reads unguarded: under a server
-    that hangs (redis' TimeoutError) or breaks the protocol, the env's guard makes each read a
-    miss, said once, in bounded time."""
-    with loopback_server(reply) as port:
-        found, err = node(wired_env, tmp_path / "a", INDUCTOR_BACKEND,
-                          CUDAENV_REMOTE_CACHE=f"redis://127.0.0.1:{port}/0")  # fmt: skip
+    that hangs (redis' TimeoutError), breaks the protocol, trickles its reply (each byte renews
+    redis-py's timeout of one read), announces 2 GiB or nests past the parser's recursion (a
+    RecursionError, no error of redis), the env's guard (and the bounded client it gives
+    Inductor's backend) makes each read a miss, said once, by one deadline."""
+    with contextlib.ExitStack() as fake:
+        if how in ("hung", "garbage"):
+            reply = None if how == "hung" else b"\x00\xffgarbage\r\n"
+            url = f"redis://127.0.0.1:{fake.enter_context(loopback_server(reply))}/0"
+        else:
+            head = {"trickled": SLOW, "huge": HUGE, "nested": DEEP}[how]
+            url = fake.enter_context(trickle_server(head)).url
+        found, err = node(wired_env, tmp_path / "a", INDUCTOR_BACKEND, CUDAENV_REMOTE_CACHE=url)
     assert (found["fx"], found["autotune"], found["got"]) == (True, True, [None, None]), found
     said = [line for line in err.splitlines() if "Inductor's remote cache is not used" in line]
     assert len(said) == 1, err
-    assert float(str(found["seconds"])) < 2 * remote_cache.TIMEOUT + 5
+    # The first failure gives up for the process: one deadline at most, however many reads.
+    assert float(str(found["seconds"])) < remote_cache.TIMEOUT + 5
+    if how == "trickled":
+        assert f"(TooSlow: no whole answer in {remote_cache.TIMEOUT:g}s)" in said[0]
+    if how == "huge":
+        assert "(TooLarge: a reply of 2147483648 bytes announced" in said[0]
+    if how == "nested":
+        assert "(TooDeep: a reply nested deeper than any answer to GET)" in said[0]
 
 
 def test_doctor_says_the_wired_cache_answers(wired_env: Path, shared: Redis) -> None:

@@ -517,3 +517,18 @@ def test_a_second_identical_env_is_probed_once(tmp_path: Path) -> None:
     (only,) = probes("b")
     assert "JIT-building" in only
     assert len(probes("c")) == 2  # another signature
+
+
+def test_an_interpreter_without_a_spec_is_sent_to_the_doctor_not_to_a_rebuild(
+    venv: Path, tmp_path: Path
+) -> None:
+    """An adopted env (or any interpreter) has no spec: `cudaenv build SPEC --force` does not
+    apply there; the fix names the doctor, which reads the installed set for the cause."""
+    install(venv, "sglang", "0.5.23", sglang_files(init="raise AttributeError('cudaLibrary_t')\n"))
+    target = dataclasses.replace(target_of(venv, tmp_path, ("sglang",)), spec_path=None)
+    result = run_imports(target)
+    assert result.status == FAILED
+    assert result.fix == (
+        f"`cudaenv doctor --python {venv}` names the installed packages that do not work "
+        "together, with the command that repairs them"
+    )

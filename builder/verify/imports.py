@@ -400,6 +400,11 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             if missing
             else f"rebuild the env (`cudaenv build {spec} --force`); if it persists, the "
             "packages' versions do not work together: change the pins"
+            if target.spec_path
+            # No spec to rebuild from (an adopted env, or any interpreter): the doctor reads
+            # the installed set for a cause (a binding of another CUDA major, mixed minors).
+            else f"`cudaenv doctor --python {target.python}` names the installed packages that "
+            "do not work together, with the command that repairs them"
         )
         return CheckResult(
             name="imports",
