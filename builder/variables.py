@@ -188,6 +188,12 @@ TABLE: tuple[Variable, ...] = (
     # ~/.cache/deep_gemm), so this is the one to set.
     _cache("SGLANG_DG_CACHE_DIR", "deep_gemm", "DeepGEMM (through sglang)",
            "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"),
+    # DeepGEMM's own (default ~/.deep_gemm), read where sglang does not set it: vLLM and
+    # DeepGEMM alone. The same directory as sglang's, which writes its value here.
+    _cache("DG_JIT_CACHE_DIR", "deep_gemm", "DeepGEMM", "deep_gemm/jit/compiler.py"),
+    # vLLM's root: its torch.compile cache (~24 s of every cold start), its DeepGEMM and
+    # other JIT caches; default ~/.cache/vllm.
+    _cache("VLLM_CACHE_ROOT", "vllm", "vLLM", "vllm/envs.py"),
     # The driver's PTX-to-SASS cache; default ~/.nv/ComputeCache.
     _cache("CUDA_CACHE_PATH", "nv-compute-cache", "CUDA driver", "CUDA programming guide"),
     # The Blackwell ptxas of newer Triton is TRITON_PTXAS_BLACKWELL_PATH.

@@ -262,3 +262,12 @@ def test_a_lock_wait_of_nan_is_refused_not_endless() -> None:
     assert jit_store.lock_timeout({"CUDAENV_JIT_LOCK_TIMEOUT": "0"}) == 0
     with pytest.raises(ValueError, match="not a size"):
         jit_store.parse_size("inf")  # was an OverflowError out of store_max
+
+
+def test_vllms_own_caches_are_the_envs() -> None:
+    """vLLM's torch.compile cache (VLLM_CACHE_ROOT, ~24 s of a cold start) and DeepGEMM's
+    (DG_JIT_CACHE_DIR, where sglang does not set it) live in the env's var/ like the rest."""
+    rows = {c.variable: c.subdir for c in caches.CACHES}
+    assert rows["VLLM_CACHE_ROOT"] == "vllm"
+    # One directory for DeepGEMM whoever names it: sglang writes its own value into it.
+    assert rows["DG_JIT_CACHE_DIR"] == rows["SGLANG_DG_CACHE_DIR"] == "deep_gemm"
