@@ -7,6 +7,7 @@ them all, puts the root cause first and groups the symptoms it explains under it
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import replace
@@ -174,6 +175,13 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
     tm = CudaVersion.read(torch_cuda)
     if tm is not None and jm is not None and tm != jm:
         major = tm.major != jm.major
+        if major and not _has_runtime_of(facts, jm.major):
+            # What a module built anyway (FlashInfer's JIT does not ask cpp_extension) then
+            # fails with at load: "libcudart.so.12: cannot open shared object file".
+            evidence.append(
+                f"no CUDA {jm.major} runtime in this env: a module that toolkit builds needs "
+                f"libcudart.so.{jm.major}, and torch loads CUDA {tm.major}'s"
+            )
         out.append(
             Finding(
                 code="jit-toolkit-mismatch",
@@ -190,6 +198,15 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
             )
         )
     return out
+
+
+def _has_runtime_of(facts: Facts, major: int) -> bool:
+    """Whether the env has a pip CUDA runtime of ``major`` (nvidia-cuda-runtime-cu12, or
+    nvidia-cuda-runtime at a version of that major)."""
+    for name, version in facts.dists.items():
+        if policy.major_of(name, version) == major and "cuda-runtime" in canonicalize_name(name):
+            return True
+    return False
 
 
 def sm12_intent(facts: Facts) -> str:
@@ -344,6 +361,91 @@ def rule_bindings(facts: Facts) -> list[Finding]:
             fix=tuple(fixes),
         )
     ]
+
+
+def rule_nvjitlink(facts: Facts) -> list[Finding]:
+    """An nvJitLink older than the CUDA runtime: the libraries of the newer minor (cuSPARSE,
+    cuFFT) and any link of LTO-IR or of the device runtime the newer toolkit wrote call its
+    versioned entry points ("libcusparse.so.12: undefined symbol: __nvJitLinkComplete_12_4,
+    version libnvJitLink.so.12", pytorch/pytorch#111469, #134929)."""
+    by: dict[str, str] = {canonicalize_name(n): v for n, v in facts.dists.items()}
+    out: list[Finding] = []
+    for link_name, runtime_name in (
+        ("nvidia-nvjitlink-cu12", "nvidia-cuda-runtime-cu12"),
+        ("nvidia-nvjitlink", "nvidia-cuda-runtime"),
+    ):
+        link, runtime = by.get(link_name), by.get(runtime_name)
+        have, need = CudaVersion.read(link), CudaVersion.read(runtime)
+        if have is None or need is None or have.major != need.major or have >= need:
+            continue
+        upper = f"{need.major + 1}"
+        out.append(
+            Finding(
+                code="nvjitlink-too-old",
+                severity=ERROR,
+                cause=f"{link_name} {link} (nvJitLink {have}) is older than the CUDA runtime "
+                f"{runtime} ({need}): CUDA {need}'s cuSPARSE/cuFFT and links of what its "
+                f'toolkit compiled call nvJitLink {need} entry points ("undefined symbol: '
+                f'__nvJitLinkComplete_{need.major}_{need.minor}" and the like)',
+                evidence=(f"{link_name} {link}", f"{runtime_name} {runtime}"),
+                fix=(
+                    *((_adopt_fix(facts),) if _adopt_fix(facts) else ()),
+                    "`" + install_command(facts, "install", f"{link_name}>={need},<{upper}") + "`",
+                    "the cudaenv way: `cudaenv lock SPEC` keeps every component at one CUDA "
+                    "minor; `cudaenv build SPEC`",
+                ),
+            )
+        )
+    return out
+
+
+# A library of a CUDA major the loader could not find, as an import error says it.
+_MISSING_CUDA_LIB = re.compile(
+    r"(lib(?:cudart|cublas|cublasLt|nvrtc|nvJitLink|cupti))\.so\.(\d+): cannot open shared object"
+)
+_SITE_FILE = re.compile(r"site-packages/([^/\s:]+)/")
+
+
+def rule_other_major_binary(facts: Facts) -> list[Finding]:
+    """A prebuilt extension that links another CUDA major's runtime than torch's (an
+    sgl-kernel or vLLM wheel built for CUDA 13 beside a cu129 torch, or the reverse): its
+    import fails with "libcudart.so.13: cannot open shared object file" (read by --deep)."""
+    torch = CudaVersion.read(facts.torch_cuda)
+    if torch is None or facts.deep is None:
+        return []
+    errors: dict[str, str] = {}
+    for key in ("torch", "flashinfer"):
+        part = facts.deep.get(key)
+        if isinstance(part, dict) and part.get("error"):
+            errors[key] = str(part["error"])
+    imports = facts.deep.get("imports")
+    if isinstance(imports, dict):
+        errors.update({str(k): str(v) for k, v in imports.items() if v})
+    out: list[Finding] = []
+    for module, error in sorted(errors.items()):
+        m = _MISSING_CUDA_LIB.search(error)
+        if m is None or int(m.group(2)) == torch.major:
+            continue
+        lib, major = m.group(1), int(m.group(2))
+        where = _SITE_FILE.search(error)
+        package = where.group(1) if where else module.split(".")[0]
+        out.append(
+            Finding(
+                code="built-for-other-cuda-major",
+                severity=ERROR,
+                cause=f"import {module} failed: {package} is built for CUDA {major} (it needs "
+                f"{lib}.so.{major}) but torch {facts.torch_version} is CUDA {facts.torch_cuda}",
+                evidence=(error[:300], f"torch {facts.torch_version} (CUDA {facts.torch_cuda})"),
+                fix=(
+                    f"install {package}'s build for CUDA {torch.major} (the wheel or index its "
+                    f"project publishes for cu{torch.major}x), or a torch of CUDA {major} with "
+                    "everything else",
+                    "do not add the other major's runtime: two libcudart generations in one "
+                    "process (`cudaenv audit` lists what every binary links)",
+                ),
+            )
+        )
+    return out
 
 
 def rule_last_verify(facts: Facts) -> list[Finding]:
@@ -765,6 +867,8 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_nvcc,
     rule_wheels,
     rule_bindings,
+    rule_nvjitlink,
+    rule_other_major_binary,
     rule_driver,
     rule_jit_cache,
     rule_caches,
@@ -780,6 +884,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
 ROOT_FIRST = (
     "probe-failed",
     "cuda-binding-major",
+    "built-for-other-cuda-major",
     "torch-import-failed",
     "flashinfer-import-failed",
     "sm12x-nvcc-too-old",
@@ -789,6 +894,7 @@ ROOT_FIRST = (
     "glibc-too-new-for-cuda",
     "no-host-compiler",
     "host-compiler-unsupported",
+    "nvjitlink-too-old",
     "mixed-toolkit-minors",
     "multiple-cuda-majors",
     "flashinfer-companion-mismatch",
@@ -811,6 +917,11 @@ EXPLAINS = {
     "sm12x-nvcc-too-old": ("jit-toolkit-mismatch",),
     "nvcc-broken": ("jit-toolkit-mismatch",),
     "mixed-toolkit-minors": ("jit-toolkit-mismatch",),
+    "built-for-other-cuda-major": (
+        "flashinfer-import-failed",
+        "torch-import-failed",
+        "last-verify-failed",
+    ),
     "cuda-binding-major": ("flashinfer-import-failed", "torch-import-failed", "last-verify-failed"),
 }
 

@@ -892,3 +892,69 @@ def test_a_report_of_an_earlier_build_or_another_kind_is_not_read_as_the_last_ve
     report.unlink()
     report.write_text(json.dumps({"kind": "matrix", "checks": []}))
     assert doctor.last_verify(tmp_path, built) is None
+
+
+def test_a_cuda_home_of_an_older_major_without_its_runtime_says_what_its_modules_need() -> None:
+    """CUDA_HOME at a 12.8 toolkit beside torch cu130 with no CUDA 12 runtime in the env: the
+    cause first (a major mismatch), and the evidence names the libcudart.so.12 its modules
+    would need; the fix is the matched toolkit, not a CUDA 12 runtime."""
+    home = {"source": "$CUDA_HOME", "path": "/usr/local/cuda-12.8", "exists": True,
+            "nvcc": "/usr/local/cuda-12.8/bin/nvcc", "release": "12.8", "max_gcc": 14}  # fmt: skip
+    facts = doctor.Facts.from_json(facts_doc(cuda_homes=[home]), None)
+    first = doctor_rules.diagnose(facts)[0]
+    assert first.code == "jit-toolkit-mismatch"
+    assert first.cause.endswith("but torch is built for CUDA 13.0: a major mismatch, torch's "
+                                "cpp_extension refuses it")  # fmt: skip
+    assert any("libcudart.so.12" in e for e in first.evidence)
+    assert "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]==13.0.3.0" in first.fix[-1]
+    with_runtime = facts_doc(cuda_homes=[home], distributions={
+        **HEALTHY_DISTS, "nvidia-cuda-runtime-cu12": "12.8.90"})  # fmt: skip
+    again = doctor_rules.diagnose(doctor.Facts.from_json(with_runtime, None))
+    assert not any("libcudart.so.12" in e for f in again for e in f.evidence)
+
+
+def test_an_nvjitlink_older_than_the_cuda_runtime_is_named_with_its_fix() -> None:
+    """torch cu124's cuSPARSE beside an nvJitLink 12.1 ("undefined symbol:
+    __nvJitLinkComplete_12_4, version libnvJitLink.so.12"): named, with the install that
+    lifts nvJitLink to the runtime's minor within its major."""
+    dists = {"torch": "2.5.1", "nvidia-cuda-runtime-cu12": "12.4.127",
+             "nvidia-nvjitlink-cu12": "12.1.105", "nvidia-cusparse-cu12": "12.3.1.170"}  # fmt: skip
+    doc = facts_doc(torch={"installed": True, "version": "2.5.1+cu124", "cuda": "12.4"},
+                    distributions=dists, cuda_homes=[])  # fmt: skip
+    found = doctor_rules.rule_nvjitlink(doctor.Facts.from_json(doc, None))
+    assert [f.code for f in found] == ["nvjitlink-too-old"]
+    assert found[0].cause.startswith(
+        "nvidia-nvjitlink-cu12 12.1.105 (nvJitLink 12.1) is older than the CUDA runtime "
+        "12.4.127 (12.4)"
+    )
+    assert "__nvJitLinkComplete_12_4" in found[0].cause
+    assert "'nvidia-nvjitlink-cu12>=12.4,<13'" in found[0].fix[1]
+    newer = {**dists, "nvidia-nvjitlink-cu12": "12.8.93"}  # newer than the runtime: fine
+    doc["distributions"] = newer
+    assert doctor_rules.rule_nvjitlink(doctor.Facts.from_json(doc, None)) == []
+
+
+def test_a_wheel_built_for_the_other_cuda_major_is_named_from_its_import_error() -> None:
+    """sgl-kernel built for CUDA 13 beside a cu129 torch: `import sgl_kernel` (doctor
+    --deep) fails for libcudart.so.13; the doctor names the package and both majors, and does
+    not suggest adding the other runtime."""
+    error = (
+        "ImportError: libcudart.so.13: cannot open shared object file: No such file or "
+        "directory (/e/lib/python3.12/site-packages/sgl_kernel/common_ops.abi3.so)"
+    )
+    doc = facts_doc(
+        torch={"installed": True, "version": "2.8.0+cu129", "cuda": "12.9"},
+        deep={"torch": {"version": "2.8.0+cu129", "cuda": "12.9"},
+              "imports": {"sgl_kernel": error, "vllm._C": None}},
+    )  # fmt: skip
+    found = doctor_rules.diagnose(doctor.Facts.from_json(doc, None))
+    first = found[0]
+    assert first.code == "built-for-other-cuda-major"
+    assert first.cause == (
+        "import sgl_kernel failed: sgl_kernel is built for CUDA 13 (it needs libcudart.so.13) "
+        "but torch 2.8.0+cu129 is CUDA 12.9"
+    )
+    assert "two libcudart generations" in first.fix[1]
+    same = facts_doc(deep={"imports": {"sgl_kernel": error}})  # torch cu130: not this finding
+    codes_same = [f.code for f in doctor_rules.diagnose(doctor.Facts.from_json(same, None))]
+    assert "built-for-other-cuda-major" not in codes_same

@@ -9,6 +9,8 @@ with an "error", never a traceback.
 from __future__ import annotations
 
 import glob
+import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -237,8 +239,29 @@ def deep() -> dict[str, object]:
     except Exception as exc:
         out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
     out["flashinfer"] = cuda_facts()
+    # The stack's prebuilt extensions, where installed: a wheel built for another CUDA major
+    # than torch's fails here ("libcudart.so.13: cannot open shared object file").
+    imports: dict[str, str | None] = {}
+    for module in DEEP_IMPORTS:
+        top = module.split(".")[0]
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            continue
+        try:
+            importlib.import_module(module)
+            imports[module] = None
+        except BaseException as exc:  # a failing import is the fact reported
+            imports[module] = ("%s: %s" % (type(exc).__name__, exc))[:1000]
+    out["imports"] = imports
     out["seconds"] = time.monotonic() - started
     return out
+
+
+# What --deep imports after torch and FlashInfer: the extensions that link CUDA libraries.
+DEEP_IMPORTS = ("sgl_kernel", "vllm._C")
 
 
 def glibc() -> str:
