@@ -221,6 +221,9 @@ def render(python: Path | str, facts: Facts | None, findings: Sequence[Finding])
     errors = [f for f in findings if f.severity == ERROR]
     if findings and findings[0].severity != INFO:
         lines.append(findings[0].cause)
+        if findings[0].fix:
+            # The cause and what to do, at the top: the details follow for who wants them.
+            lines.append(f"fix: {findings[0].fix[0]}")
     else:
         lines.append(f"healthy: no error or warning for {os.fspath(python)}")
     for f in findings:

@@ -192,6 +192,13 @@ def rule_nvcc(facts: Facts) -> list[Finding]:
                     ": a major mismatch, torch's cpp_extension refuses it"
                     if major
                     else ": a minor mismatch (torch only warns; headers and runtime differ)"
+                )
+                + (
+                    # The origin story on a box with no GPU to say SM 12.x: name it anyway.
+                    f'; CUDA {jm} cannot build for SM 12.x either (FlashInfer: "SM 12.x '
+                    f'requires CUDA >= {SM12_MIN_CUDA}")'
+                    if jm < SM12_MIN_CUDA <= tm
+                    else ""
                 ),
                 evidence=tuple(evidence),
                 fix=_matched_fixes(facts, torch_cuda),

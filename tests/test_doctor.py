@@ -903,8 +903,14 @@ def test_a_cuda_home_of_an_older_major_without_its_runtime_says_what_its_modules
     facts = doctor.Facts.from_json(facts_doc(cuda_homes=[home]), None)
     first = doctor_rules.diagnose(facts)[0]
     assert first.code == "jit-toolkit-mismatch"
-    assert first.cause.endswith("but torch is built for CUDA 13.0: a major mismatch, torch's "
-                                "cpp_extension refuses it")  # fmt: skip
+    assert first.cause.endswith(
+        "but torch is built for CUDA 13.0: a major mismatch, torch's cpp_extension refuses it; "
+        'CUDA 12.8 cannot build for SM 12.x either (FlashInfer: "SM 12.x requires CUDA >= 12.9")'
+    )
+    # The origin story on a box without a GPU: the cause and the first fix are the top lines.
+    top = doctor.render("/p", facts, doctor_rules.diagnose(facts)).splitlines()
+    assert top[0] == first.cause
+    assert top[1] == f"fix: {first.fix[0]}"
     assert any("libcudart.so.12" in e for e in first.evidence)
     assert "cuda-toolkit[nvcc,cudart,crt,nvvm,cccl]==13.0.3.0" in first.fix[-1]
     with_runtime = facts_doc(cuda_homes=[home], distributions={
