@@ -207,9 +207,8 @@ def cmd_audit(args: ca.AuditArgs, say: Reporter) -> int:
 
 
 def cmd_target(args: ca.TargetArgs, say: Reporter) -> int:
-    found = targets.this_node(
-        name=args.name, cc=args.cc, driver_version=args.driver, required=args.required
-    )
+    found = targets.this_node(name=args.name, cc=args.cc, driver_version=args.driver,
+                              required=args.required, platform=args.platform)  # fmt: skip
     if not args.out:
         print(targets.render_file(found), end="")
         return 0

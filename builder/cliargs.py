@@ -546,6 +546,11 @@ def make_parser() -> argparse.ArgumentParser:
     tg.add_argument("--required", action="store_true", help="mark the class required")
     tg.add_argument("--cc", help='the compute capability, e.g. "12.0" (default: the GPUs\')')
     tg.add_argument("--driver", help='the driver version, e.g. "580.95.05" (default: found)')
+    tg.add_argument(
+        "--platform",
+        help='the platform, e.g. "linux-aarch64" for a DGX Spark class written from an x86_64 '
+        "box (default: this node's; needs --cc and --driver when it is not this node's)",
+    )
     tg.set_defaults(args_type=commandargs.TargetArgs)
 
     cp = _sub(

@@ -194,6 +194,7 @@ class TargetArgs(Command):
     required: bool
     cc: str | None
     driver: str | None
+    platform: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

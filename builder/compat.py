@@ -168,10 +168,13 @@ def text(table: Table) -> str:
         if row.error is not None:
             lines.append(f"{head}: not judged: {row.error}")
             continue
-        runs = sum(v.ok for v in row.verdicts)
-        lines.append(f"{head}: runs on {runs} of {len(row.verdicts)} classes")
+        runs = [v for v in row.verdicts if v.ok]
+        lines.append(f"{head}: runs on {len(runs)} of {len(row.verdicts)} classes")
+        if runs:
+            # Which ones, on one line: the failing ones follow, each with why.
+            lines.append("  runs on: " + ", ".join(v.target.name for v in runs))
         for v in row.verdicts:
-            if not v.ok or v.kind == "runs-after-ptx-jit":
+            if not v.ok or v.kind == "runs-after-ptx-jit" or v.compiles_at_start:
                 lines.append(f"  {v.line()}")
     return "\n".join(lines)
 
@@ -197,7 +200,7 @@ def markdown(table: Table, *, title: str = "Compatibility") -> str:
                     cells.append("-")
                     continue
                 mark = fleet.SHORT[v.kind]
-                if not v.ok or v.kind == "runs-after-ptx-jit":
+                if not v.ok or v.kind == "runs-after-ptx-jit" or v.compiles_at_start:
                     number = notes.setdefault(f"{row.stack}: {v.detail}", len(notes) + 1)
                     mark += f" [{number}]"
                 cells.append(mark)

@@ -20,18 +20,19 @@ A binary that could not be read is never counted as covering a target.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from builder import audit, build, cachefiles, codec, driver, platforms, proc
+from builder import archs, audit, build, cachefiles, codec, driver, platforms, proc
 from builder.cudaversion import CudaVersion
-from builder.errors import BuildError, ReportError
+from builder.errors import BuildError, CudaenvError, ReportError
 from builder.lock import Lock
 from builder.paths import cache_dir
 from builder.reporter import Reporter
@@ -60,6 +61,12 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.kind not in FAILING
+
+    @property
+    def compiles_at_start(self) -> bool:
+        """Runs, but FlashInfer JIT-builds its modules at the first start there (the spec's
+        arch list has nothing for this class: :func:`_with_jit_archs`)."""
+        return JIT_NOTE in self.detail
 
     def line(self) -> str:
         return f"{self.target.label}: {SHORT[self.kind]}: {self.detail}"
@@ -146,19 +153,57 @@ def lock_cuda(spec: EnvSpec, lk: Lock) -> CudaVersion:
     return CudaVersion.parse(lk.torch_cuda or spec.cuda)
 
 
-def driver_verdict(target: Target, cuda: CudaVersion, whose: str = "torch's") -> Verdict | None:
+def driver_verdict(
+    target: Target,
+    cuda: CudaVersion,
+    whose: str = "torch's",
+    others: Sequence[tuple[str, CudaVersion, tuple[str, ...]]] = (),
+) -> Verdict | None:
     """``driver-too-old`` when the target's driver cannot run ``cuda`` (``whose`` CUDA it is),
-    else None."""
+    else None. ``others``: the stacks beside this one (:func:`stacks_beside`), of which those
+    the driver runs are named as what to serve there instead."""
     if cuda.major not in driver.MINIMUM_DRIVER or driver.runs(target.driver, cuda):
         return None
     need = driver.minimum_driver(cuda)
+    runs = sorted(
+        name for name, c, where in others if target.platform in where and _runs(target.driver, c)
+    )
+    if runs:
+        instead = f", or serve it {', '.join(runs)}, which it runs"
+    elif others:
+        instead = " (no stack beside this one runs there either)"
+    else:
+        instead = ", or serve it a stack of a CUDA it runs"
     return Verdict(
         target=target,
         kind="driver-too-old",
         detail=f"driver {target.driver} cannot run CUDA {cuda} ({whose}), which needs driver "
-        f"{need} or newer: install driver {need}+ there, or serve it a stack of an older CUDA",
+        f"{need} or newer: install driver {need}+ there{instead}",
         evidence=(f"CUDA {cuda.major}.x needs driver {need}+ (minor-version compatibility)",),
     )
+
+
+def _runs(driver_version: str, cuda: CudaVersion) -> bool:
+    return cuda.major not in driver.MINIMUM_DRIVER or driver.runs(driver_version, cuda)
+
+
+@functools.cache
+def stacks_beside(spec_dir: Path) -> tuple[tuple[str, CudaVersion, tuple[str, ...]], ...]:
+    """Each stack whose spec and lock sit in ``spec_dir`` (a project's envspecs/), with the
+    CUDA it runs and the platforms its lock covers; specs or locks that do not load are left
+    out (a table, not a check)."""
+    from builder import lock as lock_mod
+    from builder import spec as spec_mod
+
+    out: list[tuple[str, CudaVersion, tuple[str, ...]]] = []
+    for path in sorted(spec_dir.glob("*.yaml")):
+        try:
+            s = spec_mod.load(path)
+            lk = lock_mod.read(lock_mod.lock_path(s.source, s.name), spec=s)
+            out.append((s.name, lock_cuda(s, lk), lk.platforms))
+        except (CudaenvError, ValueError):
+            continue
+    return tuple(out)
 
 
 def judge_binaries(target: Target, found: Sequence[audit.Binary]) -> Verdict:
@@ -240,7 +285,12 @@ def judge(
                 "exists there",
             )
             continue
-        too_old = driver_verdict(t, cuda, "torch's" if lk.torch_cuda else "the spec's")
+        too_old = driver_verdict(
+            t,
+            cuda,
+            "torch's" if lk.torch_cuda else "the spec's",
+            [o for o in stacks_beside(spec.source.parent.resolve()) if o[0] != spec.name],
+        )
         if too_old is not None:
             out[t.name] = too_old
             continue
@@ -248,8 +298,30 @@ def judge(
             root = unpack(spec, lk, t.platform, reporter, wheelhouse=wheelhouse)
             scans[t.platform] = audit.binaries(root, cache)
             cache.save()
-        out[t.name] = judge_binaries(t, scans[t.platform])
+        out[t.name] = _with_jit_archs(judge_binaries(t, scans[t.platform]), spec, cuda)
     return [out[t.name] for t in targets]
+
+
+JIT_NOTE = "the spec's JIT arch list"
+
+
+def _with_jit_archs(verdict: Verdict, spec: EnvSpec, cuda: CudaVersion) -> Verdict:
+    """A class the prebuilt binaries run on, but for which the spec's JIT arch list builds
+    nothing (an H100 beside a spec for 12.0f alone): what FlashInfer does there is said,
+    since `warm` warmed nothing for it."""
+    if not verdict.ok or not spec.archs:
+        return verdict
+    if any(a.runs_on(verdict.target.capability) for a in spec.archs):
+        return verdict
+    listed = " ".join(archs.texts(spec.archs))
+    want = archs.normalise(*verdict.target.capability, cuda)
+    return replace(
+        verdict,
+        detail=f"{verdict.detail}; {JIT_NOTE} ({listed}) has nothing for "
+        f"{verdict.target.cc_text}: FlashInfer compiles its modules at the first start there "
+        "(an env built on such a node adds its GPU's arch; nothing was warmed for it), or add "
+        f"{archs.texts([want])[0]} to `archs:`",
+    )
 
 
 def render(spec: EnvSpec, verdicts: Sequence[Verdict]) -> str:

@@ -489,6 +489,19 @@ def _choose_cuda(
             record(Tried(cuda=cuda, outcome="skipped",
                          reason=f"{box.driver.describe()} does not run it (needs {need} or newer)"))  # fmt: skip
             continue
+        # The fleet's drivers too: a stack this box could build but a target cannot run is
+        # refused by the judgement after the lock, so the CUDA is chosen to fit them first.
+        behind = [
+            t
+            for t in request.targets
+            if cuda.major in driver.MINIMUM_DRIVER and not driver.runs(t.driver, cuda)
+        ]
+        if behind:
+            need = driver.minimum_driver(cuda)
+            names = ", ".join(f"{t.name} (driver {t.driver})" for t in behind)
+            record(Tried(cuda=cuda, outcome="skipped",
+                         reason=f"the fleet's {names} does not run it (needs {need} or newer)"))  # fmt: skip
+            continue
         chain = spec.Toolchain()
         if cuda.major < 13:
             kit = box.toolkit(cuda)

@@ -22,6 +22,7 @@ from builder.proc import atomic_write_text
 from builder.statuses import (
     FAILED,
     PASSED,
+    SKIPPED,
     CellStatus,
     CheckStatus,
     ColumnStatus,
@@ -205,6 +206,20 @@ class MatrixReport:
         bad = [c for c in self.cells if c.status not in ("passed", "refused")]
         return "failed" if bad else "passed"
 
+    def never_ran(self) -> tuple[tuple[str, str], ...]:
+        """Each check no built cell ran (skipped or not run in every one: the GPU check on a
+        runner without a GPU), with the first cell's reason: a "passed" matrix says it
+        proved nothing there."""
+        built = [c for c in self.cells if c.verify is not None]
+        out: list[tuple[str, str]] = []
+        for col in CHECKS:
+            statuses = {c.column(col) for c in built}
+            if built and statuses <= {SKIPPED, "not run", "-"}:
+                found = [c.verify.check(col) for c in built if c.verify is not None]
+                check = next((f for f in found if f is not None), None)
+                out.append((col, check.summary if check is not None else "not run"))
+        return tuple(out)
+
     def to_json(self) -> dict[str, Any]:
         return codec.to_json(self)
 
@@ -334,8 +349,9 @@ def matrix_markdown(report: MatrixReport, regressions: Sequence[Regression] = ()
     env = templates()
     env.filters["headline"] = headline
     return env.get_template("matrix.md.j2").render(
-        doc=report.to_json(), regressions=[str(r) for r in regressions]
-    )
+        doc=report.to_json(), regressions=[str(r) for r in regressions],
+        never_ran=report.never_ran(),
+    )  # fmt: skip
 
 
 def matrix_html(report: MatrixReport, regressions: Sequence[Regression] = ()) -> str:
@@ -346,6 +362,7 @@ def matrix_html(report: MatrixReport, regressions: Sequence[Regression] = ()) ->
         doc=report.to_json(),
         regressions=[str(r) for r in regressions],
         regression_keys={r.key for r in regressions},
+        never_ran=report.never_ran(),
     )
 
 

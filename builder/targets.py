@@ -249,11 +249,22 @@ def this_node(
     cc: str | None = None,
     driver_version: str | None = None,
     required: bool = False,
+    platform: str | None = None,
 ) -> list[Target]:
     """This node's GPU classes (one per distinct compute capability), as fleet targets: its
     GPUs and driver as every other command reads them, or ``cc`` / ``driver_version`` given.
+    ``platform``: another platform's class (a DGX Spark's, written from an x86_64 box), whose
+    GPU and driver cannot be read here, so ``cc`` and ``driver_version`` must be given.
     UsageError (exit 2) for what cannot be read or is not valid."""
-    platform = platforms.host_name()
+    here = platforms.host_name()
+    if platform is not None and platform not in platforms.KNOWN:
+        raise UsageError(f"--platform {platform!r}: fleet targets are {', '.join(platforms.KNOWN)}")
+    if platform is not None and platform != here and (cc is None or driver_version is None):
+        raise UsageError(
+            f"--platform {platform}: not this node's ({here}), so its GPU and driver cannot be "
+            "read here: give --cc and --driver too"
+        )
+    platform = platform or here
     if platform not in platforms.KNOWN:
         raise UsageError(f"this node is {platform}: fleet targets are {', '.join(platforms.KNOWN)}")
     if driver_version is None:

@@ -341,3 +341,67 @@ def test_lock_warns_for_each_target_the_new_set_cannot_serve(index: Path, tmp_pa
         "cudaenv: warning: target t4 (7.5, linux-x86_64, driver 580): no kernel: vllm: "
         "vllm/_C.abi3.so has no code for 7.5 (sm_80)"
     ]
+
+
+def test_a_driver_too_old_names_the_stack_beside_that_runs_there_or_says_none_does() -> None:
+    """ "Serve it a stack of an older CUDA" named none: the verdict names the shipped stacks
+    whose lock's CUDA the driver runs on the target's platform, or says none does."""
+    from builder.cudaversion import CudaVersion
+
+    beside = fleet.stacks_beside(REPO / "envspecs")
+    assert ("torch2.9-cu128-system", CudaVersion.parse("12.8"), ("linux-x86_64",)) in beside
+    cu13 = CudaVersion.parse("13.0")
+    x86 = targets.Target(name="h100", cc=Arch.parse("9.0"), platform="linux-x86_64", driver="570")
+    arm = targets.Target(name="gh200", cc=Arch.parse("9.0"), platform="linux-aarch64", driver="570")
+    said = fleet.driver_verdict(x86, cu13, "torch's", beside)
+    assert said is not None and said.detail.endswith(
+        "install driver 580+ there, or serve it torch2.9-cu128-system, which it runs"
+    )
+    none = fleet.driver_verdict(arm, cu13, "torch's", beside)  # its lock is x86_64 only
+    assert none is not None
+    assert none.detail.endswith("(no stack beside this one runs there either)")
+    assert fleet.driver_verdict(x86, cu13, "torch's", ()) is not None
+    newer = targets.Target(
+        name="b200", cc=Arch.parse("10.0"), platform="linux-x86_64", driver="580"
+    )
+    assert fleet.driver_verdict(newer, cu13, "torch's", beside) is None
+
+
+def test_compat_of_one_spec_lists_the_classes_it_runs_on_too() -> None:
+    """Given one spec, compat listed only the failing classes: the ones it runs on are
+    named on one line first."""
+    h100 = targets.Target(name="h100", cc=Arch.parse("9.0"), platform="linux-x86_64", driver="580")
+    old = targets.Target(name="v100", cc=Arch.parse("7.0"), platform="linux-x86_64", driver="580")
+    row = compat.Row(stack="s", source="s.yaml", lock="h", cuda="13.0", verdicts=(
+        fleet.Verdict(target=h100, kind="runs", detail="sm_90 SASS"),
+        fleet.Verdict(target=old, kind="no-kernel", detail="no sm_70 code"),
+    ))  # fmt: skip
+    lines = compat.text(compat.Table(targets=(h100, old), rows=(row,))).splitlines()
+    assert lines[0] == "s (CUDA 13.0, s.yaml): runs on 1 of 2 classes"
+    assert lines[1] == "  runs on: h100"
+    assert lines[2].startswith("  v100 ")
+
+
+def test_a_class_the_spec_jit_builds_nothing_for_says_flashinfer_compiles_there() -> None:
+    """An H100 "runs" a spec whose JIT arch list is 12.0f alone: the verdict says FlashInfer
+    compiles at the first start there and names the arch to add; a class the list covers
+    (12.0f: SM 12.x) is as it was."""
+    from builder.cudaversion import CudaVersion
+
+    s = spec.load(REPO / "envspecs" / "default.yaml")
+    assert [a for a in s.archs] == [Arch.parse("12.0f")]
+    cu13 = CudaVersion.parse("13.0")
+    h100 = targets.Target(name="h100", cc=Arch.parse("9.0"), platform="linux-x86_64", driver="580")
+    spark = targets.Target(
+        name="spark", cc=Arch.parse("12.1"), platform="linux-aarch64", driver="580"
+    )
+    runs = fleet.Verdict(target=h100, kind="runs", detail="4 required binaries hold SASS for 9.0")
+    noted = fleet._with_jit_archs(runs, s, cu13)
+    assert noted.ok and noted.compiles_at_start
+    assert noted.detail.endswith(
+        "the spec's JIT arch list (12.0f) has nothing for 9.0: FlashInfer compiles its modules "
+        "at the first start there (an env built on such a node adds its GPU's arch; nothing was "
+        "warmed for it), or add 9.0a to `archs:`"
+    )
+    covered = fleet.Verdict(target=spark, kind="runs", detail="ok")
+    assert fleet._with_jit_archs(covered, s, cu13) == covered

@@ -627,3 +627,27 @@ def test_real_init_for_a_t4_says_what_blocks_before_writing(tmp_path: Path) -> N
     assert "cannot run on gpu-7.5 (7.5, linux-x86_64" in done.stderr
     assert "sgl_kernel/sm100/common_ops.abi3.so has no code for 7.5" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fleet_of_570_drivers_gets_a_cuda_they_run(tmp_path: Path) -> None:
+    """`init --targets` with a 570-driver fleet picked CUDA 13.0 and then refused it: the
+    fleet's drivers rule candidates out before any resolution, each named."""
+    from builder import targets
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "targets:\n"
+        '  - {name: h100, cc: "9.0", platform: "linux-x86_64", driver: "570.86.15"}\n'
+        '  - {name: b200, cc: "10.0", platform: "linux-x86_64", driver: "580.95.05"}\n'
+    )
+    assert len(targets.load_file(fleet)) == 2
+    box = boxes.Box(platform="linux-x86_64", glibc="2.36", gpu_note="no NVIDIA driver",
+                    toolkits=(boxes.Toolkit(cuda=CU128, path=Path("/usr/local/cuda-12.8")),))  # fmt: skip
+    say = Lines()
+    request = init.make_request(with_=["old-thing"], targets_file=str(fleet))
+    uv = FakeUv()
+    choice = init.choose(request, box, uv, say, Path("envspecs/x.yaml"))
+    assert choice.cuda == CU128
+    assert {c[0] for c in uv.calls} == {"12.8"}  # CUDA 13 was never resolved
+    assert any("the fleet's h100 (driver 570.86.15) does not run it (needs 580 or newer)" in ln
+               for ln in say.lines)  # fmt: skip

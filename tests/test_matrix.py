@@ -409,6 +409,33 @@ def test_html_grid_shows_every_cell_and_status() -> None:
     assert all(len(cols) == len(report.COLUMNS) for cols in grid.rows.values())
 
 
+def test_a_check_no_cell_ran_is_said_not_proved_and_each_skip_says_why() -> None:
+    """The GPU check skipped in every cell (a runner without a GPU): the page says the matrix
+    did not prove it, next to its status; each skipped check's reason is on the page (not on
+    hover only), and each cell's arch list has a column."""
+    rep = sample_report()
+    assert rep.never_ran() == (("sampling", "ok"),)
+    html = report.matrix_html(rep)
+    assert (
+        '<p class="never" id="never-ran"><strong>Not proved by this matrix:</strong> <code>sampling</code> ran in no cell (ok)</p>'
+        in html
+    )
+    assert '<div class="skip">sampling skipped: ok</div>' in html
+    assert "<th>archs</th>" in html and '<td class="archs">12.0f</td>' in html
+    md = report.matrix_markdown(rep)
+    assert "Not proved by this matrix: `sampling` ran in no cell (ok)" in md
+    assert "| `a` | 12.0f |" in md
+    first = rep.cells[0].verify
+    assert first is not None
+    passed = dataclasses.replace(
+        first, checks=tuple(dataclasses.replace(c, status="passed") for c in first.checks)
+    )
+    ran = dataclasses.replace(
+        rep.cells[0], verify=passed, columns=report.columns_of("passed", passed)
+    )
+    assert report.MatrixReport(name="t", created=rep.created, cells=(ran,)).never_ran() == ()
+
+
 def test_regressions_against_a_baseline() -> None:
     old = sample_report()
     cell = old.cells[0]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import spec, targets
+from builder import platforms, spec, targets
 from builder.archs import Arch
 from builder.cudaversion import CudaVersion
-from builder.errors import SpecError
+from builder.errors import SpecError, UsageError
 from tests.helpers import cudaenv, write
 
 FLEET = """\
@@ -162,3 +162,16 @@ def test_a_node_writes_its_own_class(tmp_path: Path) -> None:
     printed = cudaenv("target", "--cc", "9.0", "--driver", "570.86.15", cwd=tmp_path)
     assert printed.stdout.splitlines()[1] == "targets:"
     assert 'cc: "9.0"' in printed.stdout and 'driver: "570.86.15"' in printed.stdout
+
+
+def test_another_platforms_class_is_written_from_this_box() -> None:
+    """A DGX Spark's class (linux-aarch64) written from an x86_64 box: --platform, with the
+    GPU and driver given, since they cannot be read here."""
+    other = "linux-aarch64" if platforms.host_name() == "linux-x86_64" else "linux-x86_64"
+    (spark,) = targets.this_node(cc="12.1", driver_version="580.95.05", platform=other)
+    assert (spark.platform, spark.cc_text, spark.driver) == (other, "12.1", "580.95.05")
+    assert spark.name == f"sm121-{other.removeprefix('linux-')}"
+    with pytest.raises(UsageError, match="give --cc and --driver too"):
+        targets.this_node(cc="12.1", platform=other)
+    with pytest.raises(UsageError, match="--platform 'win-amd64': fleet targets are"):
+        targets.this_node(cc="12.1", driver_version="580", platform="win-amd64")
