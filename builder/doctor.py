@@ -123,6 +123,13 @@ def last_verify(prefix: Path, built: manifest.Manifest | None) -> LastVerify | N
     )
     said = doc.get("lock_hash")
     current = built is None or said is None or said == built.lock_hash
+    # A verify run with another toolkit than the env's own (CUDAENV_NO_HOOK and a CUDA_HOME of
+    # the caller's) verified that setting, not the env as it runs.
+    versions = doc.get("versions")
+    seen = versions.get("CUDA_HOME") if isinstance(versions, dict) else None
+    own = prefix / "cuda-home"
+    if isinstance(seen, str) and seen not in ("", "-") and own.is_dir():
+        current = current and os.path.realpath(seen) == os.path.realpath(own)
     return LastVerify(path=str(path), created=str(doc.get("created", "?"))[:40], failed=failed,
                       current=current)  # fmt: skip
 

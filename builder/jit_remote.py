@@ -199,6 +199,7 @@ def fetch(
     *,
     timeout: float = 30.0,
     max_bytes: int = 4 << 30,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]] | None:
     """The entry tagged ``tag``: its content doc, and its files downloaded into ``dest`` (a
     fresh private directory the caller made), by name. None when the registry has no such
@@ -207,7 +208,9 @@ def fetch(
     name (a layer's title) must be one plain path component, and unique. Anything else is a
     RemoteError, after the files written so far are removed (an OSError writing into
     ``dest`` is raised as it is). ``timeout`` bounds each wait on the registry (connecting,
-    and each read); each transfer must be over after ``timeout`` plus 1 s per MiB."""
+    and each read); each transfer must be over after ``timeout`` plus 1 s per MiB. ``check``
+    reads what the entry claims (its content doc) before any of its files is downloaded, and
+    raises to refuse it: a junk entry costs its small config, not its blobs."""
     _check_tag(tag)
     written: list[Path] = []
     try:
@@ -220,6 +223,8 @@ def fetch(
             doc, layers = found
             if not isinstance(doc, dict):
                 raise RemoteBadContent(f"{remote.url}: the config of {tag} is not a JSON object")
+            if check is not None:
+                check(doc)
             files: dict[str, Path] = {}
             for layer in layers:
                 assert layer.title is not None  # _parse_manifest checked it

@@ -241,6 +241,21 @@ def pull_env(
     deadline = time.monotonic() + budget if budget is not None else None
     failed_in_a_row = 0
     wanted = [k for k in keys if jit_store.is_key(k) and not store.variants(k)]
+    # What a pull may add without the cap evicting this node's own entries: a list of junk
+    # (or of more than fits) costs entries pulled, never the ones this node made or used.
+    room = [jit_store.store_max() - sum(store.size_of(v) for _, v in store.all())]
+
+    def claims(doc: dict[str, object]) -> None:
+        """What an entry claims, checked before its files are downloaded."""
+        _content, records, _inputs = jit_store.parse_entry(doc)
+        size = sum(r.size for r in records.values())
+        if size > room[0]:
+            raise jit_store.EntryError(
+                f"{size} bytes claimed, more than the {max(room[0], 0)} left under the "
+                "store's cap (CUDAENV_JIT_STORE_MAX): not pulled, so this node's own entries "
+                "stay"
+            )
+
     for done, key in enumerate(wanted):
         left = deadline - time.monotonic() if deadline is not None else None
         if (left is not None and left <= 0) or failed_in_a_row >= MAX_FAILURES_IN_A_ROW:
@@ -257,12 +272,15 @@ def pull_env(
         wait = timeout() if left is None else max(1.0, min(timeout(), left))
         try:
             with tempfile.TemporaryDirectory(prefix=".pull-", dir=store.root) as tmp:
-                got = jit_remote.fetch(remote, jit_remote.tag_for(key), Path(tmp), timeout=wait)
+                got = jit_remote.fetch(
+                    remote, jit_remote.tag_for(key), Path(tmp), timeout=wait, check=claims
+                )
                 if got is None:
                     warnings.append(f"{key[:16]}: listed but not in {remote.url}")
                     continue
                 _vouched(remote, key, got[0], signing)
                 store.import_entry(key, got[0], got[1], {"origin": remote.url})
+                room[0] -= sum(p.stat().st_size for p in got[1].values())
                 added += 1
                 failed_in_a_row = 0
         except (oci.RemoteError, jit_store.EntryError, jit_signing.SigningError) as exc:

@@ -180,12 +180,29 @@ def parse(item: Item, path: str, problems: Problems) -> tuple[Target, ...]:
     return tuple(out)
 
 
+# What a mistyped key looks like ("fleet", "target"); a line of another kind of file read as
+# a key ("root:$6$...:19000:...") does not, and is never echoed.
+_KEYLIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,40}")
+
+
 def read_file(path: Path, problems: Problems) -> tuple[Target, ...]:
     """The targets of the fleet file at ``path``; problems recorded (located)."""
     root = compose(path, problems, what="fleet file", max_bytes=MAX_FLEET_BYTES)
     if root is None:
         return ()
     assert isinstance(root.value, dict)
+    strange = [sub for key, sub in root.value.items() if key not in FILE_KEYS]
+    if len(strange) == len(root.value) and not all(_KEYLIKE.fullmatch(k) for k in root.value):
+        # No key a fleet file has: a file of another kind (/etc/shadow reads as a mapping
+        # whose keys are its lines), said to be none, its text never echoed (as spec.py).
+        first = strange[0]
+        problems.add(
+            root.mark,
+            "",
+            f"{where(path)} is not a fleet file: none of its {len(strange)} key(s) is "
+            f"`targets` (the first at {first.key_mark or first.mark}; its text is not shown)",
+        )
+        return ()
     for key, sub in root.value.items():
         if key not in FILE_KEYS:
             problems.add(sub.key_mark or sub.mark, key, suggest(key, FILE_KEYS))
@@ -319,6 +336,11 @@ def add_to_file(path: Path, new: Sequence[Target]) -> tuple[list[Target], list[T
     """``new`` added to the fleet file at ``path`` (made when missing); returns (added, kept):
     a target equal to one there is kept once; one whose name is taken by another class is
     refused (SpecError, naming both)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        # A link is never followed: one to /etc/shadow would be read (and its lines echoed as
+        # problems), then replaced by a fleet file.
+        what = "a symbolic link" if path.is_symlink() else "not a regular file"
+        raise UsageError(f"--out {where(path)}: {what}; name the fleet file itself")
     have = list(load_file(path)) if path.exists() else []
     added: list[Target] = []
     kept: list[Target] = []

@@ -886,6 +886,15 @@ def test_a_report_of_an_earlier_build_or_another_kind_is_not_read_as_the_last_ve
         current=True,
     )
     report = tmp_path / "var" / "cudaenv" / "verify.json"
+    # A verify of another toolkit than the env's own (CUDAENV_NO_HOOK, the caller's CUDA_HOME).
+    (tmp_path / "cuda-home").mkdir()
+    doc = json.loads(report.read_text())
+    report.write_text(json.dumps({**doc, "versions": {"CUDA_HOME": "/usr/local/cuda-12.8"}}))
+    other = doctor.last_verify(tmp_path, built)
+    assert other is not None and not other.current
+    report.write_text(json.dumps({**doc, "versions": {"CUDA_HOME": str(tmp_path / "cuda-home")}}))
+    own = doctor.last_verify(tmp_path, built)
+    assert own is not None and own.current
     report.unlink()
     report.symlink_to("/etc/passwd")  # not a file of its kind: never read
     assert doctor.last_verify(tmp_path, built) is None

@@ -323,7 +323,7 @@ def test_a_warm_list_whose_entries_never_answer_is_bounded(
     keys = [f"{n:064x}" for n in range(4096)]
     calls: list[float] = []
 
-    def fetch(remote: Any, tag: str, into: Path, *, timeout: float) -> None:
+    def fetch(remote: Any, tag: str, into: Path, *, timeout: float, check: Any = None) -> None:
         calls.append(timeout)
         raise oci.RemoteError(f"timed out after {timeout:.0f} s")
 
@@ -335,7 +335,7 @@ def test_a_warm_list_whose_entries_never_answer_is_bounded(
     assert (added, len(calls)) == (0, 3)
     assert warnings[-1].startswith("3 entries failed in a row: 4093 of 4096 listed entries not")
 
-    def slow(remote: Any, tag: str, into: Path, *, timeout: float) -> None:
+    def slow(remote: Any, tag: str, into: Path, *, timeout: float, check: Any = None) -> None:
         calls.append(timeout)
         time.sleep(0.3)
         return None  # listed but not there: no failure, just slow
@@ -347,3 +347,41 @@ def test_a_warm_list_whose_entries_never_answer_is_bounded(
     assert time.monotonic() - started < 3.0 and len(calls) <= 5
     assert any("the pull took its 1 s" in w for w in warnings), warnings
     assert all(t <= 1.0 for t in calls)  # each wait within what was left (1 s at least)
+
+
+def test_an_entry_that_would_evict_this_nodes_own_is_refused_before_its_blobs(
+    tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Junk entries were all downloaded before any was checked, and evicted the node's own
+    entries under the size cap: what an entry claims is read first (its small config), and
+    one that does not fit the room left under the cap is not pulled, its blobs never asked."""
+    a = node(tmp_path, "A", registry, monkeypatch, push=False)
+    assert a.error is None
+    store_a = jit_store.Store(tmp_path / "store-A")
+    used = [str(v.relative_to(store_a.root)) for _, v in store_a.all()]
+    remote = jit_share.parse(registry.url)
+    assert jit_share.push_env(store_a, used, remote, "env-test") == (1, [])
+    ((_, variant),) = store_a.all()
+    size = store_a.size_of(variant)
+    downloads: list[object] = []
+    real = oci.Client.download
+
+    def counted(self: oci.Client, *args: object, **kwargs: object) -> object:
+        if getattr(args[0], "title", None) is not None:  # a layer: one of the entry's files
+            downloads.append(args[0])
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(oci.Client, "download", counted)
+    monkeypatch.setenv("CUDAENV_JIT_STORE_MAX", str(size // 2))
+    store_b = jit_store.Store(tmp_path / "store-B")
+    added, warnings = jit_share.pull_env(store_b, remote, "env-test")
+    assert added == 0 and downloads == []
+    assert (
+        len(warnings) == 1
+        and "left under the store's cap (CUDAENV_JIT_STORE_MAX): not "
+        "pulled, so this node's own entries stay"
+        in warnings[0]
+    )
+    monkeypatch.setenv("CUDAENV_JIT_STORE_MAX", str(size * 4))
+    assert jit_share.pull_env(store_b, remote, "env-test") == (1, [])
+    assert downloads

@@ -175,3 +175,29 @@ def test_another_platforms_class_is_written_from_this_box() -> None:
         targets.this_node(cc="12.1", platform=other)
     with pytest.raises(UsageError, match="--platform 'win-amd64': fleet targets are"):
         targets.this_node(cc="12.1", driver_version="580", platform="win-amd64")
+
+
+SHADOW = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n"
+
+
+def test_a_file_of_another_kind_named_as_a_fleet_file_is_never_echoed(tmp_path: Path) -> None:
+    """A 0600 shadow-shaped file named with --targets (or a spec's `targets:`) printed its
+    lines as problems: it is "not a fleet file", its text never shown."""
+    secret = write(tmp_path / "shadow", SHADOW)
+    secret.chmod(0o600)
+    with pytest.raises(SpecError) as err:
+        targets.load_file(secret)
+    said = "\n".join(err.value.problems)
+    assert "is not a fleet file: none of its 2 key(s) is `targets`" in said
+    assert "saltsalt" not in said and "daemon" not in said
+
+
+def test_target_out_never_follows_a_link(tmp_path: Path) -> None:
+    """`target --out` followed a link to /etc/shadow, read it, and would replace it."""
+    secret = write(tmp_path / "shadow", SHADOW)
+    link = tmp_path / "fleet.yaml"
+    link.symlink_to(secret)
+    (t,) = targets.this_node(cc="9.0", driver_version="580.95.05")
+    with pytest.raises(UsageError, match="a symbolic link; name the fleet file itself"):
+        targets.add_to_file(link, [t])
+    assert secret.read_text() == SHADOW
