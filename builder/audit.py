@@ -24,6 +24,7 @@ flashinfer#5145).
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import hashlib
 import json
@@ -133,10 +134,10 @@ def _owners(site: Path) -> dict[str, str]:
             text = record.read_text(errors="replace")
         except OSError:
             continue
-        for line in text.splitlines():
-            path = line.split(",", 1)[0]
-            if path:
-                owners[os.path.normpath(path)] = name
+        # csv, as every RECORD reader: a path with a comma is written quoted (PEP 376).
+        for row in csv.reader(text.splitlines()):
+            if row and row[0]:
+                owners[os.path.normpath(row[0])] = name
     return owners
 
 

@@ -205,3 +205,14 @@ def test_the_import_probe_runs_again_only_when_the_env_changed(
     (env / SITE / "torch-2.14.1.dist-info" / "RECORD").write_text("changed,,\n")
     once()
     assert runs == ["probe", "probe"]
+
+
+def test_a_recorded_path_with_a_comma_keeps_its_owner(tmp_path: Path) -> None:
+    """RECORD quotes a path holding a comma (PEP 376, csv): split on the first comma, the
+    file was owned by a path that does not exist and the package was lost."""
+    site = tmp_path / "site-packages"
+    info = site / "pkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "RECORD").write_text('"pkg/lib,v2.so",sha256=x,3\npkg/plain.so,,\n')
+    owners = audit._owners(site)
+    assert owners == {"pkg/lib,v2.so": "pkg", "pkg/plain.so": "pkg"}

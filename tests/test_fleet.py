@@ -288,9 +288,12 @@ def test_compat_tabulates_stacks_by_target(index: Path, tmp_path: Path) -> None:
     assert grid["v10"]["t4"] == "no-kernel" and grid["v10"]["a10-570"] == "driver-too-old"
     text = md.read_text()
     assert "## linux-x86_64, driver 580.95.05" in text
+    # v10 runs on 8.6, with a note: its JIT arch list (12.0f) builds nothing for it.
     assert (
-        "| v10 | no kernel [1] | runs |\n| v20 | no kernel [2] | runs after PTX JIT [3] |" in text
+        "| v10 | no kernel [1] | runs [2] |\n| v20 | no kernel [3] | runs after PTX JIT [4] |"
+        in text
     )
+    assert "2. v10: 1 required binaries hold SASS for 8.6; the spec's JIT arch list" in text
     assert "1. v10: vllm: vllm/_C.abi3.so has no code for 7.5 (sm_80)" in text
     html = page.read_text()
     assert "<td class='jit'><details><summary>runs after PTX JIT</summary>" in html
