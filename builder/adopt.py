@@ -23,13 +23,12 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from builder import (
     __version__,
@@ -243,7 +242,10 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
         archs=chosen,
         toolchain=Toolchain(source="wheels", components=tuple(components)),
     )
-    bindings, reinstall = binding_repair(env.dists, version.major)
+    bindings = policy.binding_repair(env.dists, version.major)
+    # Installed again even at the same version: files a cuda-python of another major
+    # shared with it go when that cuda-python does.
+    reinstall = ("cuda-bindings",) if bindings else ()
     if not channels.has_pip_nvcc(version.major):
         toolkit = _system_toolkit(cuda, env)
         if toolkit is None:
@@ -271,24 +273,6 @@ def plan(env: Env, *, env_archs: tuple[Arch, ...] | None = None, force: bool = F
     return Plan(env=env, cuda=cuda, requirements=requirements, changes=changes,
                 system_toolkit=None, spec=spec, files=_files(env),
                 reinstall=reinstall)  # fmt: skip
-
-
-def binding_repair(dists: Mapping[str, str], major: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The requirements (and the packages to reinstall) that put NVIDIA's CUDA Python
-    bindings at torch's CUDA ``major``, where one of them is of another; empty when they are.
-    cuda-python below 12.8 ships cuda/bindings/ itself: replacing it removes files that
-    cuda-bindings shares, so cuda-bindings is installed again whatever its version."""
-    if not policy.binding_mismatches(dists, major):
-        return (), ()
-    by: dict[str, str] = {canonicalize_name(n): v for n, v in dists.items()}
-    wanted: list[str] = []
-    if "cuda-python" in by:
-        wanted.append(f"cuda-python>={major},<{major + 1}")
-    # A range, not the installed version: the newest cuda-bindings (what torch's >=13.0.3
-    # picked) may have no cuda-python release of its minor yet, which is how a cuda-python
-    # of the older major came in (cuda-bindings 13.5.0 beside cuda-python 12.6.2.post1).
-    wanted.append(f"cuda-bindings>={major},<{major + 1}")
-    return tuple(wanted), ("cuda-bindings",)
 
 
 def _files(env: Env) -> tuple[str, ...]:

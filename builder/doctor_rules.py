@@ -16,7 +16,17 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder import archs, caches, channels, driver, manifest, policy, remote_cache, variables
+from builder import (
+    archs,
+    audit,
+    caches,
+    channels,
+    driver,
+    manifest,
+    policy,
+    remote_cache,
+    variables,
+)
 from builder.cudaversion import CudaVersion
 from builder.doctor_facts import (
     ERROR,
@@ -38,8 +48,9 @@ def _home_text(home: CudaHome) -> str:
     return f"{home.path}, from {home.source}"
 
 
-def _adopt_fix(facts: Facts) -> str | None:
-    """The first fix for an env cudaenv did not build: repair it where it stands."""
+def _adopt_fix(facts: Facts, does: str = "installs torch's matched toolkit") -> str | None:
+    """The first fix for an env cudaenv did not build: repair it where it stands (``does``:
+    what adopt changes there)."""
     if facts.manifest is not None and facts.manifest.spec != manifest.ADOPTED_SPEC:
         return None
     python = facts.python or "PATH"
@@ -49,8 +60,8 @@ def _adopt_fix(facts: Facts) -> str | None:
             f"`cudaenv adopt --python {python}`"
         )
     return (
-        f"repair this env in place: `cudaenv adopt --python {python}` (installs torch's "
-        "matched toolkit, wires CUDA_HOME; `--dry-run` first, `--undo` reverts)"
+        f"repair this env in place: `cudaenv adopt --python {python}` ({does}, wires "
+        "CUDA_HOME; `--dry-run` first, `--undo` reverts)"
     )
 
 
@@ -325,11 +336,7 @@ def rule_bindings(facts: Facts) -> list[Finding]:
         return []
     m = torch.major
     by: dict[str, str] = {canonicalize_name(n): v for n, v in facts.dists.items()}
-    # A range for cuda-bindings too: torch's >=13.0.3 picks the newest cuda-bindings, which
-    # no cuda-python 13 release may admit yet (cuda-bindings 13.5.0: cuda-python 13.4.4
-    # requires <13.5), and that is how cuda-python 12 came in.
-    keep = f"cuda-bindings>={m},<{m + 1}"
-    wanted = [f"cuda-python>={m},<{m + 1}", keep] if "cuda-python" in by else [keep]
+    wanted = policy.binding_repair(facts.dists, m)
     # Reinstalled, not only upgraded: uninstalling the old cuda-python removes the
     # cuda/bindings/ files it shares with cuda-bindings.
     if "pip" in facts.dists:
@@ -337,10 +344,11 @@ def rule_bindings(facts: Facts) -> list[Finding]:
     else:
         repair = install_command(facts, "install --reinstall-package cuda-bindings", *wanted)
     fixes: list[str] = []
-    adopt_fix = _adopt_fix(facts)
+    adopt_fix = _adopt_fix(
+        facts, f"reinstalls the CUDA {m} bindings, installs torch's matched toolkit"
+    )
     if adopt_fix is not None:
-        fixes.append(adopt_fix.replace("installs torch's matched toolkit", "reinstalls the "
-                                       f"CUDA {m} bindings, installs torch's matched toolkit"))  # fmt: skip
+        fixes.append(adopt_fix)
     if facts.manifest is not None and facts.manifest.spec != manifest.ADOPTED_SPEC:
         fixes.append(
             f"re-lock and rebuild: `cudaenv build {facts.manifest.spec} --relock` (the lock "
@@ -408,7 +416,7 @@ def rule_nvjitlink(facts: Facts) -> list[Finding]:
 
 # A library of a CUDA major the loader could not find, as an import error says it.
 _MISSING_CUDA_LIB = re.compile(
-    r"(lib(?:cudart|cublas|cublasLt|nvrtc|nvJitLink|cupti))\.so\.(\d+): cannot open shared object"
+    rf"({'|'.join(audit.CUDA_LIBRARIES)})\.so\.(\d+): cannot open shared object"
 )
 _SITE_FILE = re.compile(r"site-packages/([^/\s:]+)/")
 

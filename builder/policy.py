@@ -103,6 +103,22 @@ def binding_mismatches(dists: Mapping[str, str], want: int) -> tuple[MajorWheel,
     return tuple(out)
 
 
+def binding_repair(dists: Mapping[str, str], major: int) -> tuple[str, ...]:
+    """The requirements that put the bindings ``dists`` holds back at ``major`` (cuda-bindings
+    always: removing a cuda-python below 12.8 removes files they share); empty when none is
+    of another major. Ranges, not the installed versions: the newest cuda-bindings (what
+    torch's >=13.0.3 picked) may have no cuda-python of its minor yet, which is how a
+    cuda-python of the older major came in (cuda-bindings 13.5.0, cuda-python 12.6.2.post1)."""
+    if not binding_mismatches(dists, major):
+        return ()
+    names = {canonicalize_name(n) for n in dists}
+    return tuple(
+        c
+        for name, c in zip(channels.CUDA_BINDINGS, binding_constraints(major), strict=True)
+        if name in names or name == "cuda-bindings"
+    )
+
+
 def binding_constraints(major: int) -> tuple[str, ...]:
     """Resolver constraints that keep the bindings at ``major`` where anything pulls them in
     (a constraint adds no package): uv otherwise satisfies flashinfer-python's

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import adopt, adopt_journal, lock, proc
+from builder import adopt, adopt_journal, lock, policy, proc
 from builder.errors import ReportError
 from tests.helpers import ENVSPECS, FAULTS_PYTHONPATH, cudaenv, lock_of, write
 
@@ -113,13 +113,12 @@ def test_bindings_of_another_major_are_reinstalled_at_torchs(
     """cuda-python 12.6.2.post1 over torch's cuda-bindings 13.5.0 (`import flashinfer`
     fails): adopt's plan installs both at torch's major, in ranges (no cuda-python 13 admits
     cuda-bindings 13.5.0 yet), cuda-bindings again whatever its version."""
-    assert adopt.binding_repair({"cuda-bindings": "13.4.4", "cuda-python": "13.4.4"}, 13) == (
-        (),
-        (),
-    )
-    assert adopt.binding_repair({"cuda-bindings": "13.5.0", "cuda-python": "12.6.2.post1"}, 13) == (
-        ("cuda-python>=13,<14", "cuda-bindings>=13,<14"),
-        ("cuda-bindings",),
+    assert policy.binding_repair({"cuda-bindings": "13.4.4", "cuda-python": "13.4.4"}, 13) == ()
+    assert policy.binding_repair(
+        {"cuda-bindings": "13.5.0", "cuda-python": "12.6.2.post1"}, 13
+    ) == (
+        "cuda-python>=13,<14",
+        "cuda-bindings>=13,<14",
     )
     asked = tmp_path / "asked"
     fake_uv = write(
