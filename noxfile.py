@@ -91,7 +91,7 @@ def compat(session: nox.Session) -> None:
     from the shipped specs' locks: reads their wheels for both platforms (the first run
     downloads them into uv's cache)."""
     _install(session)
-    session.run("python", "-m", "builder.compat", *session.posargs)
+    session.run("python", "-m", "builder.commands.compat", *session.posargs)
 
 
 # Programs some tests drive, and the Debian package of each (as .ci/run installs them).
@@ -163,7 +163,7 @@ def docs(session: nox.Session) -> None:
     _install(session, "docs")
     # Material's notice about its successor, printed on every build, is not about this site.
     session.env["NO_MKDOCS_2_WARNING"] = "1"
-    session.run("python", "-m", "builder.docgen")
+    session.run("python", "-m", "builder.cli.docgen")
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", *session.posargs[1:])
     else:

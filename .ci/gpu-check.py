@@ -41,9 +41,9 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from builder import archs, driver  # noqa: E402 - the tree's own package, put on the path above
-from builder.cudaversion import CudaVersion  # noqa: E402
-from builder.errors import DriverTooOld, UsageError  # noqa: E402
+from builder.core.cudaversion import CudaVersion  # noqa: E402
+from builder.core.errors import DriverTooOld, UsageError  # noqa: E402
+from builder.machine import archs, driver  # noqa: E402 - the tree's own package, put on the path above
 from builder.verify import CHECKS  # noqa: E402 - every one runs here, and none may be skipped
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"

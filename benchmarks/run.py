@@ -38,10 +38,19 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
-from builder import channels, compat, installproof, interpreters, lock, platforms, proc, spec  # noqa: E402
-from builder.paths import matrix_dir  # noqa: E402
+from builder.commands import compat  # noqa: E402
+from builder.core import platforms, proc  # noqa: E402
+from builder.core.paths import matrix_dir  # noqa: E402
+from builder.env import hooks, installproof  # noqa: E402
+from builder.machine import interpreters  # noqa: E402
+from builder.spec import channels, lock  # noqa: E402
+from builder.spec import envspec as spec  # noqa: E402
 
 DEFAULT = REPO / "envspecs" / "default.yaml"
+# What a build writes into site-packages after its proof ran (the start-up hook, its .pth, the
+# stand-in pip): a proof of the finished env is told they were there before, as the build's
+# own proof is told of what `uv venv` made.
+MADE_BY_BUILD = (f"{hooks.HOOK_MODULE}.py", hooks.PTH_NAME, "pip")
 # Where `cudaenv matrix` (run from this directory) keeps its cells' envs.
 MATRIX_ENVS = matrix_dir(REPO)
 TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
@@ -274,7 +283,7 @@ class Bench:
         ta, tb = alternate(build, lambda: self.raw_uv_build(b_dir), self.pairs, before=fresh)
         pairs = pair_ratios(ta, tb)
         ratio = pairs["median"]
-        startup = self.startup("import builder.cli, builder.build")
+        startup = self.startup("import builder.cli.main, builder.env.build")
         case = Case(
             name=f"build, warm cache, {how}",
             what=f"cudaenv build (default spec into a new --env-dir, no verify; {how}) vs "
@@ -319,11 +328,15 @@ class Bench:
         for _ in range(self.pairs):
             builds.samples.append(timed(lambda: self.cudaenv_build(target, spec_path=TOOLCHAIN)))
             t = time.perf_counter()
-            problems = installproof.problems(site, target, packages)
+            problems = installproof.problems(site, target, packages, made_before=MADE_BY_BUILD)
             proofs.samples.append(time.perf_counter() - t)
             assert problems == [], problems
             hashed.samples.append(
-                timed(lambda: installproof.problems(site, target, packages, hash_linked=True))
+                timed(
+                    lambda: installproof.problems(
+                        site, target, packages, hash_linked=True, made_before=MADE_BY_BUILD
+                    )
+                )
             )
         ratios = [p / b for p, b in zip(proofs.samples, builds.samples, strict=True)]
         ratio = round(statistics.median(ratios), 4)
@@ -616,7 +629,7 @@ class Bench:
         first node pushing to a registry against no registry; placing an entry with every
         hash checked against copying its files unchecked."""
         from builder import store as jit_store
-        from builder.jit_share import parse
+        from builder.jit.share import parse
 
         with registry_server(self.work / "registry") as url:
             warm = self.work / "store-warm"
@@ -860,7 +873,7 @@ class Bench:
         pairs = pair_ratios(ta, tb)
         ratio = pairs["median"]
         # What `cudaenv lock` imports: the CLI, and matrix for a FILE:CELL argument.
-        startup = self.startup("import builder.cli, builder.matrix")
+        startup = self.startup("import builder.cli.main, builder.commands.matrix")
         relock = Case(
             name="re-lock, unchanged spec",
             what="cudaenv lock vs raw uv pip compile of the same request for each of the spec's "
@@ -1081,7 +1094,7 @@ class Bench:
         both platforms (driver 580), no env built, uv's cache warm: first with an empty
         cudaenv cache (both platforms' wheels unpacked, every ELF's headers read), against raw
         uv unpacking the same wheels (`uv pip install --target --python-platform`) in the same
-        run, alternated; then again with the cache. And `python -m builder.compat` of every
+        run, alternated; then again with the cache. And `python -m builder.commands.compat` of every
         shipped spec with warm caches."""
         fleet_file = self.work / "fleet.yaml"
         fleet_file.write_text(
@@ -1125,7 +1138,7 @@ class Bench:
             table.samples.append(
                 timed(
                     lambda: sh(
-                        [sys.executable, "-m", "builder.compat"],
+                        [sys.executable, "-m", "builder.commands.compat"],
                         env={"PYTHONPATH": str(REPO)},
                         cwd=root,
                     )
@@ -1160,7 +1173,7 @@ class Bench:
             ),
             Case(
                 name="compatibility table of the shipped stacks, warm",
-                what="python -m builder.compat: 6 shipped specs x 40 classes, caches warm",
+                what="python -m builder.commands.compat: 6 shipped specs x 40 classes, caches warm",
                 figures={"compat": table.to_json()},
                 goal="≤ 120 s",
                 met=table.median <= 120.0,

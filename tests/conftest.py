@@ -16,7 +16,7 @@ import pytest
 def gpu_reason() -> str | None:
     """Why GPU tests cannot run here, or None when an NVIDIA GPU is visible: the product's
     own answer (archs.visible_gpus, whose driver is driver.detect's, the gate's)."""
-    from builder import archs
+    from builder.machine import archs
 
     gpus, why = archs.visible_gpus()
     return None if gpus else why or "no visible NVIDIA GPU"
@@ -37,7 +37,7 @@ def own_cache_dir(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A fresh, empty cudaenv cache (builder.paths.cache_dir) for each offline test, so a unit
+    """A fresh, empty cudaenv cache (builder.core.paths.cache_dir) for each offline test, so a unit
     test neither writes to the user's ~/.cache/cudaenv nor passes thanks to what is in it.
     Children started by the test inherit it through the environment. network and e2e tests
     keep the real cache: its channel pins and resolutions save minutes, and resolve against

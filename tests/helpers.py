@@ -25,8 +25,11 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder import archs, lock, proc, project, spec
-from builder.manifest import Manifest
+from builder.core import proc
+from builder.env.manifest import Manifest
+from builder.machine import archs
+from builder.spec import envspec as spec
+from builder.spec import lock, project
 from builder.verify.model import EnvFacts
 
 REPO = Path(__file__).resolve().parent.parent

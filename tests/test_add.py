@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import add, spec
-from builder.errors import UsageError
-from builder.yamldoc import Problems, compose
+from builder.commands import add
+from builder.core.errors import UsageError
+from builder.formats.yamldoc import Problems, compose
+from builder.spec import envspec as spec
 from tests.helpers import cudaenv, lock_of, workspace, write
 
 BLOCK = """\

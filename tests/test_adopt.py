@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import adopt, adopt_journal, lock, policy, proc
-from builder.errors import ReportError
+from builder.adopt import journal as adopt_journal
+from builder.adopt import repair as adopt
+from builder.core import proc
+from builder.core.errors import ReportError
+from builder.spec import lock, policy
 from tests.helpers import ENVSPECS, FAULTS_PYTHONPATH, cudaenv, lock_of, write
 
 
@@ -154,7 +157,7 @@ def plain_venv(tmp_path: Path) -> Iterator[Path]:
     """A venv holding the default lock's packages, made by uv alone: no cudaenv wiring."""
     venv = tmp_path / "plain"
     py = Path(sys.executable).resolve()
-    from builder import interpreters
+    from builder.machine import interpreters
 
     base = interpreters.find("3.12", allow_download=False).path
     proc.run(
@@ -235,7 +238,7 @@ def test_a_users_cuda_python_12_over_cuda_bindings_13_is_named_and_repaired(
     """As a user gets it: `uv pip install torch==2.14.1 flashinfer-python==0.7.2` (the index
     as it stood on 2026-11-20) pulls cuda-python 12.6.2.post1 over cuda-bindings 13.5.0 and
     `import flashinfer` may fail. doctor names it first; adopt repairs it; doctor is clean."""
-    from builder import interpreters
+    from builder.machine import interpreters
 
     venv = tmp_path / "user"
     base = interpreters.find("3.12", allow_download=False).path
@@ -349,7 +352,9 @@ def test_a_killed_adopt_leaves_the_env_as_it_was_or_a_rerun_finishes(
 def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_journal: bool) -> None:
     """write_hooks adds a block to each shell's script; undo puts each back as journalled (a
     journal from before every script was kept holds bin/activate alone)."""
-    from builder import archs, spec, toolchain
+    from builder.env import hooks
+    from builder.machine import archs
+    from builder.spec import envspec as spec
 
     venv = tmp_path / "venv"
     proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(venv)])
@@ -360,7 +365,7 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
     journal = {"activate": before["activate"]} if old_journal else {"activation": before}
     write(venv / adopt_journal.JOURNAL, json.dumps(journal))
     s = spec.load(write(tmp_path / "s.yaml", 'name: a\npython: "3.12"\ncuda: "13.0"\n'))
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     assert all(path.read_text() != before[name] for name, path in scripts.items())
     done = adopt_journal.undo(venv, venv / "bin" / "python", lambda _: None)
     after = {name: path.read_text() for name, path in scripts.items()}

@@ -26,8 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import adopt, adopt_journal, archs, manifest, proc, spec, toolchain
-from builder.errors import EnvBusy
+from builder.adopt import journal as adopt_journal
+from builder.adopt import repair as adopt
+from builder.core import proc
+from builder.core.errors import EnvBusy
+from builder.env import hooks, manifest, toolchain
+from builder.machine import archs
+from builder.spec import envspec as spec
 from tests.helpers import FAULTS_PYTHONPATH, REPO, a_manifest, cudaenv, write
 
 NVCC_12_8 = "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
@@ -129,7 +134,7 @@ def test_a_second_adopt_waits_for_the_first_then_finds_the_env_adopted(
 @pytest.mark.slow
 def test_a_lock_held_past_the_wait_is_refused_naming_its_holder(venv: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from builder import adopt_journal\n"
+        "import sys, time; from pathlib import Path; from builder.adopt import journal as adopt_journal\n"
         "with adopt_journal.locked(Path(sys.argv[1]), print):\n"
         "    print('held', flush=True); time.sleep(30)\n"
     )
@@ -164,7 +169,7 @@ def built_env(venv: Path, cuda_home: Path) -> None:
     """What `cudaenv build` leaves: a manifest naming its spec, cuda-home/, the hook."""
     s = spec.load(write(venv.parent / "x.yaml", 'name: x\npython: "3.12"\ncuda: "12.8"\n'))
     (venv / "cuda-home").symlink_to(cuda_home)
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     manifest.write(a_manifest(spec="envspecs/x.yaml", path=str(venv)), venv)
 
 
@@ -211,7 +216,7 @@ def test_cudaenv_files_with_no_journal_are_refused_not_removed(venv: Path, cuda_
     replaced, so adopt names them instead."""
     (venv / "cuda-home").symlink_to(cuda_home)
     activate = venv / "bin" / "activate"
-    activate.write_text(activate.read_text() + f"{toolchain.BLOCK_MARK}x >>>\n")
+    activate.write_text(activate.read_text() + f"{hooks.BLOCK_MARK}x >>>\n")
     before = snapshot(venv)
     done = run(venv, cuda_home, "--no-verify", "--no-driver-check")
     assert (done.returncode, errors(done)) == (3, [

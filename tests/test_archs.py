@@ -1,4 +1,4 @@
-"""The arch concept (builder/archs.py): parsing, FlashInfer's normalisation, what each CUDA
+"""The arch concept (builder/machine/archs.py): parsing, FlashInfer's normalisation, what each CUDA
 targets, the one GPU query, the env's list and its torch/FlashInfer spellings."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, driver, proc
-from builder.archs import Arch, Gpu
-from builder.cudaversion import CudaVersion
+from builder.core import proc
+from builder.core.cudaversion import CudaVersion
+from builder.machine import archs, driver
+from builder.machine.archs import Arch, Gpu
 
 A = Arch.parse
 C = CudaVersion.parse
@@ -154,9 +155,9 @@ def test_torch_and_flashinfer_spellings() -> None:
 
 @pytest.mark.slow
 def test_no_other_module_parses_archs_or_queries_gpus() -> None:
-    """The structure rule: builder/archs.py alone owns the concept. No other module holds an
+    """The structure rule: builder/machine/archs.py alone owns the concept. No other module holds an
     arch or CUDA literal as a value (messages may quote examples), queries the GPUs, or
-    parses an arch with a regex of its own. builder/driver.py, below archs, alone asks
+    parses an arch with a regex of its own. builder/machine/driver.py, below archs, alone asks
     nvidia-smi for the driver's version (one of the places the driver is read)."""
     root = Path(archs.__file__).parent
     literal = re.compile(r"^\d{1,2}\.\d[af]?$")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import audit, fatbin
-from builder.archs import Arch
+from builder.audit import fatbin
+from builder.audit import scan as audit
+from builder.machine.archs import Arch
 from tests.helpers import REPO, cudaenv
 
 DATA = REPO / "tests" / "data" / "fatbin"
@@ -39,7 +40,7 @@ def test_a_verdict_follows_the_compatibility_rules() -> None:
     ptx_only = a_scan(code("ptx", "8.0", (9, 0)))
     assert audit.verdict(ptx_only, spark, None) == "ptx"
     # PTX newer than the driver's CUDA cannot be compiled by it.
-    from builder.cudaversion import CudaVersion
+    from builder.core.cudaversion import CudaVersion
 
     assert audit.verdict(ptx_only, spark, CudaVersion(major=12, minor=9)) == "none"
     # A file that could not be read whole is never covered, whatever was seen before the fault.

@@ -1,4 +1,4 @@
-"""What cudaenv reads of this machine for its compiles (builder/box.py)."""
+"""What cudaenv reads of this machine for its compiles (builder/machine/box.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_ninjas_jobs_share_the_cores_among_nvcc_threads_within_free_memory(
 ) -> None:
     """MAX_JOBS for cudaenv's FlashInfer builds: cores / nvcc threads, cut to what the free
     memory holds (2 GiB a thread), at least one; a MAX_JOBS the user set is kept."""
-    from builder import box
+    from builder.machine import box
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     meminfo = tmp_path / "meminfo"

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, installproof, interpreters, lock, platforms, proc
+from builder.core import platforms, proc
+from builder.env import build, installproof
+from builder.machine import interpreters
+from builder.spec import lock
 
 
 def make_tree(path: Path, marker: str) -> Path:
@@ -56,7 +59,7 @@ def hold_lock(env: Path, seconds: float) -> subprocess.Popen[str]:
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         from pathlib import Path
-        from builder import build
+        from builder.env import build
         with build.env_lock(Path({str(env)!r}), print):
             print("held", flush=True)
             time.sleep({seconds})
@@ -100,7 +103,7 @@ def test_python_discovery_finds_this_interpreter() -> None:
 
 
 def test_python_discovery_names_what_it_found() -> None:
-    from builder.errors import ToolMissing
+    from builder.core.errors import ToolMissing
 
     with pytest.raises(ToolMissing) as info:
         interpreters.find("3.99", allow_download=False)

@@ -22,9 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import audit, cachefiles, interpreters, paths, proc, resolve, toolchain
-from builder.lock import LockedFile, LockedPackage, packages_to_json
-from builder.paths import cache_dir
+from builder.audit import scan as audit
+from builder.core import cachefiles, paths, proc
+from builder.core.paths import cache_dir
+from builder.formats import templates
+from builder.machine import interpreters
+from builder.spec import resolve
+from builder.spec.lock import LockedFile, LockedPackage, packages_to_json
 from builder.verify import cubin
 from tests.helpers import env_facts
 
@@ -195,13 +199,13 @@ def test_a_planted_hook_memo_is_never_taken(
     values; appended to, it runs as root in every env built after."""
     values = {"name": "x", "spec": "s.yaml", "env": [], "archs": "12.0f"}
     monkeypatch.setenv("CUDAENV_CACHE_DIR", str(tmp_path / "own"))
-    genuine = toolchain._render("pip_stub.py.j2", values)
+    genuine = templates.render("pip_stub.py.j2", values)
     (name,) = [p.name for p in (tmp_path / "own" / "rendered").iterdir()]
     monkeypatch.setenv("CUDAENV_CACHE_DIR", str(attack.root))
     marker = tmp_path / "owned"
     attack.put(f"rendered/{name}", (genuine + f"\nopen({str(marker)!r}, 'w')\n").encode())
     for _ in range(2):
-        assert toolchain._render("pip_stub.py.j2", values) == genuine
+        assert templates.render("pip_stub.py.j2", values) == genuine
     assert len(warnings_in(capsys.readouterr().err)) == 1
 
 

@@ -18,25 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from builder import (
-    archs,
-    cli,
-    cliargs,
-    commandargs,
-    lock,
-    manifest,
-    pipeline,
-    platforms,
-    resolve,
-    spec,
-    verify,
-    verifyrun,
-)
-from builder.errors import ToolMissing, UsageError, VerifyFailed
-from builder.manifest import Manifest
-from builder.report import VerifyReport
-from builder.reporter import silent
+from builder import verify
+from builder.cli import main as cli
+from builder.cli import parser as cliargs
+from builder.commands import args as commandargs
+from builder.commands import pipeline
+from builder.commands import verify as verifyrun
+from builder.core import platforms
+from builder.core.errors import ToolMissing, UsageError, VerifyFailed
+from builder.core.reporter import silent
+from builder.env import manifest
+from builder.env.manifest import Manifest
+from builder.machine import archs
+from builder.spec import envspec as spec
+from builder.spec import lock, resolve
 from builder.verify.model import CheckResult
+from builder.verify.report import VerifyReport
 from tests.helpers import ENVSPECS, REPO, a_manifest, cudaenv, lock_of, workspace, write
 
 TOOLCHAIN = ENVSPECS / "toolchain-cu130.yaml"
@@ -372,7 +369,7 @@ def test_build_refuses_a_lock_without_this_machines_platform(tmp_path: Path) -> 
 
 
 def fingerprint_doc(**versions: str) -> dict[str, object]:
-    from builder import fingerprint
+    from builder.doctor import fingerprint
 
     parts = fingerprint.Parts(
         python="3.12.1",
@@ -415,7 +412,8 @@ def test_fingerprint_compare_names_each_difference(tmp_path: Path) -> None:
 def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
     """Two copies of one env at different paths (two nodes, two --env-dir): one hash; a
     changed arch list or toolkit binary: another."""
-    from builder import doctor, fingerprint
+    from builder.doctor import diagnose as doctor
+    from builder.doctor import fingerprint
 
     def facts(prefix: Path, arch: str) -> doctor.Facts:
         if not (prefix / "cuda-home" / "bin" / "nvcc").exists():
@@ -451,15 +449,15 @@ def test_fingerprint_ignores_where_the_env_is(tmp_path: Path) -> None:
 def test_list_run_and_remove_an_env(tmp_path: Path) -> None:
     """`list` shows the env with its lock state, size and last verify; `run` executes a
     command with the env's hook settings and its exit status; `remove` deletes it whole."""
-    from builder import toolchain
+    from builder.env import hooks
     from tests.helpers import a_manifest
 
     env_dir = tmp_path / ".envs" / "demo"
-    from builder import proc
+    from builder.core import proc
 
     proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(env_dir)])
     s = spec.load(write(tmp_path / "demo.yaml", 'name: demo\npython: "3.12"\ncuda: "13.0"\n'))
-    toolchain.write_hooks(env_dir, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(env_dir, s, archs.DEFAULT_ARCHS)
     manifest.write(a_manifest(name="demo", spec="gone/demo.yaml", path=str(env_dir)), env_dir)
     listed = json.loads(cudaenv("list", "--json", cwd=tmp_path).stdout)
     assert [(e["name"], e["lock"], e["last_verify"]) for e in listed] == [

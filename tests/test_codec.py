@@ -1,4 +1,4 @@
-"""The dataclass codec (builder/codec.py): every model it converts round-trips, files written
+"""The dataclass codec (builder/formats/codec.py): every model it converts round-trips, files written
 by earlier releases read and write back byte for byte, and a wrong value is one line naming
 the file and the key path."""
 
@@ -16,11 +16,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder import adopt_journal, audit, codec, compat, fingerprint, fleet, lock, manifest
-from builder import report as report_mod
-from builder.archs import Arch
-from builder.doctor_facts import CudaHome, Finding, JitEntry
-from builder.errors import ReportError
+from builder.adopt import journal as adopt_journal
+from builder.audit import fleet
+from builder.audit import scan as audit
+from builder.commands import compat
+from builder.core.errors import ReportError
+from builder.doctor import fingerprint
+from builder.doctor.facts import CudaHome, Finding, JitEntry
+from builder.env import manifest
+from builder.formats import codec
+from builder.machine.archs import Arch
+from builder.spec import lock
+from builder.verify import report as report_mod
 from tests.helpers import ENVSPECS
 
 DATA = Path(__file__).parent / "data" / "json"

@@ -1,4 +1,4 @@
-"""builder/cudaversion.py: the one reading of a CUDA version, its order and its refusals."""
+"""builder/core/cudaversion.py: the one reading of a CUDA version, its order and its refusals."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from builder.cudaversion import CudaVersion
+from builder.core.cudaversion import CudaVersion
 from tests.helpers import REPO
 
 C = CudaVersion.parse

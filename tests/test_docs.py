@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import cliargs, docgen, errors, variables
+from builder.cli import docgen
+from builder.cli import parser as cliargs
+from builder.core import errors, variables
 from tests import chromium
 from tests.helpers import REPO, served
 
@@ -40,7 +42,7 @@ MESSAGES = {
 def test_the_generated_pages_are_what_the_code_says() -> None:
     stale = [str(rel) for rel, text in docgen.pages().items()
              if (REPO / rel).read_text(encoding="utf-8") != text]  # fmt: skip
-    assert stale == [], "run `python -m builder.docgen` and commit the pages"
+    assert stale == [], "run `python -m builder.cli.docgen` and commit the pages"
 
 
 def test_docgen_check_fails_on_a_stale_page(tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def _error_classes(cls: type[errors.CudaenvError]) -> Iterator[type[errors.Cudae
 
 
 def test_every_exit_code_is_in_the_table_and_the_reference() -> None:
-    import builder.adopt  # noqa: F401  (its own error class)
+    import builder.adopt.repair  # noqa: F401  (its own error class)
 
     codes = {code for code, _, _ in errors.EXIT_CODES}
     raised = {c.exit_code for c in _error_classes(errors.CudaenvError)}
@@ -299,7 +301,7 @@ def test_the_site_renders_in_headless_chromium_and_its_search_finds_each_message
 @pytest.mark.slow
 def test_the_docs_session_and_ci_build_the_site() -> None:
     noxfile = (REPO / "noxfile.py").read_text()
-    assert '"mkdocs", "build", "--strict"' in noxfile and '"builder.docgen"' in noxfile
+    assert '"mkdocs", "build", "--strict"' in noxfile and '"builder.cli.docgen"' in noxfile
     assert "sh tools/nox.sh -s docs" in (REPO / ".ci" / "run").read_text()
 
 

@@ -19,9 +19,13 @@ from typing import Any
 
 import pytest
 
-from builder import archs, caches, doctor, doctor_rules, interpreters, manifest, proc
-from builder.errors import UsageError
-from builder.manifest import Manifest
+from builder.core import proc
+from builder.core.errors import UsageError
+from builder.doctor import diagnose as doctor
+from builder.doctor import rules as doctor_rules
+from builder.env import caches, manifest
+from builder.env.manifest import Manifest
+from builder.machine import archs, interpreters
 from tests.helpers import REPO, write
 
 HEALTHY_DISTS = {
@@ -94,7 +98,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEnv]:
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CUDA_HOME", str(home))
-    # As the start-up hook of a built env sets them (builder/caches.py).
+    # As the start-up hook of a built env sets them (builder/env/caches.py).
     for cache in caches.CACHES:
         monkeypatch.setenv(cache.variable, str(tmp_path / "venv" / "var" / cache.subdir))
     for variable, _tool in caches.TRITON_TOOLS:
@@ -308,8 +312,8 @@ def test_an_interpreter_that_cannot_run_the_probe(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("minor", ["3.9", "3.10", "3.11", "3.12", "3.13"])
 def test_probe_runs_on_every_supported_python(minor: str) -> None:
-    from builder import interpreters
-    from builder.errors import ToolMissing
+    from builder.core.errors import ToolMissing
+    from builder.machine import interpreters
 
     try:
         py = interpreters.find(minor, allow_download=False)
@@ -716,14 +720,15 @@ def test_packages_drifted_from_the_lock_are_named(env: FakeEnv) -> None:
 def test_a_shell_script_without_the_envs_settings_is_flagged(env: FakeEnv, tmp_path: Path) -> None:
     """An env wired before cudaenv patched every shell (bin/activate has the block,
     activate.nu does not) is named with the scripts; once every script is wired, nothing."""
-    from builder import spec, toolchain
+    from builder.env import hooks
+    from builder.spec import envspec as spec
 
     prefix = env.python.parent.parent
     manifest.write(a_manifest("12.0f", spec="envspecs/mine.yaml"), prefix)
     s = spec.load(write(tmp_path / "s.yaml", 'name: mine\npython: "3.12"\ncuda: "13.0"\n'))
     nu_before = (prefix / "bin" / "activate.nu").read_text()
     ps_before = (prefix / "bin" / "activate.ps1").read_text()
-    toolchain.write_hooks(prefix, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(prefix, s, archs.DEFAULT_ARCHS)
     findings, _ = run(env)
     assert "activation-unwired" not in codes(findings)
     (prefix / "bin" / "activate.nu").write_text(nu_before)

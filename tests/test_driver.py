@@ -14,23 +14,20 @@ from typing import Any
 
 import pytest
 
-from builder import (
-    adopt,
-    adopt_journal,
-    archs,
-    buildrun,
-    cli,
-    cliargs,
-    doctor,
-    doctor_rules,
-    driver,
-    proc,
-)
-from builder.commandargs import BuildArgs
-from builder.cudaversion import CudaVersion
-from builder.errors import STATUS_OF_EXIT, BuildError, DriverTooOld, UsageError
-from builder.reporter import Reporter
-from builder.spec import EnvSpec, Toolchain
+from builder.adopt import journal as adopt_journal
+from builder.adopt import repair as adopt
+from builder.cli import main as cli
+from builder.cli import parser as cliargs
+from builder.commands import build as buildrun
+from builder.commands.args import BuildArgs
+from builder.core import proc
+from builder.core.cudaversion import CudaVersion
+from builder.core.errors import STATUS_OF_EXIT, BuildError, DriverTooOld, UsageError
+from builder.core.reporter import Reporter
+from builder.doctor import diagnose as doctor
+from builder.doctor import rules as doctor_rules
+from builder.machine import archs, driver
+from builder.spec.envspec import EnvSpec, Toolchain
 from tests.helpers import cudaenv, lock_of, workspace, write
 
 CU130 = CudaVersion(major=13, minor=0)

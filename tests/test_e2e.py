@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from builder import lock, resolve, spec
-from builder.archs import Arch
+from builder.machine.archs import Arch
+from builder.spec import envspec as spec
+from builder.spec import lock, resolve
 from tests.conftest import Registry
 from tests.helpers import ENVSPECS, REPO, cudaenv, env_facts, lock_of, workspace, write
 
@@ -619,7 +620,7 @@ def test_a_toolkit_without_cccl_is_named_and_another_specs_env_is_refused(
 def test_cubin_check_fails_on_a_cubin_for_the_wrong_arch(
     toolchain_env: Path, tmp_path: Path
 ) -> None:
-    from builder.statuses import FAILED
+    from builder.core.statuses import FAILED
     from builder.verify import cubin, kernel_compile
     from builder.verify.model import Target
 
@@ -837,7 +838,7 @@ def test_toolchain_check_fails_when_the_jit_sees_nvcc_12_8(
 @pytest.mark.network
 @pytest.mark.e2e
 def test_doctor_default_env_is_healthy(default_env: Path) -> None:
-    from builder import doctor
+    from builder.doctor import diagnose as doctor
 
     facts, findings, _ = doctor.probe(str(default_env / "bin" / "python"), deep=True)
     assert facts is not None
@@ -883,7 +884,8 @@ def test_the_toolchain_env_is_assembled_for_aarch64_on_another_machine(tmp_path:
     """`build --platform linux-aarch64`: the aarch64 wheels unpacked hash-checked, cuda-home/
     made of aarch64 binaries, a manifest marked assembled; verify refuses to run it here; a
     lock whose aarch64 hash is wrong fails and leaves the assembled env as it was."""
-    from builder import manifest, platforms, toolchain
+    from builder.core import platforms
+    from builder.env import manifest, toolchain
 
     if platforms.host_name() == "linux-aarch64":
         pytest.skip("this machine is aarch64: --platform linux-aarch64 is a plain build")
@@ -946,7 +948,8 @@ def test_the_assembled_aarch64_nvcc_compiles_our_kernel_for_dgx_spark(tmp_path: 
     """Stretch: where this machine runs aarch64 binaries under qemu-user, the assembled
     aarch64 nvcc compiles and links our top-k/top-p kernel for 12.1f (DGX Spark, GB10)
     against the env's own static cudart."""
-    from builder import platforms, toolchain
+    from builder.core import platforms
+    from builder.env import toolchain
     from builder.verify import cubin, kernel_compile
 
     why = _no_aarch64_emulation()
@@ -980,7 +983,8 @@ def test_an_aarch64_wheelhouse_is_exported_here_and_assembles_offline(tmp_path: 
     """For an air-gapped aarch64 cluster: `export --platform linux-aarch64` on this machine
     downloads that machine's files (hash-checked); `build --platform linux-aarch64 --offline
     --wheelhouse` assembles the env from them alone, with an empty uv cache."""
-    from builder import platforms, toolchain
+    from builder.core import platforms
+    from builder.env import toolchain
 
     if platforms.host_name() == "linux-aarch64":
         pytest.skip("this machine is aarch64: its own export covers it")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import manifest, paths, proc
+from builder.core import paths, proc
+from builder.env import manifest
 from tests.helpers import a_manifest, cudaenv, workspace, write
 
 
@@ -276,7 +277,7 @@ def test_a_build_waiting_on_a_removed_lock_file_takes_the_one_at_the_path(tmp_pa
     import fcntl
     import threading
 
-    from builder import build
+    from builder.env import build
 
     target = tmp_path / ".envs" / "demo"
     lock_file = tmp_path / ".envs" / ".demo.lock"

@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 from packaging.pylock import Pylock
 
-from builder import export as exporting
-from builder import interpreters, lock, proc, spec
-from builder.errors import SpecError
-from builder.export import sha256_of
+from builder.core import proc
+from builder.core.errors import SpecError
+from builder.env import export as exporting
+from builder.env.export import sha256_of
+from builder.machine import interpreters
+from builder.spec import envspec as spec
+from builder.spec import lock
 from tests.helpers import (
     ENVSPECS,
     add_tiny_pair,

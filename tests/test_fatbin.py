@@ -1,4 +1,4 @@
-"""builder.fatbin: device code read from fatbin headers, checked against cuobjdump's listing on
+"""builder.audit.fatbin: device code read from fatbin headers, checked against cuobjdump's listing on
 nvcc-built fixtures (tests/data/fatbin/README.md) and, where one is built here, a real env; and
 corrupt input, built byte by byte, that must come back as an error, never an exception."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.archs import Arch
-from builder.fatbin import DeviceCode, Scan, is_elf, scan
+from builder.audit.fatbin import DeviceCode, Scan, is_elf, scan
+from builder.machine.archs import Arch
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "data" / "fatbin"

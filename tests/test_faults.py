@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, proc, spec
+from builder.core import proc
+from builder.spec import envspec as spec
+from builder.spec import lock
 from tests.helpers import (
     ENVSPECS,
     FAULTS_PYTHONPATH,

@@ -22,9 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import compat, fleet, lock, spec, targets
-from builder.archs import Arch
-from builder.reporter import silent
+from builder.audit import fleet
+from builder.commands import compat
+from builder.core.reporter import silent
+from builder.machine import targets
+from builder.machine.archs import Arch
+from builder.spec import envspec as spec
+from builder.spec import lock
 from tests.helpers import (
     REPO,
     cudaenv,
@@ -349,7 +353,7 @@ def test_lock_warns_for_each_target_the_new_set_cannot_serve(index: Path, tmp_pa
 def test_a_driver_too_old_names_the_stack_beside_that_runs_there_or_says_none_does() -> None:
     """ "Serve it a stack of an older CUDA" named none: the verdict names the shipped stacks
     whose lock's CUDA the driver runs on the target's platform, or says none does."""
-    from builder.cudaversion import CudaVersion
+    from builder.core.cudaversion import CudaVersion
 
     beside = fleet.stacks_beside(REPO / "envspecs")
     assert ("torch2.9-cu128-system", CudaVersion.parse("12.8"), ("linux-x86_64",)) in beside
@@ -389,7 +393,7 @@ def test_a_class_the_spec_jit_builds_nothing_for_says_flashinfer_compiles_there(
     """An H100 "runs" a spec whose JIT arch list is 12.0f alone: the verdict says FlashInfer
     compiles at the first start there and names the arch to add; a class the list covers
     (12.0f: SM 12.x) is as it was."""
-    from builder.cudaversion import CudaVersion
+    from builder.core.cudaversion import CudaVersion
 
     s = spec.load(REPO / "envspecs" / "default.yaml")
     assert [a for a in s.archs] == [Arch.parse("12.0f")]

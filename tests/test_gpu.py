@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs
-from builder.statuses import PASSED
+from builder.core.statuses import PASSED
+from builder.machine import archs
 from builder.verify import probe, sampling
 from builder.verify import reference as ref
 from builder.verify.kernel_compile import build_kernel

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from builder import archs
+from builder.machine import archs
 from builder.verify import flashinfer_jit, sampling
 from builder.verify.model import Target
 from tests.helpers import REPO, write

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import indexview, lock, resolve, spec
-from builder.errors import BuildError
+from builder.core import indexview
+from builder.core.errors import BuildError
+from builder.spec import envspec as spec
+from builder.spec import lock, resolve
 from tests.helpers import ENVSPECS, lock_of
 
 

@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from builder import box as boxes
-from builder import init, lock, pipeline, spec
-from builder.archs import Arch, Gpu
-from builder.cudaversion import CudaVersion
-from builder.driver import Driver
-from builder.errors import ResolveError, UsageError
-from builder.lock import LockedPackage
-from builder.reporter import Reporter, silent
+from builder.commands import init, pipeline
+from builder.core.cudaversion import CudaVersion
+from builder.core.errors import ResolveError, UsageError
+from builder.core.reporter import Reporter, silent
+from builder.machine import box as boxes
+from builder.machine.archs import Arch, Gpu
+from builder.machine.driver import Driver
+from builder.spec import envspec as spec
+from builder.spec import lock
+from builder.spec.lock import LockedPackage
 from tests.helpers import cudaenv
 
 CU132 = CudaVersion(major=13, minor=2)
@@ -632,7 +634,7 @@ def test_real_init_for_a_t4_says_what_blocks_before_writing(tmp_path: Path) -> N
 def test_a_fleet_of_570_drivers_gets_a_cuda_they_run(tmp_path: Path) -> None:
     """`init --targets` with a 570-driver fleet picked CUDA 13.0 and then refused it: the
     fleet's drivers rule candidates out before any resolution, each named."""
-    from builder import targets
+    from builder.machine import targets
 
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(

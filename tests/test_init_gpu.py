@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, init
-from builder.errors import UsageError
+from builder.commands import init
+from builder.core.errors import UsageError
+from builder.machine import archs
 from tests.helpers import cudaenv
 
 

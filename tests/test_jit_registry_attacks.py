@@ -26,10 +26,12 @@ from typing import Any
 
 import pytest
 
-from builder import archs, jit_remote, oci
 from builder import store as jit_store
-from builder.jit_remote import fetch, publish, tag_for
-from builder.oci import Remote, RemoteInsecure, RemoteTimeout
+from builder.jit import oci
+from builder.jit import remote as jit_remote
+from builder.jit.oci import Remote, RemoteInsecure, RemoteTimeout
+from builder.jit.remote import fetch, publish, tag_for
+from builder.machine import archs
 from builder.verify import kernel_compile
 from tests.conftest import Registry
 from tests.helpers import write
@@ -366,7 +368,8 @@ def test_store_verify_finds_a_forged_entry_store_pull_took(
 ) -> None:
     """`store pull` adds entries without placing them; `store verify` said the forged one
     was "as recorded". It checks a kernel entry's kernel too, and removes it."""
-    from builder import cli, jit_share
+    from builder.cli import main as cli
+    from builder.jit import share as jit_share
 
     entry = honest_entry(tmp_path, monkeypatch)
     script = write(tmp_path / "evil", "#!/bin/sh\necho owned > /tmp/owned-by-x\n")
@@ -441,7 +444,7 @@ def test_a_real_kernel_no_trusted_warmer_signed_is_refused(
         ((key, variant),) = store.all()
         forged = store.load(key, variant)
         # The attacker signs the forged statement with its own key.
-        from builder import jit_signing
+        from builder.jit import signing as jit_signing
 
         data = FOREIGN_KERNEL.read_bytes()
         content = {**forged.content, "files": {"kernel": {

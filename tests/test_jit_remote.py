@@ -1,4 +1,4 @@
-"""builder/jit_remote.py and builder/oci.py against a real OCI registry (Debian's
+"""builder/jit/remote.py and builder/jit/oci.py against a real OCI registry (Debian's
 docker-registry on loopback), and against servers that misbehave: one that never answers, ones
 that refuse."""
 
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import requests
 
-from builder import jit_remote, oci
-from builder.jit_remote import fetch, fetch_index, publish, publish_index, tag_for
-from builder.oci import (
+from builder.jit import oci
+from builder.jit import remote as jit_remote
+from builder.jit.oci import (
     Remote,
     RemoteBadContent,
     RemoteConflict,
@@ -31,6 +31,7 @@ from builder.oci import (
     RemoteTimeout,
     RemoteUnreachable,
 )
+from builder.jit.remote import fetch, fetch_index, publish, publish_index, tag_for
 from tests.helpers import loopback_server
 
 if TYPE_CHECKING:
@@ -474,9 +475,9 @@ def test_a_credential_helper_runs_through_proc(
     refusing: type[Refusing], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docker's credsStore: ``docker-credential-NAME get`` is given the host on stdin and
-    answers JSON. It is started through builder/proc.py (logged, bounded, die-with-parent),
+    answers JSON. It is started through builder/core/proc.py (logged, bounded, die-with-parent),
     as every subprocess of cudaenv is."""
-    from builder import proc
+    from builder.core import proc
 
     refusing.status, refusing.challenge_first = 403, True
     port = refusing.port  # type: ignore[attr-defined]

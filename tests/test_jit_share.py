@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 
-from builder import archs, jit_remote, jit_share, oci
 from builder import store as jit_store
-from builder.paths import jit_store_dir
+from builder.core.paths import jit_store_dir
+from builder.jit import oci
+from builder.jit import remote as jit_remote
+from builder.jit import share as jit_share
+from builder.machine import archs
 from builder.verify import kernel_compile
 from tests.conftest import Registry
 from tests.helpers import write
@@ -163,8 +166,8 @@ def test_store_push_and_pull_move_an_envs_entries(
 
 
 def test_a_malformed_remote_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder import pipeline
-    from builder.errors import UsageError
+    from builder.commands import pipeline
+    from builder.core.errors import UsageError
 
     with pytest.raises(jit_share.ShareError, match="oci://"):
         jit_share.configured({"CUDAENV_JIT_REMOTE": "http://registry/x"})
@@ -187,7 +190,7 @@ def test_a_bad_remote_timeout_never_crashes_a_check(
     tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
     """The CLI refuses it at start-up; a process started otherwise (the probe's ``python -m
-    builder.jit_share``) uses the default instead of passing it on to requests and sockets,
+    builder.jit.share``) uses the default instead of passing it on to requests and sockets,
     which raised ValueError or OverflowError inside the check."""
     monkeypatch.setenv("CUDAENV_JIT_REMOTE_TIMEOUT", value)
     assert jit_share.timeout() == jit_share.DEFAULT_TIMEOUT
@@ -275,7 +278,7 @@ def probe_module() -> Any:
 def test_flashinfer_builds_share_through_the_registry(
     tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Node A's probe compiles and pushes through ``python -m builder.jit_share``; node B (an
+    """Node A's probe compiles and pushes through ``python -m builder.jit.share``; node B (an
     env at the same path on another machine: an empty store) places A's module, ninja has no
     work, and the verify evidence says where it came from."""
     import sys
@@ -287,7 +290,7 @@ def test_flashinfer_builds_share_through_the_registry(
     root = tmp_path / "env"
     monkeypatch.setattr(sys, "prefix", str(root))
     monkeypatch.setenv("CUDAENV_JIT_REMOTE", registry.url)
-    monkeypatch.setenv("CUDAENV_JIT_SHARE", json.dumps([sys.executable, "-m", "builder.jit_share"]))
+    monkeypatch.setenv("CUDAENV_JIT_SHARE", json.dumps([sys.executable, "-m", "builder.jit.share"]))
     monkeypatch.setenv("CUDAENV_JIT_PUSH", "1")
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-A"))
     a = env_facts.build_through_store(

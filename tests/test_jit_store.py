@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from builder import store as jit_store
-from builder.reporter import Reporter
+from builder.core.reporter import Reporter
 from tests.helpers import write
 
 # A compiler: output = flags + source + header; a depfile naming both; one line per run.
@@ -279,7 +279,7 @@ def test_a_waiter_hears_which_process_builds_the_key_and_since_when(
     """Progress that names what it waits for: the holder leaves its pid, the time and what it
     builds in the key's lock; a waiter is told of them while it waits, and a warm says
     "waiting for pid N's compile of sampling (12.0f), started 0s ago"."""
-    from builder import warmrun
+    from builder.commands import warm as warmrun
     from builder.store import locking
 
     monkeypatch.setattr(locking, "TELL_EVERY", 0.05)
@@ -317,8 +317,8 @@ def test_an_envs_results_travel_in_a_wheelhouse_and_join_another_store(
 ) -> None:
     """export --with-jit carries exactly the entries the env used; build --wheelhouse adds
     them to another machine's store (where each is still used only on a full match)."""
-    from builder import export
-    from builder.errors import BuildError
+    from builder.core.errors import BuildError
+    from builder.env import export
 
     here = tmp_path / "store-here"
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(here))

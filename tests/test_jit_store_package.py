@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, interpreters, proc
-from builder.errors import EnvBusy, ToolMissing
+from builder.core import proc
+from builder.core.errors import EnvBusy, ToolMissing
+from builder.env import build
+from builder.machine import interpreters
 from builder.store import locking
 
 if sys.version_info >= (3, 11):
@@ -146,7 +148,7 @@ print(json.dumps({
 
 def other_python() -> str:
     """The oldest Python from 3.9 up to this one's on this machine, without a download (uv's
-    discovery, PATH, pyenv, conda: :mod:`builder.interpreters`); this one when none is."""
+    discovery, PATH, pyenv, conda: :mod:`builder.machine.interpreters`); this one when none is."""
     for minor in range(OLDEST[1], sys.version_info[1]):
         try:
             return str(interpreters.find(f"3.{minor}", allow_download=False).path)

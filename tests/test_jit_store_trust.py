@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, export
 from builder import store as jit_store
-from builder.errors import BuildError
-from builder.paths import jit_store_dir
-from builder.statuses import PASSED
+from builder.core.errors import BuildError
+from builder.core.paths import jit_store_dir
+from builder.core.statuses import PASSED
+from builder.env import export
+from builder.machine import archs
 from builder.verify import kernel_compile
 from tests.helpers import write
 from tests.test_jit_store import (
@@ -448,7 +449,7 @@ def test_the_cap_evicts_the_least_recently_used(tmp_path: Path) -> None:
 
 
 def test_store_commands_list_verify_gc(tmp_path: Path, env: dict[str, str]) -> None:
-    from builder import cli
+    from builder.cli import main as cli
 
     first = build(tmp_path, "envA", env)
     assert first.error is None
@@ -504,7 +505,7 @@ def test_gc_and_verify_on_a_read_only_store_claim_no_removal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """They said "discarded" and "removed 2 item(s)" of a store where nothing could go."""
-    from builder import cli
+    from builder.cli import main as cli
 
     root = small_mount / "store"
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(root))

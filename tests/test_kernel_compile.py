@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, channels
-from builder.statuses import FAILED, PASSED
+from builder.core.statuses import FAILED, PASSED
+from builder.machine import archs
+from builder.spec import channels
 from builder.verify import kernel_compile
 from builder.verify.model import EnvFacts, Target
 from tests.helpers import env_facts, write

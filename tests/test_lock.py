@@ -15,8 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.pylock import Pylock, is_valid_pylock_path
 
-from builder import build, lock, project, spec, tomlwriter
-from builder.errors import BuildError, ResolveError
+from builder.core.errors import BuildError, ResolveError
+from builder.env import build
+from builder.formats import tomlwriter
+from builder.spec import envspec as spec
+from builder.spec import lock, project
 from tests.helpers import ENVSPECS, lock_of, write
 
 if sys.version_info >= (3, 11):

@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from builder import lock, paths, platforms, proc, spec
-from builder.errors import SpecError
+from builder.core import paths, platforms, proc
+from builder.core.errors import SpecError
+from builder.spec import envspec as spec
+from builder.spec import lock
 from tests.helpers import REPO, cudaenv, installed, tiny_wheel, uv_venv, write
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"

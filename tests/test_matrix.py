@@ -14,12 +14,17 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from builder import buildrun, cli, cliargs, matrix, matrixfile, report, spec
-from builder.archs import Arch
-from builder.commandargs import BuildArgs
-from builder.errors import ReportError, SpecError
-from builder.statuses import CellStatus, CheckStatus
-from builder.verify import CHECKS
+from builder.cli import main as cli
+from builder.cli import parser as cliargs
+from builder.commands import build as buildrun
+from builder.commands import matrix
+from builder.commands.args import BuildArgs
+from builder.core.errors import ReportError, SpecError
+from builder.core.statuses import CellStatus, CheckStatus
+from builder.machine.archs import Arch
+from builder.spec import envspec as spec
+from builder.spec import matrixfile
+from builder.verify import CHECKS, report
 from builder.verify.model import CheckResult
 from tests import chromium
 from tests.helpers import ENVSPECS, REPO, cudaenv, workspace, write
@@ -575,7 +580,7 @@ def test_a_cell_runs_the_public_build_command(tmp_path: Path) -> None:
         no_target_check=True,
     )
     argv = matrix.cell_argv(request)
-    assert "builder.pipeline" not in argv and argv[2:4] == ["builder.cli", "build"]
+    assert "builder.commands.pipeline" not in argv and argv[2:4] == ["builder.cli", "build"]
     parsed = cliargs.parse(cliargs.make_parser(), argv[3:])
     assert isinstance(parsed.args, BuildArgs)
     assert buildrun.requests(parsed.args) == [request]

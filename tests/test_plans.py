@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from builder import prefetch
 from builder import store as jit_store
+from builder.jit import prefetch
 from builder.store import plans
 from tests.helpers import write
 from tests.test_jit_store import ninja, ninja_text, run_ninja, runs

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from packaging.pylock import Pylock
 
-from builder import lock, resolve, spec
-from builder.errors import ResolveError
-from builder.lock import LockedFile, LockedPackage
+from builder.core.errors import ResolveError
+from builder.spec import envspec as spec
+from builder.spec import lock, resolve
+from builder.spec.lock import LockedFile, LockedPackage
 from tests.helpers import ENVSPECS, write
 
 if sys.version_info >= (3, 11):
@@ -364,7 +365,7 @@ def test_two_resolutions_merge_into_entries_each_platform_picks_exactly_once(
     each platform's markers (evaluated as an installer there would) select what it resolved."""
     from packaging.markers import Marker
 
-    from builder import platforms
+    from builder.core import platforms
 
     x86 = (
         LockedPackage(name="torch", version="2.14.1", marker="sys_platform == 'linux'",

@@ -1,12 +1,12 @@
-"""builder/policy.py alone: each rule shown failing on a broken set and passing on a good one.
+"""builder/spec/policy.py alone: each rule shown failing on a broken set and passing on a good one.
 
 (How resolve and doctor word the findings is asserted in test_policy.py and test_doctor.py.)
 """
 
 from __future__ import annotations
 
-from builder import policy
-from builder.policy import CompanionMismatch, MajorWheel, MixedMajors
+from builder.spec import policy
+from builder.spec.policy import CompanionMismatch, MajorWheel, MixedMajors
 
 GOOD = {
     "torch": "2.14.1",

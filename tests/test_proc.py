@@ -1,4 +1,4 @@
-"""builder/proc.py, the one subprocess seam, driven with real tiny processes (as nox's tests
+"""builder/core/proc.py, the one subprocess seam, driven with real tiny processes (as nox's tests
 drive its command runner): timeouts, stderr echo, exit codes, missing tools, atomic writes
 and the environment every uv call gets."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import proc
-from builder.errors import CommandFailed, ToolMissing
+from builder.core import proc
+from builder.core.errors import CommandFailed, ToolMissing
 
 PY = sys.executable
 # Says something on both pipes, then outlives any timeout a test gives it.

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, project, resolve, spec
-from builder.errors import ResolveError, SpecError
-from builder.lock import LockedFile, LockedPackage
+from builder.core.errors import ResolveError, SpecError
+from builder.env import build
+from builder.spec import envspec as spec
+from builder.spec import project, resolve
+from builder.spec.lock import LockedFile, LockedPackage
 from tests.helpers import cudaenv, write
 
 SPEC = 'name: x\npython: "3.12"\ncuda: "13.0"\n'
@@ -162,7 +164,7 @@ def test_a_parent_another_user_owns_or_can_write_is_never_the_project(
     chooses the registry, the envs dir or the interpreter cudaenv runs."""
     import os
 
-    from builder import paths
+    from builder.core import paths
 
     shared = tmp_path / "shared"
     write(shared / "pyproject.toml", '[tool.cudaenv]\njit-remote = "oci://attacker.example/j"\n')
@@ -201,7 +203,7 @@ def test_a_pyproject_that_is_no_file_is_not_read(tmp_path: Path) -> None:
 
 
 def test_a_pyproject_nested_too_deep_is_one_located_error(tmp_path: Path) -> None:
-    from builder import paths
+    from builder.core import paths
 
     spec_file = write(tmp_path / "specs" / "x.yaml", SPEC)
     write(tmp_path / "pyproject.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")

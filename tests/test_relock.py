@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.pylock import Pylock
 
-from builder import lock, tomlwriter
+from builder.formats import tomlwriter
+from builder.spec import lock
 from tests.helpers import (
     ENVSPECS,
     add_tiny_pair,

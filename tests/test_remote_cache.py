@@ -20,11 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, doctor, proc, remote_cache, settings, spec, toolchain, variables
-from builder.doctor_facts import Facts
-from builder.doctor_rules import rule_remote_cache
-from builder.errors import SpecError, UsageError
-from builder.remote_cache import Answer, RemoteCacheError, parse
+from builder.core import proc, remote_cache, settings, variables
+from builder.core.errors import SpecError, UsageError
+from builder.core.remote_cache import Answer, RemoteCacheError, parse
+from builder.doctor import diagnose as doctor
+from builder.doctor.facts import Facts
+from builder.doctor.rules import rule_remote_cache
+from builder.env import hooks, toolchain
+from builder.machine import archs
+from builder.spec import envspec as spec
 from tests.conftest import Redis
 from tests.helpers import loopback_server, write
 
@@ -152,7 +156,7 @@ def make_env(tmp_path: Path, url: str | None, *, client: bool = True, name: str 
         write(site / "redis" / "__init__.py", "")
     text = SPEC + (f"remote-cache: {url}\n" if url else "")
     s = spec.load(write(tmp_path / f"{name}.yaml", text))
-    toolchain.write_hooks(path, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(path, s, archs.DEFAULT_ARCHS)
     return path
 
 
@@ -171,7 +175,7 @@ def env(tmp_path: Path) -> Path:
 
 
 def test_the_hook_wires_both_tools_as_the_module_says(env: Path) -> None:
-    """The hook (standard library, in the env) and builder/remote_cache.py are two spellings
+    """The hook (standard library, in the env) and builder/core/remote_cache.py are two spellings
     of one rule: they agree on every variable, for the spec's URL and for the variable's."""
     assert hook_env(env) == dict(remote_cache.wiring(parse("redis://127.0.0.1:6390/2")))
     for url in ("rediss://ci:p%40ss@cache.internal:6380/3", "redis://:x@[::1]:7000",
@@ -218,7 +222,7 @@ def test_no_activation_exports_a_server_off_loopback(tmp_path: Path) -> None:
     """A spec holds no password, so a server off loopback is wired only by the hook, with the
     password of the process: a shell that skips the hook (CUDAENV_NO_HOOK=1) is not wired."""
     off = make_env(tmp_path, "redis://cache.internal:6379/0", name="off")
-    for script, _, _ in toolchain.ACTIVATIONS:
+    for script, _, _ in hooks.ACTIVATIONS:
         path = off / "bin" / script
         if path.exists():
             assert remote_cache.BACKEND not in path.read_text(), script
@@ -282,7 +286,7 @@ def test_every_shells_activation_wires_the_spec_and_deactivate_takes_it_back(
 def test_every_activation_script_names_every_wired_variable(env: Path) -> None:
     """The shells without an interpreter here (tcsh, nu, pwsh, xonsh) are checked by text:
     each script of the env sets every variable of the wiring."""
-    for script, _, _ in toolchain.ACTIVATIONS:
+    for script, _, _ in hooks.ACTIVATIONS:
         path = env / "bin" / script
         if path.exists():
             text = path.read_text()
@@ -418,20 +422,20 @@ def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
 ) -> None:
     bare = make_env(tmp_path, None, client=False)
     s = spec.load(tmp_path / "env.yaml")
-    assert toolchain.remote_cache_note(bare, s) is None
+    assert hooks.remote_cache_note(bare, s) is None
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "redis://127.0.0.1:6379/0")
-    note = toolchain.remote_cache_note(bare, s)
+    note = hooks.remote_cache_note(bare, s)
     assert note is not None
     assert note.startswith("warning: CUDAENV_REMOTE_CACHE names a Redis cache but rc's lock has no")
     assert "add `remote-cache:` to" in note
     with_client = make_env(tmp_path, None, name="client")
-    assert toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
+    assert hooks.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
     # A server off loopback is wired only with a password: the build says so before any compile.
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "redis://cache.example.internal:6379/0")
-    refused = toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
+    refused = hooks.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml"))
     assert refused is not None and "is not on loopback and no password is given" in refused
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE_PASSWORD", "s3cret")
-    assert toolchain.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
+    assert hooks.remote_cache_note(with_client, spec.load(tmp_path / "client.yaml")) is None
     # A malformed variable is refused at start-up (exit 2), never echoing a password.
     with pytest.raises(
         UsageError,
@@ -446,9 +450,9 @@ def test_a_build_warns_when_the_variable_names_a_cache_the_env_cannot_use(
     monkeypatch.delenv("CUDAENV_REMOTE_CACHE_PASSWORD")
     off = make_env(tmp_path, "redis://cache.example.internal:6379/0", name="off")
     monkeypatch.delenv("CUDAENV_REMOTE_CACHE")
-    assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is not None
+    assert hooks.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is not None
     monkeypatch.setenv("CUDAENV_REMOTE_CACHE", "off")
-    assert toolchain.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is None
+    assert hooks.remote_cache_note(off, spec.load(tmp_path / "off.yaml")) is None
 
 
 def test_ping_bounds_the_name_lookup_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -556,7 +560,7 @@ def redis_env(tmp_path: Path) -> Path:
     if done.returncode != 0:
         pytest.skip(f"redis-py is not in uv's cache here: {done.stderr.strip()[-300:]}")
     s = spec.load(write(tmp_path / "env.yaml", SPEC))
-    toolchain.write_hooks(path, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(path, s, archs.DEFAULT_ARCHS)
     assert (toolchain.site_packages(path) / f"{remote_cache.BACKEND_MODULE}.py").is_file()
     return path
 

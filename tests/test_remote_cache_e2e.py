@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import remote_cache, toolchain
+from builder.core import remote_cache
+from builder.env import toolchain
 from tests.conftest import Redis, start_redis
 from tests.helpers import cudaenv, loopback_server, workspace, write
 from tests.test_remote_cache import DEEP, HUGE, SLOW, trickle_server

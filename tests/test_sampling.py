@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from builder import archs, verify
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder import verify
+from builder.core.statuses import FAILED, PASSED, SKIPPED
+from builder.machine import archs
 from builder.verify import reference as ref
 from builder.verify import sampling
 from builder.verify.kernel_compile import KernelBuild
@@ -475,7 +476,7 @@ def test_a_check_that_raises_never_loses_the_report(
         raise IndexError("list index out of range")
 
     def no_tool(t: Target, f: EnvFacts) -> CheckResult:
-        from builder.errors import ToolMissing
+        from builder.core.errors import ToolMissing
 
         raise ToolMissing("nvcc: not found", tool="nvcc")
 
@@ -492,7 +493,8 @@ def test_a_check_that_raises_never_loses_the_report(
 def test_the_missing_tool_is_the_errors_own_not_read_from_its_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from builder import proc, toolchain
+    from builder.core import proc
+    from builder.env import toolchain
 
     def no_compiler(t: Target, f: EnvFacts) -> CheckResult:
         toolchain._c_compiler()  # the message begins "no C compiler (cc/gcc) ..."

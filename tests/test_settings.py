@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import paths, settings, variables
+from builder.core import paths, settings, variables
 from builder.verify import model
 from tests.helpers import write
 
@@ -104,7 +104,7 @@ def test_resolved_once_and_again_only_where_the_environment_changed(
 def test_a_bad_value_is_one_located_line_at_start_up(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from builder import cli
+    from builder.cli import main as cli
 
     monkeypatch.setenv("CUDAENV_JIT_STORE_MAX", "lots")
     assert cli.main(["store", "list"]) == 2
@@ -126,7 +126,7 @@ def test_a_process_started_otherwise_takes_the_default_and_says_why() -> None:
 def test_debug_prints_each_setting_and_where_it_came_from_before_any_work(
     in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from builder import cli
+    from builder.cli import main as cli
 
     write(in_tmp / "pyproject.toml", '[tool.cudaenv]\njit-remote = "oci://project.example/j"\n')
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(in_tmp / "store"))
@@ -151,7 +151,7 @@ def test_debug_never_prints_a_registry_password_and_keeps_the_exit_code(
 ) -> None:
     """A registry's login written in its URL is shown without its password; an error under
     ``--debug`` prints its traceback and still exits with its documented code."""
-    from builder import cli
+    from builder.cli import main as cli
 
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(in_tmp / "store"))
     monkeypatch.setenv("CUDAENV_JIT_REMOTE", "oci://admin:hunter2@registry.example:5000/jit")
@@ -166,7 +166,7 @@ def test_debug_never_prints_a_registry_password_and_keeps_the_exit_code(
 
 
 def test_without_debug_nothing_is_printed(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from builder import cli
+    from builder.cli import main as cli
 
     assert cli.main(["store", "list"]) == 0
     assert "setting" not in capsys.readouterr().err
@@ -206,7 +206,7 @@ def test_only_the_settings_module_reads_the_environment() -> None:
         if rel.parts[0] in MAY_READ_ENVIRON_UNDER or str(rel) in MAY_READ_ENVIRON:
             continue
         readers += [f"builder/{rel}:{line}" for line in environ_reads(path.read_text())]
-    assert readers == [], "read it through builder/settings.py (settings.current())"
+    assert readers == [], "read it through builder/core/settings.py (settings.current())"
 
 
 def test_an_environment_read_is_caught() -> None:
@@ -239,7 +239,7 @@ def test_one_place_makes_the_store() -> None:
         if path.relative_to(BUILDER).parts[0] not in MAY_READ_ENVIRON_UNDER
         for line in store_constructions(path.read_text())
     ]
-    assert [m.split(":")[0] for m in makers] == ["builder/paths.py"]
+    assert [m.split(":")[0] for m in makers] == ["builder/core/paths.py"]
     assert store_constructions("s = jit_store.Store(root)\nt = Store(r)\n") == [1, 2]
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import spec, yamldoc
-from builder.archs import Arch
-from builder.errors import SpecError
-from builder.yamldoc import Item, Mark
+from builder.core.errors import SpecError
+from builder.formats import yamldoc
+from builder.formats.yamldoc import Item, Mark
+from builder.machine.archs import Arch
+from builder.spec import envspec as spec
 from tests.helpers import ENVSPECS, REPO, write
 
 GOOD = """\
@@ -594,7 +595,8 @@ def test_platforms_default_to_both_and_are_checked(in_tmp: Path) -> None:
 def test_the_reference_documents_every_key() -> None:
     """docs/reference/specs.md names every spec key, toolchain key, check, platform and matrix key:
     a key added to a validator table without a line there fails here."""
-    from builder import matrixfile, platforms
+    from builder.core import platforms
+    from builder.spec import matrixfile
     from tests.helpers import REPO
 
     text = (REPO / "docs" / "reference" / "specs.md").read_text()

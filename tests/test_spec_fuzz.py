@@ -14,8 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder import spec, yamldoc
-from builder.errors import SpecError
+from builder.core.errors import SpecError
+from builder.formats import yamldoc
+from builder.spec import envspec as spec
 
 LOCATED = re.compile(r"^[^\n]+:\d+:\d+: ")
 FUZZ = settings(

@@ -14,9 +14,12 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import archs, spec, toolchain
-from builder.errors import BuildError, ToolMissing
-from builder.paths import cache_dir
+from builder.core.errors import BuildError, ToolMissing
+from builder.core.paths import cache_dir
+from builder.env import hooks, toolchain
+from builder.formats import templates
+from builder.machine import archs, toolkits
+from builder.spec import envspec as spec
 from tests.helpers import REPO, write
 
 
@@ -102,8 +105,8 @@ def fake_nvcc(home: Path, release: str) -> Path:
 
 def test_nvcc_release_runs_nvcc_once_per_file(tmp_path: Path) -> None:
     nvcc = fake_nvcc(tmp_path / "home", "13.0")
-    assert toolchain.nvcc_release(tmp_path / "home") == "13.0"
-    assert toolchain.nvcc_release(tmp_path / "home") == "13.0"
+    assert toolkits.nvcc_release(tmp_path / "home") == "13.0"
+    assert toolkits.nvcc_release(tmp_path / "home") == "13.0"
     assert runs(nvcc) == 1
 
 
@@ -112,25 +115,25 @@ def test_a_hard_link_of_the_same_nvcc_is_not_run_again(tmp_path: Path) -> None:
     nvcc = fake_nvcc(tmp_path / "a", "13.0")
     (tmp_path / "b" / "bin").mkdir(parents=True)
     os.link(nvcc, tmp_path / "b" / "bin" / "nvcc")
-    assert toolchain.nvcc_release(tmp_path / "a") == "13.0"
-    assert toolchain.nvcc_release(tmp_path / "b") == "13.0"
+    assert toolkits.nvcc_release(tmp_path / "a") == "13.0"
+    assert toolkits.nvcc_release(tmp_path / "b") == "13.0"
     assert runs(nvcc) == 1
 
 
 def test_a_replaced_nvcc_is_asked_again(tmp_path: Path) -> None:
     fake_nvcc(tmp_path / "home", "13.0")
-    assert toolchain.nvcc_release(tmp_path / "home") == "13.0"
+    assert toolkits.nvcc_release(tmp_path / "home") == "13.0"
     nvcc = tmp_path / "home" / "bin" / "nvcc"
     nvcc.unlink()  # a new file: a new inode, as a reinstall makes
     fake_nvcc(tmp_path / "home", "12.9")
-    assert toolchain.nvcc_release(tmp_path / "home") == "12.9"
+    assert toolkits.nvcc_release(tmp_path / "home") == "12.9"
 
 
 def test_a_broken_nvcc_is_an_error_every_time(tmp_path: Path) -> None:
     counting(tmp_path / "home" / "bin" / "nvcc", "echo 'no banner'")
     for _ in range(2):
         with pytest.raises(BuildError, match=r"printed no 'release X\.Y'"):
-            toolchain.nvcc_release(tmp_path / "home")
+            toolkits.nvcc_release(tmp_path / "home")
     assert runs(tmp_path / "home" / "bin" / "nvcc") == 2
 
 
@@ -153,27 +156,25 @@ def test_memoised_hooks_are_what_jinja2_rendered(
 ) -> None:
     s = hook_spec(tmp_path, "one")
     first = fake_venv(tmp_path / "a")
-    toolchain.write_hooks(first, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(first, s, archs.DEFAULT_ARCHS)
 
     def no_jinja() -> jinja2.Environment:
         raise AssertionError("rendered again")
 
-    monkeypatch.setattr(toolchain, "templates", no_jinja)
+    monkeypatch.setattr(templates, "templates", no_jinja)
     second = fake_venv(tmp_path / "b")
-    toolchain.write_hooks(second, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(second, s, archs.DEFAULT_ARCHS)
     monkeypatch.undo()
-    site = Path("lib") / "python3.12" / "site-packages" / f"{toolchain.HOOK_MODULE}.py"
+    site = Path("lib") / "python3.12" / "site-packages" / f"{hooks.HOOK_MODULE}.py"
     assert (second / site).read_text() == (first / site).read_text()
     assert (second / "bin" / "activate").read_text() == (first / "bin" / "activate").read_text()
     assert '"one"' in (second / site).read_text()
 
 
 def test_other_values_render_anew(tmp_path: Path) -> None:
-    toolchain.write_hooks(
-        fake_venv(tmp_path / "a"), hook_spec(tmp_path, "one"), archs.DEFAULT_ARCHS
-    )
+    hooks.write_hooks(fake_venv(tmp_path / "a"), hook_spec(tmp_path, "one"), archs.DEFAULT_ARCHS)
     other = fake_venv(tmp_path / "b")
-    toolchain.write_hooks(other, hook_spec(tmp_path, "two"), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(other, hook_spec(tmp_path, "two"), archs.DEFAULT_ARCHS)
     hook = (other / "lib" / "python3.12" / "site-packages" / "_cudaenv_hook.py").read_text()
     assert '"two"' in hook
     assert '"one"' not in hook
@@ -182,16 +183,16 @@ def test_other_values_render_anew(tmp_path: Path) -> None:
 def test_a_template_error_is_raised_every_time() -> None:
     for _ in range(2):
         with pytest.raises(jinja2.UndefinedError):
-            toolchain._render("hook.py.j2", {"name": "x"})
+            templates.render("hook.py.j2", {"name": "x"})
 
 
 # --------------------------------------------------------------------------- imports
 
 
 def test_lock_and_plan_do_not_import_jinja2() -> None:
-    # `cudaenv lock` loads builder.matrix (FILE:CELL arguments), which imports report and
+    # `cudaenv lock` loads builder.commands.matrix (FILE:CELL arguments), which imports report and
     # toolchain; jinja2 is only for rendering.
-    code = "import sys, builder.cli, builder.matrix; print('jinja2' in sys.modules)"
+    code = "import sys, builder.cli, builder.commands.matrix; print('jinja2' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -203,8 +204,8 @@ def test_lock_and_plan_do_not_import_jinja2() -> None:
 
 
 def test_nvcc_memo_keeps_a_bounded_number_of_files(tmp_path: Path) -> None:
-    for i in range(toolchain._NVCC_MEMO_ENTRIES + 3):
+    for i in range(toolkits._NVCC_MEMO_ENTRIES + 3):
         fake_nvcc(tmp_path / f"h{i}", "13.0")
-        toolchain.nvcc_release(tmp_path / f"h{i}")
+        toolkits.nvcc_release(tmp_path / f"h{i}")
     kept = json.loads((cache_dir() / "nvcc-releases.json").read_text())
-    assert len(kept) == toolchain._NVCC_MEMO_ENTRIES
+    assert len(kept) == toolkits._NVCC_MEMO_ENTRIES

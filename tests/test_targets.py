@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import platforms, spec, targets
-from builder.archs import Arch
-from builder.cudaversion import CudaVersion
-from builder.errors import SpecError, UsageError
+from builder.core import platforms
+from builder.core.cudaversion import CudaVersion
+from builder.core.errors import SpecError, UsageError
+from builder.machine import targets
+from builder.machine.archs import Arch
+from builder.spec import envspec as spec
 from tests.helpers import cudaenv, write
 
 FLEET = """\

@@ -12,8 +12,12 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from builder import archs, caches, platforms, proc, spec, toolchain
-from builder.errors import BuildError
+from builder.core import platforms, proc
+from builder.core.errors import BuildError
+from builder.env import caches, hooks, toolchain
+from builder.formats import templates
+from builder.machine import archs
+from builder.spec import envspec as spec
 from tests.helpers import write
 
 HOSTILE = {
@@ -48,7 +52,7 @@ def test_hostile_spec_values_parse_exactly(in_tmp: Path) -> None:
 
 def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> None:
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, archs.parse_list("9.0a 12.0f"))
+    hooks.write_hooks(venv, s, archs.parse_list("9.0a 12.0f"))
     env = {**os.environ, "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin:/bin"}
     code = (
         "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
@@ -110,7 +114,7 @@ def test_hook_sets_everything_and_beats_the_shell(in_tmp: Path, venv: Path) -> N
 
 def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     script = (
         f"export CUDA_HOME=/usr/local/cuda; unset TORCH_CUDA_ARCH_LIST; "
         # Twice, as a shell that sources it again does: deactivate still gives back the first.
@@ -144,7 +148,7 @@ def test_activate_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Pat
 
 
 def test_templates_are_strict() -> None:
-    env = toolchain.templates()
+    env = templates.templates()
     with pytest.raises(jinja2.UndefinedError):
         env.get_template("hook.py.j2").render(name="x")
 
@@ -247,7 +251,7 @@ def test_every_jit_cache_lives_in_the_env_and_triton_uses_its_ptxas(
     toolkit lacks is left to Triton (it falls back silently to its bundled one)."""
     s = hostile_spec(in_tmp)
     ptxas = write(venv / "cuda-home" / "bin" / "ptxas", "")
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     names = list(caches.VARIABLES)
     shell = {name: f"/shared/{name.lower()}" for name in names}
     code = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
@@ -292,7 +296,7 @@ def test_every_jit_cache_lives_in_the_env_and_triton_uses_its_ptxas(
 def test_an_empty_environment_keeps_the_os_default_path(in_tmp: Path, venv: Path) -> None:
     """`env -i ENV/bin/python`: CUDA_HOME's bin first, then the OS default path, so nvcc
     still finds gcc."""
-    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     done = subprocess.run(
         ["env", "-i", str(venv / "bin" / "python"), "-c", "import os; print(os.environ['PATH'])"],
         capture_output=True,
@@ -311,7 +315,7 @@ def test_every_process_of_the_env_runs_the_envs_own_ninja(
     """FlashInfer runs `ninja` from PATH. Whoever starts the interpreter (a server without
     activation, verify's probe, warm) gets the env's own: another ninja earlier on the
     caller's PATH would give the module another build command and another store key."""
-    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     for where in (venv / "bin", tmp_path / "elsewhere"):
         where.mkdir(exist_ok=True)
         (where / "ninja").write_text("#!/bin/sh\nexit 0\n")
@@ -330,7 +334,7 @@ def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path
     """An activated shell's `pip install X` would reach the host's pip: the env's own `pip`
     (and `python -m pip`) says instead how to add a package (`cudaenv add`), and fails."""
     s = hostile_spec(in_tmp)
-    written = toolchain.write_pip_guard(venv, s)
+    written = hooks.write_pip_guard(venv, s)
     site = toolchain.site_packages(venv)
     assert [p.name for p in written] == ["pip", "pip", "pip3", "pip3.12"]
     assert written[0] == site / "pip"
@@ -350,7 +354,7 @@ def test_pip_in_a_built_env_says_how_packages_are_added(in_tmp: Path, venv: Path
 def test_pips_read_only_commands_answer_from_the_env(in_tmp: Path, venv: Path) -> None:
     """`pip list` / `freeze` / `show` tell the truth about the env, so torch's collect_env
     (`python -m pip list --format=freeze`) lists its packages."""
-    toolchain.write_pip_guard(venv, hostile_spec(in_tmp))
+    hooks.write_pip_guard(venv, hostile_spec(in_tmp))
     site = toolchain.site_packages(venv)
     dist = site / "demo_pkg-1.2.3.dist-info"
     dist.mkdir()
@@ -391,7 +395,7 @@ def test_activate_fish_sets_literally_and_deactivate_restores(in_tmp: Path, venv
     if fish is None:
         pytest.skip("fish is not installed on this machine")
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     script = (
         "set -gx CUDA_HOME /usr/local/cuda; set -e TORCH_CUDA_ARCH_LIST; "
         f"source {venv}/bin/activate.fish; source {venv}/bin/activate.fish; "
@@ -439,7 +443,7 @@ def test_activate_xsh_sets_literally_and_deactivate_restores(in_tmp: Path, venv:
     if plain.returncode != 0:
         pytest.skip(f"{xonsh} cannot source the venv's own activate.xsh (too old a xonsh)")
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR",
             "TVM_FFI_CUDA_ARCH_LIST"]  # fmt: skip
     script = (
@@ -495,7 +499,7 @@ def test_every_activation_script_the_venv_ships_gets_the_block(
     venv = request.getfixturevalue(maker)
     scripts = activation_scripts(venv)
     assert len(scripts) >= 4, scripts
-    written = toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    written = hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     assert {p.name for p in written} >= scripts
     for name in scripts:
         text = (venv / "bin" / name).read_text()
@@ -507,7 +511,7 @@ def test_a_nushell_script_of_another_shape_is_refused_by_name(in_tmp: Path, venv
     script = venv / "bin" / "activate.nu"
     script.write_text("export def --env activate [] { $env.VIRTUAL_ENV = 'x' }\n")
     with pytest.raises(BuildError, match=r"activate\.nu: no export-env block"):
-        toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+        hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
 
 
 def test_the_block_goes_above_a_powershell_signature(in_tmp: Path, stdlib_venv: Path) -> None:
@@ -517,7 +521,7 @@ def test_the_block_goes_above_a_powershell_signature(in_tmp: Path, stdlib_venv: 
         + "\n# SIG # Begin signature block\n# MIIvabc\n# SIG # End signature block\n"
     )
     script.write_text(signed)
-    toolchain.write_hooks(stdlib_venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(stdlib_venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     text = script.read_text()
     assert text.index("<<< cudaenv hooktest <<<") < text.index("# SIG # Begin signature block")
     assert text.endswith("# SIG # End signature block\n")
@@ -533,7 +537,7 @@ def test_the_block_goes_above_a_powershell_signature(in_tmp: Path, stdlib_venv: 
     ],
 )
 def test_nushell_literals_end_only_where_they_should(value: str, literal: str) -> None:
-    assert toolchain._nuquote(value) == literal
+    assert templates._nuquote(value) == literal
 
 
 def test_activate_nu_sets_literally_and_deactivate_restores(in_tmp: Path, venv: Path) -> None:
@@ -541,7 +545,7 @@ def test_activate_nu_sets_literally_and_deactivate_restores(in_tmp: Path, venv: 
     if nu is None:
         pytest.skip("nushell (nu) is not installed on this machine")
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, s, archs.DEFAULT_ARCHS)
     keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", *HOSTILE,
             "TRITON_CACHE_DIR"]  # fmt: skip
     script = (
@@ -577,7 +581,7 @@ def test_activate_csh_sets_literally_and_deactivate_restores(
     if tcsh is None:
         pytest.skip("csh/tcsh is not installed on this machine")
     s = hostile_spec(in_tmp)
-    toolchain.write_hooks(stdlib_venv, s, archs.DEFAULT_ARCHS)
+    hooks.write_hooks(stdlib_venv, s, archs.DEFAULT_ARCHS)
     shown = " ".join(f'"${k}:q"' for k in ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", *HOSTILE,
                                             "TRITON_CACHE_DIR", "PATH"])  # fmt: skip
     # The standard library's activate.csh reads $prompt, which a non-interactive csh lacks.
@@ -643,7 +647,7 @@ def test_activate_ps1_parses_and_every_value_is_one_literal(
     in_tmp: Path, maker: str, script: str, request: pytest.FixtureRequest
 ) -> None:
     venv = request.getfixturevalue(maker)
-    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     has_error, literals, expanding = powershell_literals(venv / "bin" / script)
     assert not has_error
     for value in HOSTILE.values():
@@ -655,7 +659,7 @@ def test_the_powershell_check_fails_a_value_quoted_for_another_shell(
     in_tmp: Path, venv: Path
 ) -> None:
     path = venv / "bin" / "activate.ps1"
-    path.write_text(path.read_text() + f"$env:QUOTES = {toolchain._cshquote(HOSTILE['QUOTES'])}\n")
+    path.write_text(path.read_text() + f"$env:QUOTES = {templates._cshquote(HOSTILE['QUOTES'])}\n")
     has_error, literals, _ = powershell_literals(path)
     assert has_error or HOSTILE["QUOTES"] not in literals
     path.write_text(f'$env:SUBST = "{HOSTILE["SUBST"]}"\n')
@@ -672,7 +676,7 @@ def test_activate_ps1_sets_literally_and_deactivate_restores(
     if pwsh is None:
         pytest.skip("PowerShell (pwsh) is not installed on this machine")
     venv = request.getfixturevalue(maker)
-    toolchain.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
+    hooks.write_hooks(venv, hostile_spec(in_tmp), archs.DEFAULT_ARCHS)
     keys = ["CUDA_HOME", "FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST",
             "TVM_FFI_CUDA_ARCH_LIST", *HOSTILE, "TRITON_CACHE_DIR"]  # fmt: skip
     command = (
@@ -704,7 +708,7 @@ def two_envs(in_tmp: Path, stdlib: bool) -> tuple[Path, Path]:
         else:
             proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)])
         text = f'name: {name}\npython: "3.12"\ncuda: "13.0"\nenv:\n  {key}: "{name}"\n'
-        toolchain.write_hooks(path, spec.load(write(in_tmp / f"{name}.yaml", text)),
+        hooks.write_hooks(path, spec.load(write(in_tmp / f"{name}.yaml", text)),
                               archs.DEFAULT_ARCHS)  # fmt: skip
         made.append(path)
     return made[0], made[1]

@@ -13,11 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, caches, doctor, fingerprint, proc, settings, spec, toolchain, variables
 from builder import store as jit_store
 from builder import verify as verify_mod
-from builder.errors import ReportError, UsageError
-from builder.variables import Hook, Kind
+from builder.core import proc, settings, variables
+from builder.core.errors import ReportError, UsageError
+from builder.core.variables import Hook, Kind
+from builder.doctor import diagnose as doctor
+from builder.doctor import fingerprint
+from builder.env import caches, hooks, toolchain
+from builder.formats import templates
+from builder.machine import archs
+from builder.spec import envspec as spec
 from tests.helpers import cudaenv, write
 
 ARCHS = "9.0a 12.0f"
@@ -42,7 +48,7 @@ def env(tmp_path: Path) -> Path:
     body = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in SPEC_ENV.items())
     text = f'name: vars\npython: "3.12"\ncuda: "13.0"\narchs: ["9.0a", "12.0f"]\nenv:\n{body}'
     s = spec.load(write(tmp_path / "vars.yaml", text))
-    toolchain.write_hooks(path, s, archs.parse_list(ARCHS))
+    hooks.write_hooks(path, s, archs.parse_list(ARCHS))
     return path
 
 
@@ -100,7 +106,7 @@ def test_the_hook_touches_no_variable_the_table_does_not_know(env: Path) -> None
     """Every name the hook's code reads or writes (``_os.environ[...]``, ``.get``,
     ``.setdefault``) is a row of the table or the spec's own."""
     site = toolchain.site_packages(env)
-    tree = ast.parse((site / f"{toolchain.HOOK_MODULE}.py").read_text())
+    tree = ast.parse((site / f"{hooks.HOOK_MODULE}.py").read_text())
 
     def is_environ(node: ast.AST) -> bool:
         return isinstance(node, ast.Attribute) and node.attr == "environ"
@@ -121,16 +127,14 @@ def test_the_hook_touches_no_variable_the_table_does_not_know(env: Path) -> None
     assert used - set(SPEC_ENV) <= {v.name for v in variables.TABLE}
 
 
-@pytest.mark.parametrize(
-    "template", sorted({t for _, t, _ in toolchain.ACTIVATIONS} | {"hook.py.j2"})
-)
+@pytest.mark.parametrize("template", sorted({t for _, t, _ in hooks.ACTIVATIONS} | {"hook.py.j2"}))
 def test_every_activation_names_every_variable_the_hook_sets(template: str) -> None:
     """Each shell's script sets the toolkit and arch-list variables in code of its own: each
     must name every variable of the table the hook sets. Rendered without the save list,
     which names them all anyway."""
     values = {
         "name": "t",
-        "pth_name": toolchain.PTH_NAME,
+        "pth_name": hooks.PTH_NAME,
         "depth": 3,
         "flashinfer_archs": ARCHS,
         "torch_archs": "9.0;12.0",
@@ -139,9 +143,9 @@ def test_every_activation_names_every_variable_the_hook_sets(template: str) -> N
         "caches": [(c.variable, c.subdir) for c in caches.CACHES],
         "tools": list(caches.TRITON_TOOLS),
         "saved": [],
-        **toolchain.remote_values(None, True),
+        **hooks.remote_values(None, True),
     }
-    text = toolchain.templates().get_template(template).render(values)
+    text = templates.templates().get_template(template).render(values)
     assert [v for v in variables.SET_BY_HOOK if v not in text] == []
 
 
@@ -245,7 +249,7 @@ def test_a_numeric_variable_refuses_what_is_not_its_kind(row: variables.Variable
 def test_the_cli_refuses_a_bad_number_at_start_up(
     value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from builder import cli
+    from builder.cli import main as cli
 
     monkeypatch.setenv("CUDAENV_JIT_REMOTE_TIMEOUT", value)
     assert cli.main(["store", "list"]) == 2

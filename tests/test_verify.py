@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from builder import archs, driver, report
-from builder.statuses import FAILED, PASSED, SKIPPED
-from builder.verify import flashinfer_jit, sampling, toolchain
+from builder.core.statuses import FAILED, PASSED, SKIPPED
+from builder.machine import archs, driver
+from builder.verify import flashinfer_jit, report, sampling, toolchain
 from builder.verify import reference as ref
 from builder.verify.model import Target
 from tests.helpers import a_manifest, env_facts, write
@@ -329,8 +329,9 @@ def test_verify_and_doctor_take_the_same_cuda_home(
     the fix reads as a sentence."""
     import sys
 
-    from builder import doctor, verify
-    from builder.archs import Arch
+    from builder import verify
+    from builder.doctor import diagnose as doctor
+    from builder.machine.archs import Arch
     from builder.verify import toolchain
 
     home = tmp_path / "cuda-13.0"
@@ -386,7 +387,7 @@ def test_flashinfer_jit_says_it_pushed_only_when_the_push_went_through() -> None
     remote = "oci://127.0.0.1:5000/cudaenv/jit"
     environ = {
         "CUDAENV_JIT_REMOTE": remote,
-        "CUDAENV_JIT_SHARE": '["python", "-m", "builder.jit_share"]',
+        "CUDAENV_JIT_SHARE": '["python", "-m", "builder.jit.share"]',
         "CUDAENV_JIT_PUSH": "1",
     }
     kept = {"used": True, "key": "0123456789abcdef", "hit": False, "kept": True, "warnings": []}
@@ -474,7 +475,7 @@ def test_the_audit_says_a_failed_sgl_kernel_import_is_expected_without_a_driver(
     (the driver's) is missing: the audit's probe keeps that cause and says it is expected."""
     import sys
 
-    from builder import audit
+    from builder.audit import scan as audit
     from tests.helpers import uv_venv
 
     python = uv_venv(Path(sys.executable).resolve(), tmp_path / "env")

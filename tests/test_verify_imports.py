@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import archs, spec, verify, verifyrun
-from builder.reporter import NOTHING_BUILT, Reporter, run_main
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder import verify
+from builder.commands import verify as verifyrun
+from builder.core.reporter import NOTHING_BUILT, Reporter, run_main
+from builder.core.statuses import FAILED, PASSED, SKIPPED
+from builder.machine import archs
+from builder.spec import envspec as spec
 from builder.verify import flashinfer_jit, imports
 from builder.verify.model import CheckResult, Target
 from tests.helpers import cudaenv, env_facts, uv_venv

@@ -20,10 +20,14 @@ from typing import Any
 
 import pytest
 
-from builder import archs, prefetch, proc, storerun, warmrun
 from builder import store as jit_store
-from builder.errors import BuildError, UsageError
-from builder.reporter import Reporter
+from builder.commands import store as storerun
+from builder.commands import warm as warmrun
+from builder.core import proc
+from builder.core.errors import BuildError, UsageError
+from builder.core.reporter import Reporter
+from builder.jit import prefetch
+from builder.machine import archs
 from tests.helpers import REPO, write
 
 PROBE_DIR = REPO / "builder" / "probe"

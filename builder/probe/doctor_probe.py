@@ -162,7 +162,7 @@ def distributions() -> dict[str, str]:
 
 
 def driver() -> dict[str, object]:
-    """The driver version only. GPUs are listed by cudaenv itself (builder/archs.py, one
+    """The driver version only. GPUs are listed by cudaenv itself (builder/machine/archs.py, one
     nvidia-smi query): one GPU type and one query for every command, and no NVML import into
     an interpreter that may be broken."""
     info: dict[str, object] = {}
@@ -292,7 +292,7 @@ def main() -> int:
             "prefix": sys.prefix,
         },
         "platform": {"system": platform.system(), "machine": platform.machine(), "glibc": glibc()},
-        # The variables cudaenv names (builder/variables.py, given as --env=A,B): this
+        # The variables cudaenv names (builder/core/variables.py, given as --env=A,B): this
         # script runs in a foreign interpreter and imports nothing of cudaenv.
         "env": {k: os.environ.get(k) for k in requested_variables()},
     }

@@ -270,7 +270,7 @@ def build_through_store(
 
 
 def share(action: str, key: str, arg: str, notes: list[str]) -> bool:
-    """Ask cudaenv (``CUDAENV_JIT_SHARE``: its interpreter and ``-m builder.jit_share``) to
+    """Ask cudaenv (``CUDAENV_JIT_SHARE``: its interpreter and ``-m builder.jit.share``) to
     pull ``key`` from the store's remote tier, or push it there; True when it pulled. This
     script runs in the env's interpreter, which has no registry client."""
     try:
@@ -301,7 +301,7 @@ def main() -> int:
         "python": sys.executable,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
         "prefix": sys.prefix,
-        # The variables cudaenv names (builder/variables.py, given as --env=A,B): this
+        # The variables cudaenv names (builder/core/variables.py, given as --env=A,B): this
         # script runs in the env's interpreter and imports nothing of cudaenv.
         "env": {k: os.environ.get(k) for k in requested_variables()},
         "path_nvcc": which("nvcc"),

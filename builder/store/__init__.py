@@ -88,6 +88,20 @@ from .trust import (
     stored_identity,
 )
 
+# This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
+MODULES = (
+    "errors",
+    "limits",
+    "trust",
+    "ninja_files",
+    "entries",
+    "hashing",
+    "locking",
+    "store",
+    "ninja_build",
+    "plans",
+)
+
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX",

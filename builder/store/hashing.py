@@ -21,7 +21,7 @@ from .trust import check_dir, read_doc, tmp_tag
 ENV = "@ENV@"
 # What nvcc reads from the environment on top of its command line. Written out: this module
 # runs inside the env's interpreter and imports nothing of cudaenv; a test keeps it equal to
-# builder/variables.py's NVCC.
+# builder/core/variables.py's NVCC.
 NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 # The binaries nvcc runs (bin/ and nvvm/bin/ of CUDA_HOME): their content is in the key.
 TOOLKIT_TOOLS = ("bin/nvcc", "bin/ptxas", "bin/fatbinary", "bin/nvlink", "bin/cudafe++",

@@ -13,7 +13,7 @@ every check imports; no check imports this file, so the imports go one way.
 
 How to add a check: write ``builder/verify/NAME.py`` with ``check(target, facts) ->
 CheckResult`` (its types from ``builder.verify.model``, its statuses from
-``builder.statuses``), add its name to ``spec.CHECKS`` (what a spec's ``verify:`` may name;
+``builder.core.statuses``), add its name to ``spec.CHECKS`` (what a spec's ``verify:`` may name;
 order = run order; :data:`CHECKS` here is that tuple), to :data:`STAGES` and to
 :func:`registry`, and give it a test that shows it failing on a broken input. A test keeps
 the names and the registry equal.
@@ -40,11 +40,27 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from builder import proc, settings, spec, variables
-from builder.errors import ToolMissing, UsageError, VerifyFailed
-from builder.statuses import FAILED, SKIPPED
+from builder.core import proc, settings, variables
+from builder.core.errors import ToolMissing, UsageError, VerifyFailed
+from builder.core.statuses import FAILED, SKIPPED
+from builder.spec import envspec as spec
 from builder.verify.model import CheckResult, EnvFacts, target_env
 from builder.verify.model import Target as Target  # the run loop's input, named for its callers
+
+# This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
+MODULES = (
+    "model",
+    "recorded",
+    "reference",
+    "imports",
+    "toolchain",
+    "binaries",
+    "kernel_compile",
+    "flashinfer_jit",
+    "cubin",
+    "sampling",
+    "report",
+)
 
 log = logging.getLogger("cudaenv")
 
@@ -53,7 +69,7 @@ def probe(target: Target, *, jit: bool) -> EnvFacts:
     # Run by path: the probe imports its sibling flashinfer_light.py (sys.path[0] is its dir).
     script = str(resources.files("builder.probe").joinpath("env_facts.py"))
     started = time.monotonic()
-    # The variables to report (builder/variables.py): the probe imports nothing of cudaenv.
+    # The variables to report (builder/core/variables.py): the probe imports nothing of cudaenv.
     argv: list[str | os.PathLike[str]] = [
         target.python,
         script,

@@ -1,6 +1,6 @@
 """`binaries`: every prebuilt binary the stack loads has code for each of the env's archs.
 
-The audit of builder/audit.py over the env, for the verify's archs: torch's libraries,
+The audit of builder/audit/scan.py over the env, for the verify's archs: torch's libraries,
 sgl_kernel's common ops as its loader picks them per arch, vLLM's extensions and what they
 link must run there (SASS, or PTX the driver compiles). The import probe (what one process
 maps) is `cudaenv audit`'s; verify judges the files, which needs no import.
@@ -8,8 +8,8 @@ maps) is `cudaenv audit`'s; verify judges the files, which needs no import.
 
 from __future__ import annotations
 
-from builder import audit
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.audit import scan as audit
+from builder.core.statuses import FAILED, PASSED, SKIPPED
 from builder.verify.model import CheckResult, EnvFacts, Target
 
 

@@ -14,10 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from builder import cachefiles, proc
-from builder.archs import Arch
-from builder.paths import cache_dir
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.core import cachefiles, proc
+from builder.core.paths import cache_dir
+from builder.core.statuses import FAILED, PASSED, SKIPPED
+from builder.machine.archs import Arch
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
-from builder import channels
 from builder import store as jit_store
-from builder.archs import Arch, flashinfer_spelling, parse_list
-from builder.paths import jit_store_dir, store_at
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.core.paths import jit_store_dir, store_at
+from builder.core.statuses import FAILED, PASSED, SKIPPED
+from builder.machine.archs import Arch, flashinfer_spelling, parse_list
+from builder.spec import channels
 from builder.verify.imports import servers_asked
 from builder.verify.model import CheckResult, EnvFacts, Target
 

@@ -25,8 +25,8 @@ from typing import Any, Final
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import proc
-from builder.statuses import FAILED, PASSED, SKIPPED
+from builder.core import proc
+from builder.core.statuses import FAILED, PASSED, SKIPPED
 from builder.store import normalise, plans
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 

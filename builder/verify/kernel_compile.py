@@ -23,15 +23,17 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder import cachefiles, channels, jit_share, proc, settings, variables
 from builder import store as jit_store
-from builder.archs import Arch
-from builder.paths import jit_store_here
-from builder.statuses import FAILED, PASSED
+from builder.core import cachefiles, proc, settings, variables
+from builder.core.paths import jit_store_here
+from builder.core.statuses import FAILED, PASSED
+from builder.jit import share as jit_share
+from builder.machine.archs import Arch
+from builder.spec import channels
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 if TYPE_CHECKING:
-    from builder.oci import Remote
+    from builder.jit.oci import Remote
 
 FLAGS = ("-O2", "--fmad=false", "-std=c++17")
 NO_HOST_COMPILER_FIX = (
@@ -279,7 +281,7 @@ def kernel_problem(arch: Arch | None, path: Path) -> str | None:
     """Why ``path`` is not what compiling our kernel for ``arch`` makes, an ELF file holding
     a cubin of ``arch`` (of some arch, when None), read from its fatbin headers as the cubin
     check would find it; None when it is."""
-    from builder import fatbin
+    from builder.audit import fatbin
 
     found = fatbin.scan(path)
     if not found.elf:

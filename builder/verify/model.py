@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import box, settings
-from builder.archs import Arch, flashinfer_spelling
-from builder.cudaversion import CudaVersion
-from builder.jsondoc import Reader
-from builder.paths import jit_store_dir
-from builder.statuses import CHECK_STATUSES, CheckStatus
+from builder.core import settings
+from builder.core.cudaversion import CudaVersion
+from builder.core.paths import jit_store_dir
+from builder.core.statuses import CHECK_STATUSES, CheckStatus
+from builder.formats.jsondoc import Reader
+from builder.machine import box
+from builder.machine.archs import Arch, flashinfer_spelling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,9 +180,9 @@ def target_env(target: Target) -> dict[str, str]:
     remote = target.jit_remote
     if remote and remote != "off" and store is not None and not target.fresh:
         # The probe runs in the env's interpreter, which has no registry client: it asks
-        # this interpreter (builder/jit_share.py) to pull or push.
+        # this interpreter (builder/jit/share.py) to pull or push.
         env["CUDAENV_JIT_REMOTE"] = remote
-        env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit_share"])
+        env["CUDAENV_JIT_SHARE"] = json.dumps([sys.executable, "-m", "builder.jit.share"])
     return env
 
 

@@ -8,7 +8,7 @@ next verify whose inputs hash the same reuses it and says when it was made ("pas
 env unchanged"). Any change runs the check again; so does ``verify --fresh``. Only a pass is
 recorded: a failure is always re-run, so a fix is seen at once.
 
-The record is read under the cache's rules (builder/cachefiles.py: no link followed, owner and
+The record is read under the cache's rules (builder/core/cachefiles.py: no link followed, owner and
 modes checked, size bounded) and a record that does not parse is one that is not there.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from builder import cachefiles
-from builder.errors import CudaenvError
-from builder.jsondoc import Reader
-from builder.statuses import PASSED
+from builder.core import cachefiles
+from builder.core.errors import CudaenvError
+from builder.core.statuses import PASSED
+from builder.formats.jsondoc import Reader
 from builder.verify.model import CheckResult, Target
 
 # Bump when what a record holds, or what a recorded check proves, changes.

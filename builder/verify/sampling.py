@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import builder.verify.reference as ref
-from builder import archs, driver, proc, settings
-from builder.archs import Gpu
-from builder.cudaversion import CudaVersion
-from builder.errors import CudaenvError, DriverTooOld
-from builder.statuses import FAILED, PASSED, SKIPPED, CheckStatus
+from builder.core import proc, settings
+from builder.core.cudaversion import CudaVersion
+from builder.core.errors import CudaenvError, DriverTooOld
+from builder.core.statuses import FAILED, PASSED, SKIPPED, CheckStatus
+from builder.machine import archs, driver
+from builder.machine.archs import Gpu
 from builder.verify.kernel_compile import build_kernel, nvcc_of
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from builder.statuses import FAILED, PASSED
+from builder.core.statuses import FAILED, PASSED
 from builder.verify.model import CheckResult, EnvFacts, Target
 
 

@@ -25,7 +25,7 @@ def pause(name: str, progress: Callable[[str], None]) -> None:
 
 def install() -> None:
     try:
-        from builder import build
+        from builder.env import build
     except ImportError:
         return  # an interpreter the child started (an env's) without cudaenv's dependencies
     build.FAULT_HOOKS.append(pause)

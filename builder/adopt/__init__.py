@@ -1,0 +1,12 @@
+"""``cudaenv adopt``: repairing an env a user already has, every change journalled first and
+undone on failure (``journal``), the plan and its execution (``repair``). Imports the layers
+below it up to ``env`` and ``jit``.
+
+Entry: ``builder.adopt.repair.adopt``.
+"""
+
+# This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
+MODULES = (
+    "journal",
+    "repair",
+)

@@ -1,0 +1,13 @@
+"""Which GPUs an env's binaries run on: ELF and fatbin reading (``fatbin``), the scan of an env
+or a lock's wheels (``scan``) and the fleet's verdicts per GPU class and platform
+(``fleet``). Imports the layers up to ``env``.
+
+Entry: ``builder.audit.scan.judge`` (an env) and ``builder.audit.fleet.judge`` (a lock, no env built).
+"""
+
+# This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
+MODULES = (
+    "fatbin",
+    "scan",
+    "fleet",
+)

@@ -1,0 +1,733 @@
+"""`cudaenv audit`: can every prebuilt CUDA binary of an env run on its target GPUs?
+
+`verify` proves what cudaenv compiles; a server also runs the hundreds of binaries the env
+ships (torch's libraries, sgl_kernel, vLLM's extensions, NVIDIA's libraries). For each ELF file
+in the env that holds device code (site-packages, ``cuda-home/``, the env's JIT caches under
+``var/``) the audit reads its SASS and PTX (builder/audit/fatbin.py, headers only) and judges each
+target arch by the rules of archs.COMPATIBILITY: runs (SASS), runs through the driver's PTX
+JIT, or has no code for it.
+
+Which binaries matter on an arch is the packages' own choice, read from their loaders and
+kept here as data (:data:`LOADERS`): torch loads its libraries at import; sgl_kernel's
+``load_utils`` takes ``sm90/common_ops`` on CC 9.0 and ``sm100/common_ops`` on every other CC;
+vLLM imports its ``_C`` extensions. Whatever a required binary links (DT_NEEDED, followed
+through the env) is required too. A required binary with no code for a target fails, naming
+package, file, what it holds and the arch (an ``sm_120a`` cubin on a CC 12.1 GPU:
+sgl-project/sglang#29317); the others are listed. A binary that could not be read is never
+counted as covered.
+
+CUDA majors: the CUDA libraries each binary links, by major and by the package that brings
+them, and (``probe``) what one process that imports the stack actually maps: two majors of
+one CUDA library in one process break some libraries (NVIDIA/cudnn-frontend#211,
+flashinfer#5145).
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from builder.audit import fatbin
+from builder.core import cachefiles, proc
+from builder.core.cudaversion import CudaVersion
+from builder.core.errors import ReportError, UsageError
+from builder.core.paths import cache_dir
+from builder.formats import codec
+from builder.machine import driver
+from builder.machine.archs import Arch, code_runs_on
+
+Verdict = Literal["sass", "ptx", "none", "unreadable"]
+
+# --------------------------------------------------------------------------- which binaries matter
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loader:
+    """Files a package loads (``pattern``, relative to site-packages) on the GPUs ``when``
+    accepts, and where that choice is made."""
+
+    package: str
+    pattern: str
+    why: str
+    when: Callable[[tuple[int, int]], bool] = lambda _cc: True
+
+
+def _is_hopper(cc: tuple[int, int]) -> bool:
+    return cc == (9, 0)
+
+
+LOADERS: tuple[Loader, ...] = (
+    Loader(package="torch", pattern="torch/lib/*.so*", why="torch loads its libraries at import"),
+    Loader(
+        package="sgl-kernel",
+        pattern="sgl_kernel/sm90/common_ops.*",
+        why="sgl_kernel's load_utils takes sm90/common_ops on CC 9.0",
+        when=_is_hopper,
+    ),
+    Loader(
+        package="sgl-kernel",
+        pattern="sgl_kernel/sm100/common_ops.*",
+        why="sgl_kernel's load_utils takes sm100/common_ops on every CC but 9.0",
+        when=lambda cc: not _is_hopper(cc),
+    ),
+    # DeepGEMM loads its _C at import; it holds host code only (its kernels are compiled at
+    # run time through NVRTC), so it is judged by what it links. FlashMLA and sgl_kernel's
+    # flash_ops / flashmla_ops are imported only by the attention backends that choose them
+    # (Hopper, datacenter Blackwell), inside a try: they are listed, not required.
+    Loader(package="sgl-deep-gemm", pattern="deep_gemm/_C.so", why="deep_gemm loads _C at import"),
+    Loader(package="vllm", pattern="vllm/_C*.so", why="vllm imports its _C extensions"),
+    Loader(package="vllm", pattern="vllm/_moe_C*.so", why="vllm imports its MoE extensions"),
+)
+
+# CUDA's libraries whose soname major is the CUDA major (libcudart.so.13 is CUDA 13's).
+# cuFFT, cuRAND, cuSPARSE and cuSOLVER number their own majors (CUDA 13 ships
+# libcufft.so.12 and libcurand.so.10), so their sonames say nothing about the CUDA major.
+CUDA_LIBRARIES = ("libcudart", "libcublas", "libcublasLt", "libnvrtc", "libnvJitLink", "libcupti")
+_SONAME_RE = re.compile(r"^(lib[\w+-]+?)\.so\.(\d+)")
+
+
+def cuda_major_of(soname: str) -> tuple[str, int] | None:
+    """``libcudart.so.13`` -> (libcudart, 13); None for a library that is not CUDA's."""
+    m = _SONAME_RE.match(soname)
+    if m is None or m.group(1) not in CUDA_LIBRARIES:
+        return None
+    return m.group(1), int(m.group(2))
+
+
+# --------------------------------------------------------------------------- the env's binaries
+
+
+@dataclass(frozen=True, kw_only=True)
+class Binary:
+    path: Path  # relative to the env
+    package: str  # the distribution that installed it; "-" for files no RECORD names
+    scan: fatbin.Scan
+
+    @property
+    def holds(self) -> str:
+        """What it carries, as cuobjdump would list it: ``sm_80 sm_90a; ptx compute_90``."""
+        sass = sorted({c.arch for c in self.scan.codes if c.kind == "sass"})
+        ptx = sorted({c.arch for c in self.scan.codes if c.kind == "ptx"})
+        parts = []
+        if sass:
+            parts.append(" ".join(f"sm_{a.code}" for a in sass))
+        if ptx:
+            parts.append("ptx " + " ".join(f"compute_{a.code}" for a in ptx))
+        return "; ".join(parts) or "no device code"
+
+
+def _owners(site: Path) -> dict[str, str]:
+    """Relative path in site-packages -> the distribution whose RECORD lists it."""
+    owners: dict[str, str] = {}
+    for record in site.glob("*.dist-info/RECORD"):
+        name = canonicalize_name(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        try:
+            text = record.read_text(errors="replace")
+        except OSError:
+            continue
+        # csv, as every RECORD reader: a path with a comma is written quoted (PEP 376).
+        for row in csv.reader(text.splitlines()):
+            if row and row[0]:
+                owners[os.path.normpath(row[0])] = name
+    return owners
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """The regular files under ``root`` whose names a shared library, object or fatbin has;
+    symlinks are neither followed nor listed (cuda-home/ links into the wheels' prefix: those
+    files are scanned where they live). os.scandir's entry types need no stat per file: an
+    env holds ~75,000 files."""
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False) and _candidate(entry.name):
+                        yield Path(entry.path)
+        except OSError:
+            continue  # a directory that vanished or cannot be read holds nothing to judge
+
+
+def _candidate(name: str) -> bool:
+    return name.endswith((".so", ".cubin", ".fatbin", ".o")) or ".so." in name
+
+
+class ScanCache:
+    """Scans by file identity (device, inode, size, mtime): a second audit of an unchanged env
+    reads no binary again. Kept as JSON in cudaenv's cache under its trust rules (cachefiles:
+    a forged scan could hide a missing arch); anything unreadable or refused there is ignored
+    (a scan only informs a report, and is redone)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, object] = {}
+        self.seen: list[str] = []  # every file scanned (or found unchanged) in this run
+        self.dirty = False
+        loaded = cachefiles.read_json(path) if path is not None else None
+        if isinstance(loaded, dict):
+            self.entries = loaded
+
+    @classmethod
+    def default(cls) -> ScanCache:
+        """The machine-wide one, in cudaenv's cache directory."""
+        return cls(cache_dir() / "audit" / "scans.json")
+
+    @staticmethod
+    def key(path: Path) -> str:
+        """The file's identity and the reader's version: a scan the reader would now do
+        differently (a layout it has learned since) is redone."""
+        st = path.stat()
+        return f"v{fatbin.READER_VERSION}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+    def scan(self, path: Path) -> fatbin.Scan:
+        key = self.key(path)
+        self.seen.append(f"{path}={key}")
+        found = self.entries.get(key)
+        if isinstance(found, dict):
+            cached = fatbin.Scan.from_json(found, path)
+            if cached is not None:
+                return cached
+        result = fatbin.scan(path)
+        self.entries[key] = result.to_json()
+        self.dirty = True
+        return result
+
+    def probe(self, python: Path, modules: Sequence[str], env: Path, run: Callable[[], Mapped]
+              ) -> Mapped:  # fmt: skip
+        """What the import probe mapped, reused while no binary and no installed distribution
+        of the env changed (the files scanned this run and every RECORD, by identity)."""
+        records = sorted(
+            f"{r}={self.key(r)}" for r in env.glob("lib/python3*/site-packages/*.dist-info/RECORD")
+        )
+        material = "\n".join([str(python), *modules, *sorted(self.seen), *records])
+        key = "probe:" + hashlib.sha256(material.encode()).hexdigest()
+        found = self.entries.get(key)
+        if isinstance(found, dict):
+            cached = Mapped.from_json(found)
+            if cached is not None:
+                return cached
+        mapped = run()
+        self.entries[key] = mapped.to_json()
+        self.dirty = True
+        return mapped
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        # A cache that cannot be written (or is refused) costs a rescan.
+        cachefiles.write_text(self.path, json.dumps(self.entries))
+
+
+def binaries(env: Path, cache: ScanCache) -> list[Binary]:
+    """Every ELF with device code (or that could not be read) in the env."""
+    sites = sorted(env.glob("lib/python3*/site-packages"))
+    roots = [*sites, env / "cuda-home", env / "var"]
+    owners: dict[Path, dict[str, str]] = {site: _owners(site) for site in sites}
+    found: list[Binary] = []
+    for root in roots:
+        if not root.is_dir() or root.is_symlink():
+            continue
+        for path in _walk(root):
+            if not fatbin.is_elf(path):
+                continue
+            scan = cache.scan(path)
+            if not scan.codes and scan.error is None and not scan.needed:
+                continue
+            package = "-"
+            if root in owners:
+                package = owners[root].get(os.path.normpath(path.relative_to(root)), "-")
+            found.append(Binary(path=path.relative_to(env), package=package, scan=scan))
+    return found
+
+
+# --------------------------------------------------------------------------- judging
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    binary: Binary
+    arch: Arch
+    verdict: Verdict
+    required: str | None  # why it is needed on this arch; None: optional
+
+    @property
+    def covered(self) -> bool:
+        return self.verdict in ("sass", "ptx")
+
+
+def verdict(scan: fatbin.Scan, arch: Arch, driver_cuda: CudaVersion | None) -> Verdict:
+    if scan.error is not None:
+        return "unreadable"
+    cc = arch.capability
+    if any(c.kind == "sass" and code_runs_on("sass", c.arch, cc) for c in scan.codes):
+        return "sass"
+    if any(
+        c.kind == "ptx"
+        and code_runs_on("ptx", c.arch, cc, ptx_isa=c.ptx_isa, driver_cuda=driver_cuda)
+        for c in scan.codes
+    ):
+        return "ptx"
+    return "none"
+
+
+def _site_relative(binary: Binary) -> str | None:
+    parts = binary.path.parts
+    if len(parts) > 3 and parts[0] == "lib" and parts[2] == "site-packages":
+        return "/".join(parts[3:])
+    return None
+
+
+def required_on(found: Sequence[Binary], cc: tuple[int, int]) -> dict[Path, str]:
+    """The binaries the stack loads on a GPU of ``cc``: the loaders' choices, then whatever
+    they link, followed through the env by soname."""
+    by_name: dict[str, list[Binary]] = {}
+    for b in found:
+        by_name.setdefault(b.path.name, []).append(b)
+    need: dict[Path, str] = {}
+    queue: list[Binary] = []
+    for b in found:
+        rel = _site_relative(b)
+        if rel is None:
+            continue
+        for loader in LOADERS:
+            if loader.when(cc) and fnmatch.fnmatch(rel, loader.pattern):
+                need.setdefault(b.path, loader.why)
+                queue.append(b)
+    while queue:
+        b = queue.pop()
+        for soname in b.scan.needed:
+            for dep in by_name.get(soname, []):
+                # NVIDIA's CUDA libraries pick or generate their kernels at run time (cuFFT
+                # ships sm_75 helpers and compiles its FFT kernels through NVRTC): what their
+                # fatbins hold is no verdict on a GPU, so they are listed, not required.
+                if dep.package.startswith("nvidia-"):
+                    continue
+                if dep.path not in need:
+                    need[dep.path] = f"linked by {b.path.name}"
+                    queue.append(dep)
+    return need
+
+
+def judge(
+    found: Sequence[Binary], archs: Sequence[Arch], driver_cuda: CudaVersion | None
+) -> list[Judgement]:
+    out: list[Judgement] = []
+    for arch in archs:
+        need = required_on(found, arch.capability)
+        for b in found:
+            if not b.scan.codes and b.scan.error is None:
+                continue  # host code only: nothing to judge for a GPU
+            out.append(
+                Judgement(
+                    binary=b,
+                    arch=arch,
+                    verdict=verdict(b.scan, arch, driver_cuda),
+                    required=need.get(b.path),
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- CUDA majors
+
+
+@dataclass(frozen=True, kw_only=True)
+class Linked:
+    library: str  # libcudart
+    major: int
+    by: tuple[tuple[str, str], ...]  # (package, file) that link it
+
+
+def linked_majors(found: Sequence[Binary]) -> list[Linked]:
+    seen: dict[tuple[str, int], set[tuple[str, str]]] = {}
+    for b in found:
+        for soname in b.scan.needed:
+            lib = cuda_major_of(soname)
+            if lib is not None:
+                seen.setdefault(lib, set()).add((b.package, str(b.path)))
+    return [
+        Linked(library=lib, major=major, by=tuple(sorted(by)))
+        for (lib, major), by in sorted(seen.items())
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OtherMajor:
+    """A distribution built for another CUDA major than the env's (``-cu12`` in a CUDA 13
+    env), and the distributions that require it."""
+
+    package: str
+    version: str
+    major: int
+    required_by: tuple[str, ...]
+
+
+_CU_SUFFIX = re.compile(r"-cu(\d{2})$")
+
+
+def _metadata(site: Path) -> dict[str, tuple[str, set[str]]]:
+    """name -> (version, names it requires), from each dist-info's METADATA headers."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    for meta in site.glob("*.dist-info/METADATA"):
+        name = version = ""
+        requires: set[str] = set()
+        try:
+            with meta.open(errors="replace") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break  # the headers end at the first blank line
+                    key, _, value = line.partition(":")
+                    if key == "Name":
+                        name = canonicalize_name(value.strip())
+                    elif key == "Version":
+                        version = value.strip()
+                    elif key == "Requires-Dist":
+                        try:
+                            req = Requirement(value.strip())
+                        except InvalidRequirement:
+                            continue
+                        # A requirement of an extra holds only when the extra is asked for.
+                        if req.marker is None or "extra" not in str(req.marker):
+                            requires.add(canonicalize_name(req.name))
+        except OSError:
+            continue
+        if name:
+            out[name] = (version, requires)
+    return out
+
+
+def other_majors(env: Path, major: int) -> list[OtherMajor]:
+    """The env's distributions named for another CUDA major than ``major``, with what
+    requires each (nvidia-cutlass-dsl 4.8.0 requires its cu12 libraries unconditionally)."""
+    found: list[OtherMajor] = []
+    for site in sorted(env.glob("lib/python3*/site-packages")):
+        dists = _metadata(site)
+        for name, (version, _) in sorted(dists.items()):
+            m = _CU_SUFFIX.search(name)
+            if m is None or int(m.group(1)) == major:
+                continue
+            by = tuple(sorted(other for other, (_, req) in dists.items() if name in req))
+            found.append(
+                OtherMajor(package=name, version=version, major=int(m.group(1)), required_by=by)
+            )
+    return found
+
+
+# A child that imports the stack and reports the CUDA libraries its process maps; no GPU is
+# needed to import (libcuda is opened lazily by the runtime).
+_MAPS_PROBE = r"""
+import importlib, json, sys
+errors = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:  # a package that fails to import is reported, not fatal
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        first = lines[0] if lines else ""
+        # sgl_kernel's loader puts the cause (a library dlopen could not find) lines below.
+        cause = next((ln for ln in lines[1:] if "cannot open shared object file" in ln), "")
+        errors[name] = (f"{type(exc).__name__}: {first}" + (f" ({cause})" if cause else ""))[:500]
+maps = set()
+with open("/proc/self/maps") as fh:
+    for line in fh:
+        parts = line.split()
+        if len(parts) >= 6 and ".so" in parts[-1]:
+            maps.add(parts[-1])
+print(json.dumps({"maps": sorted(maps), "errors": errors}))
+"""
+
+
+# The stack's CUDA users, imported by the probe where the env has them: torch first (the
+# others import it), then what loads prebuilt kernels or CUDA libraries of its own.
+PROBE_MODULES = ("torch", "flashinfer", "sgl_kernel", "vllm")
+
+
+def probe_failure_note(name: str, why: str) -> str:
+    """Whether a failed import of the probe is what this machine explains. sgl_kernel's
+    common_ops links libcuda.so.1, the NVIDIA driver's library: where no driver is installed
+    its loader raises "Could not load any common_ops library!" (sgl_kernel/load_utils.py),
+    which says nothing about the GPU machine the env is for."""
+    expected = (
+        "; expected on a machine without the NVIDIA driver ({what} links libcuda.so.1, which "
+        "the driver installs): import it on the GPU machine to judge it"
+    )
+    if "libcuda.so" in why and "cannot open shared object file" in why:
+        return expected.format(what=name)
+    if name == "sgl_kernel" and "common_ops" in why:
+        if not driver.PROC_VERSION.exists():
+            return expected.format(what="sgl_kernel's common_ops")
+        return (
+            "; not expected: this machine has the NVIDIA driver, so sgl_kernel's common_ops "
+            "should load even without a GPU (`python -c 'import sgl_kernel'` in the env says why)"
+        )
+    return ""
+
+
+def import_names(env: Path) -> list[str]:
+    """Which of :data:`PROBE_MODULES` the env holds."""
+    sites = sorted(env.glob("lib/python3*/site-packages"))
+    return [m for m in PROBE_MODULES if any((site / m).is_dir() for site in sites)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mapped:
+    imported: tuple[str, ...]
+    libraries: tuple[tuple[str, int, str], ...]  # (library, major, path) mapped
+    errors: tuple[tuple[str, str], ...]  # packages that failed to import, and why
+
+    def to_json(self) -> dict[str, object]:
+        return codec.to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> Mapped | None:
+        """None for what this release did not write (the scan cache's entry is redone)."""
+        try:
+            return codec.from_json(cls, doc, "the scan cache")
+        except ReportError:
+            return None
+
+    def two_majors(self) -> dict[str, list[int]]:
+        majors: dict[str, set[int]] = {}
+        for lib, major, _ in self.libraries:
+            majors.setdefault(lib, set()).add(major)
+        return {lib: sorted(m) for lib, m in majors.items() if len(m) > 1}
+
+
+def probe_maps(
+    python: Path, modules: Sequence[str], *, env: dict[str, str] | None = None
+) -> Mapped:
+    done = proc.run([python, "-c", _MAPS_PROBE, *modules], env=env, check=False, timeout=300)
+    try:
+        doc = json.loads(done.stdout.strip().splitlines()[-1])
+        maps = [str(m) for m in doc["maps"]]
+        errors = {str(k): str(v) for k, v in dict(doc["errors"]).items()}
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise UsageError(
+            f"{python}: the import probe printed no report (exit {done.returncode}): "
+            + (done.stderr.strip().splitlines() or [str(exc)])[-1]
+        ) from exc
+    libraries = []
+    for path in maps:
+        lib = cuda_major_of(Path(path).name)
+        if lib is not None:
+            libraries.append((lib[0], lib[1], path))
+    return Mapped(
+        imported=tuple(modules),
+        libraries=tuple(sorted(set(libraries))),
+        errors=tuple(sorted(errors.items())),
+    )
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+@dataclass(frozen=True, kw_only=True)
+class Audit:
+    env: Path
+    archs: tuple[Arch, ...]
+    driver_cuda: CudaVersion | None
+    binaries: tuple[Binary, ...]
+    judgements: tuple[Judgement, ...]
+    linked: tuple[Linked, ...]
+    other_majors: tuple[OtherMajor, ...]
+    major: int | None  # the env's CUDA major
+    mapped: Mapped | None
+    seconds: float
+
+    @property
+    def with_code(self) -> list[Binary]:
+        return [b for b in self.binaries if b.scan.codes or b.scan.error]
+
+    @property
+    def failures(self) -> list[str]:
+        out = []
+        for j in self.judgements:
+            if j.required is not None and not j.covered:
+                what = (
+                    f"could not be read ({j.binary.scan.error})"
+                    if j.verdict == "unreadable"
+                    else f"holds {j.binary.holds}"
+                )
+                out.append(
+                    f"{j.binary.package}: {j.binary.path} {what}: no code for {j.arch} "
+                    f"(needed there: {j.required})"
+                )
+        if self.mapped is not None:
+            for lib, majors in self.mapped.two_majors().items():
+                out.append(
+                    f"one process maps {lib} of CUDA "
+                    + " and ".join(str(m) for m in majors)
+                    + f" after importing {', '.join(self.mapped.imported)}"
+                )
+        return out
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        majors = sorted({ln.major for ln in self.linked})
+        if len(majors) > 1:
+            for ln in self.linked:
+                if ln.major == self.major:
+                    continue
+                packages = sorted({p for p, _ in ln.by})
+                out.append(
+                    f"{ln.library}.so.{ln.major} (CUDA {ln.major}) is linked by "
+                    f"{', '.join(packages)} ({len(ln.by)} file(s)); the env's CUDA is "
+                    f"{self.major if self.major is not None else 'not known'}"
+                )
+        for om in self.other_majors:
+            by = (
+                f"required by {', '.join(om.required_by)}"
+                if om.required_by
+                else "which nothing installed requires"
+            )
+            out.append(
+                f"{om.package} {om.version} (CUDA {om.major}) is installed, {by}; a process "
+                f"that loads it maps a second CUDA major"
+            )
+        for j in self.judgements:
+            if j.required is None and j.verdict == "unreadable":
+                out.append(f"{j.binary.path} could not be read: {j.binary.scan.error}")
+        if self.mapped is not None:
+            for name, why in self.mapped.errors:
+                note = probe_failure_note(name, why)
+                out.append(f"import {name} failed in the probe: {why}{note}")
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "env": str(self.env),
+            "archs": [str(a) for a in self.archs],
+            "driver_cuda": str(self.driver_cuda) if self.driver_cuda else None,
+            "seconds": round(self.seconds, 2),
+            "status": "failed" if self.failures else "passed",
+            "failures": self.failures,
+            "warnings": self.warnings,
+            "other_majors": [
+                {
+                    "package": o.package,
+                    "version": o.version,
+                    "major": o.major,
+                    "required_by": list(o.required_by),
+                }
+                for o in self.other_majors
+            ],
+            "binaries": [
+                {
+                    "path": str(b.path),
+                    "package": b.package,
+                    "holds": b.holds,
+                    "error": b.scan.error,
+                    "needed": list(b.scan.needed),
+                    "targets": {
+                        str(j.arch): {"verdict": j.verdict, "required": j.required}
+                        for j in self.judgements
+                        if j.binary is b
+                    },
+                }
+                for b in self.with_code
+            ],
+            "linked": [
+                {"library": ln.library, "major": ln.major, "by": [list(x) for x in ln.by]}
+                for ln in self.linked
+            ],
+            "mapped": None if self.mapped is None else self.mapped.to_json(),
+        }
+
+
+def run(
+    env: Path,
+    archs: Sequence[Arch],
+    *,
+    driver_cuda: CudaVersion | None,
+    cache: ScanCache,
+    major: int | None = None,
+    probe: tuple[Path, Sequence[str], dict[str, str] | None] | None = None,
+) -> Audit:
+    """Audit the env at ``env`` for ``archs``; with ``probe`` (python, modules, environment),
+    also import the modules there and read what the process maps."""
+    if not archs:
+        raise UsageError("audit needs at least one target arch (--archs, or a visible GPU)")
+    started = time.monotonic()
+    found = binaries(env, cache)
+    mapped = None
+    if probe is not None:
+        python, modules, environ = probe
+        mapped = cache.probe(python, modules, env, lambda: probe_maps(python, modules, env=environ))
+    cache.save()
+    linked = linked_majors(found)
+    if major is None:
+        # The env's CUDA: the major of the runtime most of its binaries link.
+        runtimes = [ln for ln in linked if ln.library == "libcudart"]
+        major = max(runtimes, key=lambda ln: len(ln.by)).major if runtimes else None
+    return Audit(
+        env=env,
+        archs=tuple(archs),
+        driver_cuda=driver_cuda,
+        binaries=tuple(found),
+        judgements=tuple(judge(found, archs, driver_cuda)),
+        linked=tuple(linked),
+        other_majors=tuple(other_majors(env, major)) if major is not None else (),
+        major=major,
+        mapped=mapped,
+        seconds=time.monotonic() - started,
+    )
+
+
+def render(audit: Audit) -> str:
+    """The terminal report: the verdict, the required binaries per arch, failures, warnings."""
+    lines = [
+        f"audit {audit.env}: {'FAILED' if audit.failures else 'PASSED'} for "
+        f"{', '.join(str(a) for a in audit.archs)} ({len(audit.with_code)} binaries with "
+        f"device code, {audit.seconds:.1f} s)"
+    ]
+    for arch in audit.archs:
+        mine = [j for j in audit.judgements if j.arch == arch]
+        required = [j for j in mine if j.required is not None]
+        missing = [j for j in mine if not j.covered]
+        lines.append(
+            f"  {arch}: {sum(j.covered for j in required)}/{len(required)} required binaries "
+            f"run ({sum(j.verdict == 'ptx' for j in required)} through PTX); "
+            f"{len(missing)} binaries in all have no code for it"
+        )
+        for j in missing:
+            if j.required is None:
+                lines.append(f"    optional, no code: {j.binary.package}: {j.binary.path} "
+                             f"({j.binary.holds})")  # fmt: skip
+    for f in audit.failures:
+        lines.append(f"  FAIL {f}")
+    for w in audit.warnings:
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)
+
+
+def markdown(audit: Audit) -> str:
+    head = f"# cudaenv audit: {'FAILED' if audit.failures else 'PASSED'}\n\n"
+    rows = ["| binary | package | holds | " + " | ".join(str(a) for a in audit.archs) + " |"]
+    rows.append("|---|---|---|" + "---|" * len(audit.archs))
+    for b in audit.with_code:
+        cells = []
+        for arch in audit.archs:
+            j = next(x for x in audit.judgements if x.binary is b and x.arch == arch)
+            mark = {"sass": "yes", "ptx": "PTX", "none": "**no**", "unreadable": "unreadable"}
+            cells.append(mark[j.verdict] + (" (required)" if j.required else ""))
+        rows.append(f"| `{b.path}` | {b.package} | {b.holds} | " + " | ".join(cells) + " |")
+    body = "\n".join(rows)
+    notes = "".join(f"- FAIL {f}\n" for f in audit.failures) + "".join(
+        f"- warning: {w}\n" for w in audit.warnings
+    )
+    return head + (notes + "\n" if notes else "") + body + "\n"

@@ -1,0 +1,23 @@
+"""One module per use case, each with its typed request and no printing of results: build,
+verify, audit, export, store, warm, add, init, matrix, compat; ``pipeline`` holds the steps
+they share (spec -> lock -> env) and ``args`` their typed arguments. Everything below may be
+imported; the CLI above calls these.
+
+Entry: ``builder.commands.build.build_and_verify`` (where `cudaenv build` starts).
+"""
+
+# This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
+MODULES = (
+    "args",
+    "pipeline",
+    "verify",
+    "build",
+    "audit",
+    "export",
+    "store",
+    "warm",
+    "add",
+    "init",
+    "matrix",
+    "compat",
+)

@@ -1,0 +1,175 @@
+"""The one exception tree. Library code raises these; only ``cli.py`` prints and exits.
+
+Each class carries the exit code the CLI returns for it; :data:`EXIT_CODES` says what each code
+means, for ``cudaenv --help`` and the generated reference.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from builder.core.statuses import CellStatus
+
+
+class CudaenvError(Exception):
+    """Base of every error the CLI turns into one ``error:`` line."""
+
+    exit_code = 1
+
+
+class UsageError(CudaenvError):
+    """A command-line argument is wrong (a bad ``--archs``, a path that is no interpreter)."""
+
+    exit_code = 2
+
+
+class SpecError(CudaenvError):
+    """A spec or matrix file is unreadable or invalid. Carries every problem found, each
+    located; ``what`` names the kind of file for the closing line."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Sequence[str], what: str = "spec") -> None:
+        self.problems = list(problems)
+        self.what = what
+        super().__init__("\n".join(self.problems))
+
+
+class ReportError(CudaenvError):
+    """A report or manifest JSON file is missing, not JSON, or not of a known schema."""
+
+    exit_code = 2
+
+
+class ResolveError(CudaenvError):
+    """The resolver failed, or the resolved set breaks the matching policy."""
+
+    exit_code = 3
+
+
+class BuildError(CudaenvError):
+    """Creating the venv, installing the lock or wiring the toolchain failed."""
+
+    exit_code = 4
+
+
+class VerifyFailed(CudaenvError):
+    """A verification check failed."""
+
+    exit_code = 5
+
+
+class ToolMissing(CudaenvError):
+    """A tool the builder needs (uv, a Python, a C compiler, nvcc) is not on this machine.
+
+    ``tool`` names what is missing as the message does (a command, or the path looked at), so
+    a check's result can carry it without parsing the message."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        self.tool = tool
+        super().__init__(message)
+
+
+class DriverTooOld(CudaenvError):
+    """This machine's NVIDIA driver cannot run the CUDA of the spec (or of the env's torch):
+    `build` and `adopt` refuse before changing anything, unless told ``--no-driver-check``."""
+
+    exit_code = 7
+
+
+class EnvBusy(CudaenvError):
+    """Another cudaenv process held the env's lock for longer than this one waits (``adopt``);
+    nothing was changed."""
+
+    exit_code = 3
+
+
+class CommandFailed(CudaenvError):
+    """A command exited non-zero or ran past its timeout. A stage that runs a command maps
+    this to its own error class (and so its exit code); unmapped, it exits 1."""
+
+    exit_code = 1
+
+    def __init__(
+        self, argv: Sequence[str], returncode: int, output: str, *, timed_out: float | None = None
+    ) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output = output
+        self.timed_out = timed_out
+        tail = "\n".join(output.strip().splitlines()[-30:])
+        head = (
+            f"command timed out after {timed_out:g} s"
+            if timed_out is not None
+            else f"command failed (exit {returncode})"
+        )
+        super().__init__(f"{head}: {shlex.join(self.argv)}\n{tail}".rstrip())
+
+
+# Exit code -> what the matrix grid calls a cell that ended with it.
+STATUS_OF_EXIT: dict[int, CellStatus] = {
+    0: "passed",
+    UsageError.exit_code: "error",
+    ResolveError.exit_code: "refused",
+    BuildError.exit_code: "failed",
+    VerifyFailed.exit_code: "failed",
+    ToolMissing.exit_code: "error",
+    DriverTooOld.exit_code: "refused",
+}
+
+
+def error_lines(exc: CudaenvError) -> list[str]:
+    """What a command prints for an error: one line each (a spec's problems, then a count)."""
+    if isinstance(exc, SpecError):
+        return [f"error: {p}" for p in exc.problems] + [
+            f"error: {len(exc.problems)} problem(s) in the {exc.what}; nothing was done"
+        ]
+    return [f"error: {exc}"]
+
+
+# Every exit status cudaenv has, with a short form (``cudaenv --help``) and the meaning the
+# reference gives. The error classes above carry their codes; the others come from the CLI
+# itself (`run`, an interrupt, a reader that left).
+EXIT_CODES: tuple[tuple[int, str, str], ...] = (
+    (0, "ok", "done"),
+    (CudaenvError.exit_code, "other",
+     "anything else; for `doctor`, an error was found; for `fingerprint --compare`, the two "
+     "differ"),
+    (UsageError.exit_code, "bad input (spec, matrix, lock, report, argument)",
+     "bad input: a spec, matrix file, lock, report or argument, each problem located as "
+     "`FILE:LINE:COL: key: message` (a lock entry naming an index the spec does not pin, a file "
+     "path outside the wheelhouse, a file that is not a regular file or is over its cap)"),
+    (ResolveError.exit_code, "refused or unresolvable set",
+     "refused by the matching policy, or unresolvable, or the index did not answer; `adopt` "
+     "refused the env, or waited too long for another cudaenv working on it"),
+    (BuildError.exit_code, "build failed",
+     "the build failed: a wheelhouse or downloaded file whose hash differs from the lock's, a "
+     "full disk, a stale lock; `adopt --undo` could not put something back"),
+    (VerifyFailed.exit_code, "a check failed",
+     "verification failed, or the env is not the one the spec describes; `store verify` "
+     "discarded a damaged entry"),
+    (ToolMissing.exit_code, "a tool is missing",
+     "a tool is missing: uv (`CUDAENV_UV` picks one), a C compiler, the spec's Python"),
+    (DriverTooOld.exit_code, "the NVIDIA driver is too old for the CUDA (build, adopt)",
+     "`build`, `adopt`: this machine's NVIDIA driver cannot run the CUDA (13.x needs 580+, 12.x "
+     "525+); the driver is read from `CUDAENV_DRIVER_VERSION`, else the kernel module, else "
+     "`nvidia-smi` or libcuda; `--no-driver-check` goes on"),
+    (126, "run: the command is not executable",
+     "`run`: the command could not be run (not executable, a directory), as a shell says"),
+    (127, "run: the command was not found",
+     "`run`: the command was not found, as a shell says; otherwise `run` exits with the "
+     "command's own status"),
+    (130, "interrupted", "interrupted (Ctrl-C, SIGTERM); a build or repair leaves the previous "
+     "env as it was"),
+    (141, "the reader of the output left",
+     "the reader of cudaenv's output left early (`cudaenv list --json | head -1`); nothing is "
+     "printed about it"),
+)  # fmt: skip
+
+
+def exit_summary() -> str:
+    """The exit codes in one paragraph, for ``cudaenv --help``."""
+    return "; ".join(f"{code} {short}" for code, short, _ in EXIT_CODES) + "."

@@ -1,0 +1,435 @@
+"""The one place a subprocess is started.
+
+Every command is logged, its output captured, and replayed only on failure (as pypa/build
+does). Tests replace :func:`run` or drive it with real tiny processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from builder.core import settings
+from builder.core.errors import CommandFailed, ToolMissing
+
+__all__ = [
+    "CommandFailed",
+    "Completed",
+    "atomic_write_text",
+    "replace_process",
+    "run",
+    "uv_bin",
+    "uv_env",
+    "which",
+]
+
+log = logging.getLogger("cudaenv")
+
+
+def _prctl() -> object | None:
+    """libc's ``prctl``, looked up once in cudaenv's own process: looking it up in each child
+    (``ctypes.util.find_library`` runs ``ldconfig -p``) cost ~5 ms per command."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl() if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """PR_SET_PDEATHSIG: if cudaenv is SIGKILLed, its uv/nvcc children die with it instead of
+    writing on into a build directory the next build is removing."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]  # 1 = PR_SET_PDEATHSIG
+
+
+_PREEXEC = _die_with_parent if _PRCTL is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+    stream: bool = False,
+    input_text: str | None = None,
+    log_file: Path | None = None,
+) -> Completed:
+    """Run ``argv`` (never through a shell).
+
+    ``stream`` passes the child's stderr through to ours (used for uv's progress), stdout is
+    always captured. ``log_file`` sends stdout and stderr, merged, to that file as they come
+    (a matrix cell's log, readable while it runs); the result then holds no output.
+    ``check`` raises :class:`CommandFailed` with the output tail.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("$ %s", shlex.join(args))
+    if stream:
+        return _run_streaming(args, env=env, cwd=cwd, check=check, timeout=timeout)
+    if log_file is not None:
+        return _run_logged(args, env=env, cwd=cwd, check=check, timeout=timeout, log_file=log_file)
+    child = _start(
+        args,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE if input_text is not None else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = child.communicate(input_text, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # Not communicate() again: a grandchild holding the pipes would keep it waiting for
+        # EOF past the deadline. The output so far is on the exception, as bytes even in text
+        # mode (CPython's _communicate), as subprocess.run does.
+        child.kill()
+        child.wait()
+        out, err = (
+            b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            for b in (exc.stdout, exc.stderr)
+        )
+        raise _timed_out(args, timeout, f"{out}\n{err}") from exc
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return _completed(args, child.returncode, out, err, check=check)
+
+
+def _start(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    stdin: int | IO[Any] | None,
+    stdout: int | IO[Any],
+    stderr: int | IO[Any],
+) -> subprocess.Popen[str]:
+    """The one place a child starts: text mode, die-with-parent, a missing program named, and
+    a program named without a directory found only where no other user could have put it
+    (:func:`which`)."""
+    if args and os.sep not in args[0]:
+        path = (env if env is not None else settings.child_environ()).get("PATH")
+        found = which(args[0], path)
+        if found is None:
+            planted = _untrusted_on_path(args[0], path)
+            if planted is not None:
+                raise ToolMissing(
+                    f"{args[0]}: only {planted} is on PATH, and {planted_why(planted)}: "
+                    "cudaenv runs no program another user could have written",
+                    tool=args[0],
+                )
+        else:
+            args = [found, *args[1:]]
+    try:
+        return subprocess.Popen(
+            args,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            errors="replace",
+            preexec_fn=_PREEXEC,  # cudaenv is single-threaded when it spawns: see _die_with_parent
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
+
+
+def _timed_out(args: list[str], timeout: float | None, output: str) -> CommandFailed:
+    return CommandFailed(args, -1, output, timed_out=timeout)
+
+
+def _completed(
+    args: list[str], returncode: int, stdout: str, stderr: str, *, check: bool
+) -> Completed:
+    """The result; with ``check``, CommandFailed for a non-zero exit, with the output."""
+    if check and returncode != 0:
+        raise CommandFailed(args, returncode, stdout + "\n" + stderr)
+    return Completed(argv=tuple(args), returncode=returncode, stdout=stdout, stderr=stderr)
+
+
+def _run_logged(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    check: bool,
+    timeout: float | None,
+    log_file: Path,
+) -> Completed:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("w") as fh:
+        child = _start(
+            args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT
+        )
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            child.kill()
+            child.wait()
+            raise _timed_out(args, timeout, f"see {log_file}") from exc
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+    if check and child.returncode != 0:
+        tail = log_file.read_text(errors="replace")[-4000:]
+        raise CommandFailed(args, child.returncode, tail)
+    return Completed(argv=tuple(args), returncode=child.returncode, stdout="", stderr="")
+
+
+def _run_streaming(
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    check: bool,
+    timeout: float | None,
+) -> Completed:
+    """Echo the child's stderr live (uv's progress) and keep it for the error message.
+
+    The timeout is a deadline on the whole run, enforced while the child still holds its
+    pipes open: both pipes are read by threads and the main thread only waits, so a child
+    that keeps stderr open past the deadline is killed there (not when it closes the pipe).
+    """
+    child = _start(
+        args, env=env, cwd=cwd, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    err_lines: list[str] = []
+    out_parts: list[str] = []
+    assert child.stderr is not None and child.stdout is not None
+    out_pipe, err_pipe = child.stdout, child.stderr
+
+    def pump_out() -> None:
+        out_parts.append(out_pipe.read())
+
+    def pump_err() -> None:
+        for line in err_pipe:
+            err_lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for reader in readers:
+        reader.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        child.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired as exc:
+        child.kill()
+        child.wait()
+        _join(readers, until=time.monotonic() + 1)
+        raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines)) from exc
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    # The child is gone; a grandchild that inherited the pipes may hold them a little longer:
+    # 5 s, or up to the deadline, past which the run timed out (as subprocess.run's would).
+    _join(readers, until=time.monotonic() + 5 if deadline is None else deadline)
+    if deadline is not None and any(reader.is_alive() for reader in readers):
+        raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines))
+    return _completed(args, child.returncode, "".join(out_parts), "".join(err_lines), check=check)
+
+
+def run_lines(
+    argv: Sequence[str | os.PathLike[str]],
+    on_line: Callable[[str], None],
+    *,
+    env: Mapping[str, str] | None = None,
+    input_text: str = "",
+    timeout: float,
+) -> Completed:
+    """Run ``argv``, handing each line of its stdout to ``on_line`` as it comes (a probe's
+    progress events); stderr is kept for the result. Never raises for a non-zero exit: the
+    caller reads the lines. The timeout is a deadline on the whole run: past it the child
+    is killed and CommandFailed says so."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("$ %s", shlex.join(args))
+    child = _start(
+        args,
+        env=env,
+        cwd=None,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    err_pipe = child.stderr
+    err_parts: list[str] = []
+    reader = threading.Thread(target=lambda: err_parts.append(err_pipe.read()), daemon=True)
+    reader.start()
+    killer = threading.Timer(timeout, child.kill)
+    killer.daemon = True
+    killer.start()
+    started = time.monotonic()
+    try:
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write(input_text)
+            child.stdin.close()
+        for line in child.stdout:
+            on_line(line.rstrip("\n"))
+        child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    finally:
+        killer.cancel()
+    _join([reader], until=time.monotonic() + 5)
+    if time.monotonic() - started >= timeout and child.returncode != 0:
+        raise _timed_out(args, timeout, "".join(err_parts)[-4000:])
+    return Completed(
+        argv=tuple(args), returncode=child.returncode, stdout="", stderr="".join(err_parts)
+    )
+
+
+def _join(threads: Sequence[threading.Thread], *, until: float) -> None:
+    """Join each thread, all against one deadline (not one timeout each)."""
+    for thread in threads:
+        thread.join(timeout=max(until - time.monotonic(), 0))
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half
+    (temp file in the same directory + fsync + ``os.replace``, as pypa/build writes its
+    reports). Creates the parent directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # mkstemp makes 0600; a report or lock is as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        Path(tmp).chmod(0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink()
+        raise
+    return path
+
+
+def replace_process(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """Become ``argv`` (``cudaenv run``): signals and the exit status are the command's own,
+    with no cudaenv process left in between."""
+    log.debug("exec %s", shlex.join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], list(argv), dict(env))  # noqa: S606 - argv is an exact program path
+
+
+def which(name: str, path: str | None = None) -> str | None:
+    """``name`` on ``path`` (default: PATH) as the shell finds it, skipping every candidate
+    that another user owns or can write, or that lies in a directory another user can write
+    (the program, where its link leads, and the directories holding both): a planted
+    ``ssh-keygen`` or ``cc`` in a shared directory on root's PATH is never run. git refuses
+    another user's repository for the same reason (its safe.directory rule)."""
+    if os.sep in name:
+        return shutil.which(name, path=path)
+    for directory in _path_dirs(path):
+        found = shutil.which(name, path=directory or ".")
+        if found is not None and planted_why(found) is None:
+            return found
+    return None
+
+
+def _untrusted_on_path(name: str, path: str | None) -> str | None:
+    """The first ``name`` on ``path`` that :func:`which` skipped, if any."""
+    for directory in _path_dirs(path):
+        found = shutil.which(name, path=directory or ".")
+        if found is not None:
+            return found
+    return None
+
+
+def _path_dirs(path: str | None) -> list[str]:
+    """The directories of ``path``, else of this process's PATH."""
+    return (path if path is not None else settings.child_environ().get("PATH", "")).split(
+        os.pathsep
+    )
+
+
+def planted_why(program: str) -> str | None:
+    """Why ``program`` may be another user's (None: it is not): its file or its directory,
+    or where a link leads and that directory, owned by another user or writable by one."""
+    from builder.core.paths import owned
+
+    given = Path(program).absolute()
+    real = given.resolve()
+    for where in dict.fromkeys((given, given.parent, real, real.parent)):
+        try:
+            st = where.stat()
+        except OSError:
+            return f"{where} cannot be read"
+        if not owned(st):
+            if st.st_uid not in (os.geteuid(), 0):
+                return f"{where} belongs to uid {st.st_uid}"
+            return f"{where} can be written by other users"
+    return None
+
+
+def uv_bin() -> str:
+    """The uv executable: $CUDAENV_UV, else the one installed with cudaenv, else PATH's."""
+    chosen = settings.current().uv
+    if chosen:
+        if shutil.which(chosen):
+            return chosen
+        raise ToolMissing(
+            f"CUDAENV_UV={chosen} is not an executable; unset it or install uv: "
+            f"`{sys.executable} -m pip install uv`",
+            tool=chosen,
+        )
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        pass
+    found = which("uv")
+    if found:
+        return found
+    raise ToolMissing(
+        f"uv: not found; install it with `{sys.executable} -m pip install uv`", tool="uv"
+    )
+
+
+def uv_env() -> dict[str, str]:
+    """The environment every uv call gets: never a managed-Python download (it fails slowly
+    offline), and hard links from uv's cache where the filesystem allows (a warm
+    build is ~2.5 s). A user's own setting of either wins."""
+    env = settings.child_environ()
+    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    env.setdefault("UV_LINK_MODE", "hardlink")
+    return env

@@ -1,0 +1,656 @@
+"""Lock -> venv. Built beside its final path and swapped in only when complete.
+
+A failed or interrupted build leaves the previous env untouched: everything happens in
+``.envs/.NAME.tmp-PID``; what uv installed there is proven against each distribution's
+RECORD (:func:`record_problems`), and only then is the finished tree exchanged with the old
+one in one
+``renameat2(RENAME_EXCHANGE)`` (or two renames where the kernel lacks it), then the old tree
+is removed. A per-env ``flock`` keeps two builds of one env apart; the kernel drops it when
+a builder dies, so a killed build never leaves a stale lock. Leftovers of a killed build
+(``.NAME.tmp-*``, ``.NAME.old-*``) are removed by the next build of that env.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as dt
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import __version__
+from builder.core import platforms, proc, settings
+from builder.core.errors import BuildError, EnvBusy
+from builder.core.paths import envs_dir, project_root
+from builder.core.reporter import Reporter, silent
+from builder.env import hooks, installproof, manifest, toolchain
+from builder.env.manifest import Manifest
+from builder.machine import archs, interpreters
+from builder.machine.archs import Arch
+from builder.spec.envspec import EnvSpec
+from builder.spec.lock import Lock, LockedPackage
+from builder.store.locking import flock_within
+
+log = logging.getLogger("cudaenv")
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    path: Path
+    manifest: Manifest
+    reused: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """Where the lock's files come from: the configured index (default), or only a
+    wheelhouse made by `cudaenv export`, with or without network."""
+
+    wheelhouse: Path | None = None
+    offline: bool = False
+
+
+def up_to_date(
+    target: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    env_archs: tuple[Arch, ...],
+    platform: str | None = None,
+) -> Manifest | None:
+    """The manifest of ``target`` when it was built from exactly this lock, spec and archs
+    (for ``platform``: assembled for that other machine)."""
+    found = manifest.try_read(target)
+    if found is None:
+        return None
+    if platform is not None:
+        same = found.assembled and found.platform == platform
+    else:
+        same = not found.assembled and (target / "bin" / "python").exists()
+    same = same and (
+        found.lock_hash == lock.content_hash()
+        and found.fingerprint == spec.fingerprint()
+        and found.archs == env_archs
+        and found.env == spec.env
+        and found.remote_cache == spec.remote_cache
+        and found.cudaenv == __version__
+    )
+    return found if same else None
+
+
+# What runs at each named stage of a build or adopt (:func:`fault_point`): nothing in use.
+# The interruption tests start cudaenv with their own sitecustomize (tests/faults/), which adds
+# the hook that holds the process at a stage so the test can kill it there.
+FAULT_HOOKS: list[Callable[[str, Progress], None]] = []
+
+
+def fault_point(name: str, progress: Progress) -> None:
+    """The stage ``name`` is reached: each of :data:`FAULT_HOOKS` is told (none in use)."""
+    for hook in FAULT_HOOKS:
+        hook(name, progress)
+
+
+def default_env_dir(spec: EnvSpec) -> Path:
+    """Where the env of ``spec`` lives: in the envs dir of the project that holds the spec
+    file, wherever the command runs (``cudaenv verify ~/proj/envspecs/x.yaml`` from another
+    directory finds the env built in ~/proj); a spec outside any project keeps the current
+    directory's."""
+    # abspath, not resolve(): `..` is folded as the user typed it, a linked project kept.
+    holder = project_root(Path(os.path.abspath(spec.source.parent)))  # noqa: PTH100
+    return (envs_dir(holder) if holder is not None else envs_dir()) / spec.name
+
+
+def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path, platform: str | None = None) -> None:
+    """The lock is this spec's current one and holds the target platform: this machine's, or
+    ``platform`` (``build --platform``)."""
+    if lock.fingerprint != spec.fingerprint():
+        raise BuildError(
+            f"{lock_file} was made from another version of {spec.source} (fingerprint "
+            f"{lock.fingerprint[:19]}... != {spec.fingerprint()[:19]}...); re-lock with "
+            f"`cudaenv lock {spec.source}`"
+        )
+    want = platform or platforms.host_name()
+    if want not in lock.platforms:
+        which = f"{want} (--platform)" if platform else f"this machine ({want})"
+        raise BuildError(
+            f"{lock_file} is locked for {', '.join(lock.platforms)}, not for {which}: add "
+            f"{want} to `platforms:` in {spec.source} and re-lock"
+        )
+
+
+# --------------------------------------------------------------------------- atomic swap
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE). False if unsupported."""
+    # The symbols already loaded into this process (libc among them), not
+    # ctypes.util.find_library("c"): that runs `ldconfig -p` in a subprocess (~5 ms).
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_into_place(new: Path, target: Path) -> Path | None:
+    """Put ``new`` at ``target``; return where the previous env now is (to delete), if any."""
+    if not target.exists() and not target.is_symlink():
+        os.rename(new, target)
+        return None
+    if _exchange(new, target):
+        return new  # new now holds the old tree
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    os.rename(target, old)
+    os.rename(new, target)
+    return old
+
+
+def clean_leftovers(target: Path) -> list[Path]:
+    """Remove what killed builds of this env left (call with the env lock held)."""
+    removed = []
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for path in target.parent.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def env_lock(
+    target: Path,
+    progress: Progress,
+    *,
+    lock_file: Path | None = None,
+    holder: str = "cudaenv build",
+    doing: str = "building",
+    wait: float | None = None,
+) -> Iterator[None]:
+    """One process at a time changes ``target``. ``lock_file`` (default ``.NAME.lock`` beside
+    the env: a build replaces the env's directory whole) holds the holder's name for a waiter
+    to print. ``wait``: seconds to wait before EnvBusy names the holder; None waits as long as
+    it takes (a build queued behind another build of the same spec)."""
+    if lock_file is None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock_file = target.parent / f".{target.name}.lock"
+    while True:
+        fh = lock_file.open("a+")
+        try:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                who = fh.read().strip() or "another process"
+                progress(f"waiting for {who} to finish {doing} {target} (lock {lock_file})")
+                if wait is None:
+                    fcntl.flock(fh, fcntl.LOCK_EX)
+                elif not flock_within(fh.fileno(), wait):
+                    raise EnvBusy(
+                        f"{target}: {who} holds its lock {lock_file} after a wait of {wait:g} s; "
+                        "nothing was changed: run again when it has finished"
+                    ) from None
+            # `cudaenv remove` deletes the lock file while holding it (envs.py): a waiter that
+            # got the deleted file's lock takes the one now at the path, or two builds would run.
+            try:
+                current = lock_file.stat().st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            fh.close()
+            raise
+        if current:
+            break
+        fh.close()
+    with fh:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{holder} pid {os.getpid()}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path, progress: Progress) -> Iterator[None]:
+    """:func:`env_lock` for a build: a lock that cannot be made (a read-only or missing
+    ``--env-dir`` parent) is one BuildError naming the file, not a traceback."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(env_lock(target, progress))
+        except OSError as exc:
+            where = Path(exc.filename) if exc.filename else target.parent
+            raise BuildError(
+                f"{where}: cannot take the lock of {target} ({exc.strerror}); the env's "
+                "directory must be writable by this user: pass --env-dir on a writable "
+                "filesystem. Nothing was changed"
+            ) from exc
+        yield
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build(
+    spec: EnvSpec,
+    lock: Lock,
+    *,
+    lock_file: Path,
+    env_dir: Path | None = None,
+    force: bool = False,
+    source: Source | None = None,
+    platform: str | None = None,
+    reporter: Reporter | None = None,
+) -> BuildResult:
+    """Build the env of ``spec`` from ``lock``; with ``platform`` (another machine's than
+    this one), assemble its files for that machine instead (:func:`_assemble_into`). The
+    reporter gets the progress lines and, as the build goes, what an interrupt would leave."""
+    reporter = reporter or silent()
+    progress: Progress = reporter
+    source = source or Source()
+    if platform == platforms.host_name():
+        platform = None
+    check_lock(spec, lock, lock_file, platform)
+    if platform is not None and spec.toolchain.source != "wheels":
+        raise BuildError(
+            f"{spec.source}: a system toolkit ({spec.toolchain.path}) is this machine's; only "
+            "a wheel toolchain can be assembled for another platform"
+        )
+
+    def stage(name: str, started: float) -> None:
+        progress(f"{name}: {time.monotonic() - started:.1f} s")
+
+    if spec.toolchain.source == "system" and platform is None:
+        t = time.monotonic()
+        release = toolchain.check_system_toolkit(spec)
+        stage(f"system toolkit {spec.toolchain.path} is CUDA {release}", t)
+    target = (env_dir or default_env_dir(spec)).absolute()
+    if target.is_symlink():
+        raise BuildError(
+            f"{target} is a symlink (to {target.readlink()}); cudaenv replaces env directories "
+            "whole and will not follow or replace a link: remove it or pass --env-dir"
+        )
+    with _build_lock(target, progress):
+        for path in clean_leftovers(target):
+            progress(f"removed leftover {path}")
+        env_archs = archs.env_archs(spec.archs, spec.cuda_version)
+        current = up_to_date(target, spec, lock, env_archs, platform)
+        if current is not None and not force:
+            progress(
+                f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
+            )
+            return BuildResult(path=target, manifest=current, reused=True)
+        interp = None
+        if platform is None:
+            t = time.monotonic()
+            interp = interpreters.find(spec.python, allow_download=not source.offline)
+            stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
+        reporter.leaves(f"{target}: the previous env (if any) is untouched")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+        # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        try:
+            try:
+                job = _Job(spec=spec, lock=lock, tmp=tmp, target=target, env_archs=env_archs,
+                           stage=stage, progress=progress, source=source)  # fmt: skip
+                if interp is not None:
+                    result = _build_into(job, interp)
+                else:
+                    assert platform is not None
+                    result = _assemble_into(job, platforms.get(platform))
+            except OSError as exc:
+                if exc.errno in _NO_SPACE_ERRNOS:
+                    raise BuildError(
+                        _no_space(tmp, target, quota=exc.errno == errno.EDQUOT)
+                    ) from exc
+                raise
+            except proc.CommandFailed as exc:
+                # uv venv, the hook's self-check: a full disk is said as such, not as the
+                # command that met it.
+                if out_of_space(exc.output):
+                    raise BuildError(_no_space(tmp, target, said=exc.output)) from exc
+                raise
+            fault_point("swap", progress)
+            t = time.monotonic()
+            old = swap_into_place(tmp, target)
+            reporter.leaves(f"{target} is the new env, complete (built from {lock_file.name})")
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            fault_point("swapped", progress)
+            stage(f"swapped into {target}", t)
+        except BaseException:
+            # Whatever stopped us (error, Ctrl-C, SIGTERM turned into an exception by the
+            # CLI), the previous env is untouched; only our own tree goes.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return BuildResult(path=target, manifest=result)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Job:
+    """One env being made in ``tmp`` (to be swapped in at ``target``)."""
+
+    spec: EnvSpec
+    lock: Lock
+    tmp: Path
+    target: Path
+    env_archs: tuple[Arch, ...]
+    stage: Callable[[str, float], None]  # report a finished stage and its start time
+    progress: Progress
+    source: Source
+
+
+def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
+    spec, lock, tmp, stage, progress = job.spec, job.lock, job.tmp, job.stage, job.progress
+    source, env_archs = job.source, job.env_archs
+    uv = proc.uv_bin()
+    t = time.monotonic()
+    # --relocatable: built here, used at `target` after the swap (entry points and activate
+    # find their env at run time instead of baking the temporary path in).
+    proc.run(
+        [uv, "venv", "--quiet", "--relocatable", "--python", str(interp.path), str(tmp / "venv")],
+        env=proc.uv_env(),
+    )
+    venv = tmp / "venv"
+    # The venv lives one level down only while building so the tmp dir holds nothing else;
+    # move its contents up so `target` is the venv itself.
+    for child in venv.iterdir():
+        child.rename(tmp / child.name)
+    venv.rmdir()
+    stage("venv", t)
+    t = time.monotonic()
+    venv_made = sorted(p.name for p in toolchain.site_packages(tmp).iterdir())
+    req = tmp / "var" / "requirements.lock.txt"
+    req.parent.mkdir(parents=True, exist_ok=True)
+    req.write_text(lock.requirements_txt(platforms.host_name()))
+    packages = lock.packages_on(platforms.host_name())
+    progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
+    try:
+        argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *install_argv(source)]
+        if not _sync_from_cache(argv, req):
+            proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
+    except proc.CommandFailed as exc:
+        if out_of_space(exc.output):
+            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
+        raise BuildError(
+            # uv's messages were shown as it ran (streamed): not repeated here.
+            f"{spec.name}: installing the lock failed (uv's messages above)"
+        ) from exc
+    stage(f"install {len(packages)} packages", t)
+    t = time.monotonic()
+    marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
+    marker_env["python_full_version"] = interp.version
+    _prove_installed(job, toolchain.site_packages(tmp), packages, marker_env, venv_made)
+    stage(f"every file of {len(packages)} packages' RECORD in place", t)
+    t = time.monotonic()
+    fault_point("overlay", progress)
+    if spec.toolchain.source == "wheels":
+        overlay = toolchain.wheel_overlay(tmp, spec)
+    else:
+        overlay = toolchain.system_overlay(tmp, spec)
+    fault_point("hooks", progress)
+    hooks.write_hooks(tmp, spec, env_archs)
+    hooks.write_pip_guard(tmp, spec)
+    note = hooks.remote_cache_note(tmp, spec)
+    if note is not None:
+        progress(note)
+    stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
+    t = time.monotonic()
+    _check_hook(tmp)
+    built = _manifest(
+        job, packages, overlay.nvcc_release, python=interp.version, platform=platforms.host_name()
+    )
+    manifest.write(built, tmp)
+    stage("manifest and hook self-check", t)
+    return built
+
+
+def _manifest(
+    job: _Job,
+    packages: Sequence[LockedPackage],
+    nvcc: str,
+    *,
+    python: str,
+    platform: str,
+    assembled: bool = False,
+) -> Manifest:
+    """What the env built (or assembled) at ``job.target`` from ``job.lock`` is."""
+    spec, lock, env_archs, target = job.spec, job.lock, job.env_archs, job.target
+    return Manifest(
+        name=spec.name,
+        spec=str(spec.source),
+        fingerprint=spec.fingerprint(),
+        lock_hash=lock.content_hash(),
+        python=python,
+        cuda=spec.cuda,
+        torch=lock.torch,
+        torch_cuda=lock.torch_cuda,
+        toolkit=lock.toolkit,
+        nvcc=nvcc,
+        toolchain_source=spec.toolchain.source,
+        archs=env_archs,
+        spec_archs=spec.archs,
+        packages=tuple((p.name, p.version) for p in packages),
+        env=spec.env,
+        remote_cache=spec.remote_cache,
+        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cudaenv=__version__,
+        path=str(target),
+        platform=platform,
+        assembled=assembled,
+    )
+
+
+def _sync_from_cache(argv: Sequence[str], req: Path) -> bool:
+    """Install the lock from uv's cache alone (``--offline``), when every file is there.
+
+    Every line of the requirements names an exact version and its hashes, so the index has
+    nothing to add to what uv already holds: online, uv still revalidates each package's
+    index page (~0.6 s for the default stack's 207, most of a warm build's own time). Any
+    failure (a file not in the cache, an index page never fetched) says nothing: the
+    caller installs online, streaming uv's messages as usual. uv's output of a successful
+    run is replayed, as the online run would have shown it."""
+    if "--offline" in argv or "--no-index" in argv:
+        return False
+    try:
+        done = proc.run([*argv, "--offline", str(req)], env=proc.uv_env())
+    except proc.CommandFailed as exc:
+        if out_of_space(exc.output):
+            # Not a cache miss: installing online would meet the same full disk, or worse,
+            # find the half-copied packages "installed" and exit 0 (the caller says it).
+            raise
+        log.debug("not all of the lock is in uv's cache; installing online: %s", exc)
+        return False
+    sys.stderr.write(done.stderr)
+    sys.stderr.flush()
+    return True
+
+
+def install_argv(source: Source) -> list[str]:
+    """Where uv takes the lock's files from: the index, or only an exported wheelhouse."""
+    argv = ["--require-hashes"]
+    if source.wheelhouse is not None:
+        # Only the exported files: no index is asked, hashes still checked (export.py).
+        argv += ["--no-index", "--find-links", str(source.wheelhouse)]
+    if source.offline:
+        argv.append("--offline")
+    return argv
+
+
+def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
+    """The files of the env for another machine, none of them run: the lock's wheels for
+    ``platform`` unpacked hash-checked into ``lib/pythonX.Y/site-packages`` (uv
+    ``--python-platform`` + ``--target``), the ``cuda-home/`` overlay, the start-up hook, and
+    a manifest marked ``assembled``. Exit 0 only if :func:`toolchain.assembly_problems` finds
+    nothing. There is no interpreter: on that machine ``pythonX.Y -m venv DIR`` adds one."""
+    spec, lock, tmp, stage, progress = job.spec, job.lock, job.tmp, job.stage, job.progress
+    source, env_archs = job.source, job.env_archs
+    uv = proc.uv_bin()
+    t = time.monotonic()
+    site = tmp / "lib" / f"python{spec.python}" / "site-packages"
+    site.mkdir(parents=True)
+    req = tmp / "var" / "requirements.lock.txt"
+    req.parent.mkdir(parents=True, exist_ok=True)
+    req.write_text(lock.requirements_txt(platform.name))
+    packages = lock.packages_on(platform.name)
+    progress(
+        f"unpacking {len(packages)} packages of the lock of {spec.name} for {platform.name} "
+        "(hashes required; nothing is run)"
+    )
+    argv = [uv, "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+            "--python-platform", platform.uv_tag, "--python-version", spec.python,
+            *install_argv(source), "-r", str(req)]  # fmt: skip
+    try:
+        proc.run(argv, env=proc.uv_env(), stream=True)
+    except proc.CommandFailed as exc:
+        if out_of_space(exc.output):
+            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
+        raise BuildError(
+            f"{spec.name}: unpacking the lock for {platform.name} failed (uv's messages above)"
+        ) from exc
+    stage(f"unpack {len(packages)} packages for {platform.name}", t)
+    t = time.monotonic()
+    # uv locks a --target directory with an empty `.lock` it leaves there (no RECORD has it).
+    _prove_installed(job, site, packages, platform.marker_environment(spec.python), [".lock"])
+    overlay = toolchain.wheel_overlay(tmp, spec, platform)
+    hooks.write_hooks(tmp, spec, env_archs)
+    problems = toolchain.assembly_problems(tmp, platform)
+    if problems:
+        raise BuildError(
+            f"{spec.name}: the env assembled for {platform.name} is not usable there: "
+            + "; ".join(problems)
+        )
+    stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}, {platform.name} ELF files checked)", t)
+    built = _manifest(
+        job, packages, overlay.nvcc_release, python=spec.python, platform=platform.name,
+        assembled=True,
+    )  # fmt: skip
+    manifest.write(built, tmp)
+    return built
+
+
+# A full filesystem (ENOSPC) or a full quota (EDQUOT): as OSError errnos, and as uv (Rust's
+# io::Error) words them in its output, "No space left on device (os error 28)".
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE = re.compile(
+    rf"No space left on device|Disk quota exceeded|\(os error (?:{errno.ENOSPC}|{errno.EDQUOT})\)"
+)
+
+
+def out_of_space(output: str) -> bool:
+    """Whether a command's output says it met a full filesystem or quota."""
+    return _NO_SPACE.search(output) is not None
+
+
+def _over_quota(output: str) -> bool:
+    return "Disk quota exceeded" in output or f"(os error {errno.EDQUOT})" in output
+
+
+def _tree_bytes(root: Path) -> int:
+    """The bytes of the files below ``root``, each inode once (cuda-home/bin/ hard-links the
+    toolkit's binaries)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = (Path(top) / name).lstat()
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+    return total
+
+
+def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -> str:
+    """What a build that ran out of room says: where, how much room it had, how much the env
+    there now holds (what a build of the same lock needs, as a copy: uv copies instead of
+    hard-linking when its cache is on another filesystem), and the line of ``said`` (a
+    command's output) that names the file it could not write (uv's cache may be the full
+    one)."""
+    # What the build had: what is free now plus what it wrote (removed as the error unwinds).
+    room = (shutil.disk_usage(tmp.parent).free + _tree_bytes(tmp)) // 2**20
+    quota = quota or _over_quota(said)
+    what = "the disk quota was exceeded" if quota else "no space left on device"
+    needs = ""
+    if target.is_dir() and not target.is_symlink():
+        needs = f"; the env there now holds {_tree_bytes(target) // 2**20} MiB of files"
+    lines = [ln.strip() for ln in said.splitlines() if out_of_space(ln)]
+    if lines:
+        needs += f"; uv: {lines[-1][:400]}"
+    return (
+        f"{what} while building in {tmp.parent} (the build had {room} MiB{needs}); free space "
+        "there or "
+        "pass --env-dir on a larger filesystem. Nothing was replaced: the previous env, if "
+        "any, is intact"
+    )
+
+
+def _prove_installed(
+    job: _Job,
+    site: Path,
+    packages: Sequence[LockedPackage],
+    marker_env: dict[str, str],
+    made_before: Sequence[str] = (),
+) -> None:
+    """BuildError unless every locked package whose marker holds in ``marker_env`` (the
+    others uv rightly skips) is installed and every file its RECORD names is there as
+    recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
+    disk), and the env must not replace a working one then. ``made_before``: the entries of
+    ``site`` before the install (the venv's own), which no RECORD lists."""
+    problems = installproof.problems(
+        site,
+        job.tmp,
+        [p for p in packages if installproof.applies(p, marker_env)],
+        made_before=made_before,
+    )
+    if not problems:
+        return
+    free = shutil.disk_usage(job.tmp.parent).free // 2**20
+    shown = "; ".join(problems[:5]) + (
+        f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    )
+    raise BuildError(
+        f"{job.spec.name}: the install is incomplete: {len(problems)} file(s) or package(s) "
+        f"are not as their RECORD says ({shown}); {free} MiB free in {job.tmp.parent}. Nothing "
+        "was replaced: the previous env, if any, is intact"
+    )
+
+
+def _check_hook(venv: Path) -> None:
+    """The start-up hook must win over a CUDA_HOME exported by the shell."""
+    env = settings.child_environ(CUDA_HOME="/nonexistent/cudaenv-probe")
+    env.pop("CUDAENV_NO_HOOK", None)
+    done = proc.run(
+        [venv / "bin" / "python", "-c", "import os; print(os.environ.get('CUDA_HOME', ''))"],
+        env=env,
+        timeout=60,
+    )
+    got = done.stdout.strip()
+    if os.path.realpath(got) != os.path.realpath(venv / "cuda-home"):
+        raise BuildError(f"{venv}: the start-up hook did not set CUDA_HOME (got {got!r})")
