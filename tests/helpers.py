@@ -30,7 +30,7 @@ from builder.env.manifest import Manifest
 from builder.machine import archs
 from builder.spec import envspec as spec
 from builder.spec import lock, project
-from builder.verify.model import EnvFacts
+from builder.verify.model import EnvFacts, JitBuild
 
 REPO = Path(__file__).resolve().parent.parent
 # A child started with this PYTHONPATH holds at the fault point CUDAENV_FAULT_PAUSE names
@@ -348,9 +348,11 @@ def env_facts(**changes: Any) -> EnvFacts:
         flashinfer_cuda_path="/env/cuda-home",
         flashinfer_cuda_version="13.0",
         flashinfer_error=None,
-        jit={"library": "/env/var/flashinfer/x/sampling.so", "reused": True, "seconds": 0.1},
+        jit=JitBuild(library="/env/var/flashinfer/x/sampling.so", reused=True, seconds=0.1),
         seconds=1.0,
     )
+    if isinstance(changes.get("jit"), dict):  # the probe's JSON, as a check reads it parsed
+        changes["jit"] = JitBuild.from_json(changes["jit"])
     return dataclasses.replace(base, **changes)
 
 

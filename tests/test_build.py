@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from builder.core import platforms, proc
-from builder.env import build, installproof
+from builder.env import build, installproof, place
 from builder.machine import interpreters
 from builder.spec import lock
 
@@ -27,7 +27,7 @@ def make_tree(path: Path, marker: str) -> Path:
 
 def test_swap_into_empty_place(tmp_path: Path) -> None:
     new = make_tree(tmp_path / ".env.tmp-1", "new")
-    assert build.swap_into_place(new, tmp_path / "env") is None
+    assert place.swap_into_place(new, tmp_path / "env") is None
     assert (tmp_path / "env" / "marker").read_text() == "new"
     assert not new.exists()
 
@@ -35,7 +35,7 @@ def test_swap_into_empty_place(tmp_path: Path) -> None:
 def test_swap_replaces_and_returns_the_old_tree(tmp_path: Path) -> None:
     make_tree(tmp_path / "env", "old")
     new = make_tree(tmp_path / ".env.tmp-1", "new")
-    old = build.swap_into_place(new, tmp_path / "env")
+    old = place.swap_into_place(new, tmp_path / "env")
     assert (tmp_path / "env" / "marker").read_text() == "new"
     assert old is not None
     assert (old / "marker").read_text() == "old"
@@ -46,7 +46,7 @@ def test_leftovers_of_killed_builds_are_removed(tmp_path: Path) -> None:
     make_tree(tmp_path / ".env.tmp-123-abc", "half")
     make_tree(tmp_path / ".env.old-77", "old")
     make_tree(tmp_path / ".other.tmp-1", "someone else's")
-    removed = build.clean_leftovers(tmp_path / "env")
+    removed = place.clean_leftovers(tmp_path / "env")
     assert sorted(p.name for p in removed) == [".env.old-77", ".env.tmp-123-abc"]
     assert (tmp_path / "env" / "marker").read_text() == "current"
     assert (tmp_path / ".other.tmp-1").exists()
@@ -59,8 +59,8 @@ def hold_lock(env: Path, seconds: float) -> subprocess.Popen[str]:
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         from pathlib import Path
-        from builder.env import build
-        with build.env_lock(Path({str(env)!r}), print):
+        from builder.env import place
+        with place.env_lock(Path({str(env)!r}), print):
             print("held", flush=True)
             time.sleep({seconds})
         """
@@ -76,7 +76,7 @@ def test_second_builder_waits_for_the_lock_and_says_why(tmp_path: Path) -> None:
     first = hold_lock(tmp_path / "env", 1.5)
     messages: list[str] = []
     started = time.monotonic()
-    with build.env_lock(tmp_path / "env", messages.append):
+    with place.env_lock(tmp_path / "env", messages.append):
         waited = time.monotonic() - started
     first.wait(timeout=10)
     assert waited > 0.5
@@ -90,7 +90,7 @@ def test_lock_of_a_killed_builder_is_taken_over(tmp_path: Path) -> None:
     first.wait(timeout=10)
     messages: list[str] = []
     started = time.monotonic()
-    with build.env_lock(tmp_path / "env", messages.append):
+    with place.env_lock(tmp_path / "env", messages.append):
         pass
     assert time.monotonic() - started < 1.0
     assert messages == []
@@ -267,8 +267,8 @@ def test_an_offline_install_that_met_a_full_disk_is_not_a_cache_miss(
     uv = write_uv(tmp_path, f"import sys\nsys.stderr.write({output!r})\nsys.exit(2)\n")
     with pytest.raises(proc.CommandFailed) as info:
         build._sync_from_cache([str(uv), "pip", "sync"], tmp_path / "req.txt")
-    assert build.out_of_space(info.value.output)
-    assert build._over_quota(info.value.output) is quota
+    assert place.out_of_space(info.value.output)
+    assert place.over_quota(info.value.output) is quota
 
 
 def write_uv(tmp_path: Path, body: str) -> Path:
@@ -295,7 +295,7 @@ def test_a_full_disk_is_said_with_uvs_line_naming_the_file(tmp_path: Path) -> No
     tmp = tmp_path / ".env.tmp-1"
     tmp.mkdir()
     said = "Resolved 6 packages\n  cause: failed to copy file from /c/a to /e/b: Disk quota exceeded (os error 122)\n"
-    message = build._no_space(tmp, tmp_path / "env", said=said)
+    message = place.no_space(tmp, tmp_path / "env", said=said)
     assert message.startswith(
         f"the disk quota was exceeded while building in {tmp_path} (the build had "
     )

@@ -27,7 +27,7 @@ from builder.core import cachefiles, paths, proc
 from builder.core.paths import cache_dir
 from builder.formats import templates
 from builder.machine import interpreters
-from builder.spec import resolve
+from builder.spec import uvcompile as resolve
 from builder.spec.lock import LockedFile, LockedPackage, packages_to_json
 from builder.verify import cubin
 from tests.helpers import env_facts

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import typing
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from builder.cli import parser as cliargs
 from builder.commands import args as commandargs
 from builder.commands import pipeline
 from builder.commands import verify as verifyrun
+from builder.commands.options import Command
 from builder.core import platforms
 from builder.core.errors import ToolMissing, UsageError, VerifyFailed
 from builder.core.reporter import silent
@@ -767,7 +769,7 @@ def test_every_command_has_one_typed_handler() -> None:
     kinds = []
     for prog, parser in _leaf_commands(cliargs.make_parser()):
         kind = parser.get_default("args_type")
-        assert isinstance(kind, type) and issubclass(kind, commandargs.Command), prog
+        assert isinstance(kind, type) and issubclass(kind, Command), prog
         kinds.append(kind)
         dests = {a.dest for a in parser._actions} - {"help", "debug", "quiet"}
         fields = {f.name for f in dataclasses.fields(kind)}
@@ -815,3 +817,71 @@ def test_typed_arguments_are_filled_from_the_parser() -> None:
     assert args.picks_env()
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.force = True  # type: ignore[misc]
+
+
+def test_an_option_is_declared_once() -> None:
+    """A field added to a command's dataclass, and nothing else, is an option of the parser,
+    in its help, its shell completion and the reference page, read back typed, and given
+    again on a matrix cell's command line (commands/options.py derives all of them)."""
+    from builder.cli import completion, docgen
+    from builder.commands import matrix
+    from builder.commands.options import flag, option
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Extended(commandargs.BuildArgs):
+        fake_level: str | None = option("--fake-level", metavar="N", help="a level only a test has")
+        fake_switch: bool = flag("--fake-switch", help="a switch only a test has")
+
+    commands = tuple(
+        dataclasses.replace(c, args=Extended) if c.name == "build" else c for c in cliargs.COMMANDS
+    )
+    parser = cliargs.make_parser(commands)
+    build = dict(_leaf_commands(parser))["cudaenv build"]
+    assert (
+        "--fake-level N" in build.format_help()
+        and "a switch only a test has" in build.format_help()
+    )
+    assert "--fake-switch" in completion.script("bash", parser)
+    assert "| `--fake-level N` | a level only a test has |" in docgen.commands_page(parser)
+    parsed = cliargs.parse(parser, ["build", "x.yaml", "--fake-level", "-3", "--fake-switch"])
+    assert isinstance(parsed.args, Extended)
+    assert (parsed.args.fake_level, parsed.args.fake_switch) == ("-3", True)
+    argv = matrix.cell_argv(parsed.args)
+    assert "--fake-level=-3" in argv and "--fake-switch" in argv
+    assert cliargs.parse(parser, argv[3:]).args == parsed.args
+    # The parser cudaenv runs has neither: the table, not the test, decides.
+    assert "--fake-level" not in cliargs.make_parser().format_help()
+    with pytest.raises(SystemExit):
+        cliargs.parse(cliargs.make_parser(), ["build", "x.yaml", "--fake-switch"])
+
+
+def test_every_command_line_reads_back_to_its_arguments() -> None:
+    """``Command.argv`` of every command's arguments, each given a value unlike its default
+    (one that starts with ``-`` where a text may), parses back to the same arguments."""
+    from builder.commands.options import options
+
+    samples = {str: "-v", int: 3, bool: True, Path: Path("-p.yaml")}
+    for prog, parser in _leaf_commands(cliargs.make_parser()):
+        kind = parser.get_default("args_type")
+        if kind is commandargs.RunArgs:
+            continue  # what follows NAME is the command's own, `--` included
+        hints = typing.get_type_hints(kind)
+        values: dict[str, object] = {}
+        for f, opt in options(kind):
+            hint = hints[f.name]
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            base = next(a for a in typing.get_args(hint) if a is not type(None)) if union else hint
+            many = typing.get_origin(base) is tuple
+            one = samples[typing.get_args(base)[0] if many else base]
+            if "choices" in opt.argparse:
+                one = opt.argparse["choices"][0]
+            elif opt.argparse.get("type") not in (None, int):
+                one = "2026-12-01T00:00:00Z"  # --exclude-newer: a time as a lock writes it
+            nargs = opt.argparse.get("nargs")
+            if isinstance(nargs, int):  # --compare A B: values apart, none like an option
+                values[f.name] = ("a.json",) * nargs
+            else:
+                values[f.name] = (one, one) if many else one
+        args = kind(**values)
+        parsed = cliargs.parse(cliargs.make_parser(), [*prog.split()[1:], *args.argv()])
+        assert parsed.args == args, prog

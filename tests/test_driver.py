@@ -428,7 +428,7 @@ def test_a_machine_without_a_driver_builds_saying_so(
     lock_of(spec_file).unlink()
     monkeypatch.setattr(driver, "detect", lambda: None)
     said = io.StringIO()
-    request = buildrun.BuildRequest(spec=str(spec_file), env_dir=tmp_path / "env", offline=True)
+    request = BuildArgs(specs=(spec_file,), env_dir=tmp_path / "env", offline=True)
     with pytest.raises(BuildError), buildrun.Run(request, Reporter(stream=said)) as run:
         run.build()
     assert said.getvalue().splitlines()[0] == (
@@ -438,11 +438,11 @@ def test_a_machine_without_a_driver_builds_saying_so(
 
 
 def test_a_build_request_carries_no_driver_check() -> None:
-    request = buildrun.BuildRequest(spec="x.yaml", no_driver_check=True)
+    request = BuildArgs(specs=(Path("x.yaml"),), no_driver_check=True)
     parsed = cliargs.parse(cliargs.make_parser(), ["build", *request.argv()])
     assert isinstance(parsed.args, BuildArgs)
     assert buildrun.requests(parsed.args) == [request]
-    assert "--no-driver-check" not in buildrun.BuildRequest(spec="x.yaml").argv()
+    assert "--no-driver-check" not in BuildArgs(specs=(Path("x.yaml"),)).argv()
 
 
 @pytest.mark.network

@@ -527,6 +527,42 @@ def test_build_json_is_one_object_with_its_verify_report(toolchain_env: Path) ->
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_build_verify_asks_for_the_driver_and_the_project_once(
+    toolchain_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One `build --verify` (the driver gate, the visible GPUs, the sampling check's skip; the
+    project root, the lock mode, the JIT remote) looks for this machine's driver once and
+    reads the project's pyproject.toml once: core/context.py."""
+    from builder.cli import main as cli
+    from builder.machine import driver
+
+    ws = toolchain_env.parent.parent
+    counts = {"detect": 0, "pyproject.toml": 0}
+    real_detect, real_read = driver.detect, Path.read_text
+
+    def detect(**kw: Any) -> driver.Driver | None:
+        counts["detect"] += 1
+        return real_detect(**kw)
+
+    def read_text(self: Path, *args: Any, **kw: Any) -> str:
+        if self.name == "pyproject.toml":
+            counts["pyproject.toml"] += 1
+        return real_read(self, *args, **kw)
+
+    monkeypatch.setattr(driver, "detect", detect)
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.chdir(ws)
+    # --debug: the settings' sources are shown too, one more asker of the project's settings.
+    argv = ["--quiet", "--debug", "build", "--verify", "envspecs/toolchain-cu130.yaml"]
+    assert cli.main(argv) == 0
+    assert counts == {"detect": 1, "pyproject.toml": 1}
+    # Each command asks afresh: a second one in the same process is not answered from the first.
+    assert cli.main(["--quiet", "verify", "envspecs/toolchain-cu130.yaml"]) == 0
+    assert counts == {"detect": 2, "pyproject.toml": 2}
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_two_envs_of_one_lock_have_one_fingerprint(toolchain_env: Path, tmp_path: Path) -> None:
     ws = toolchain_env.parent.parent
     other = tmp_path / "same-lock"

@@ -277,21 +277,21 @@ def test_a_build_waiting_on_a_removed_lock_file_takes_the_one_at_the_path(tmp_pa
     import fcntl
     import threading
 
-    from builder.env import build
+    from builder.env import place
 
     target = tmp_path / ".envs" / "demo"
     lock_file = tmp_path / ".envs" / ".demo.lock"
     held, waiting, waiter_has_it, finish = (threading.Event() for _ in range(4))
 
     def remover() -> None:
-        with build.env_lock(target, lambda _msg: None):
+        with place.env_lock(target, lambda _msg: None):
             held.set()
             waiting.wait(10)
             lock_file.unlink()  # as envs.remove does, still holding it
 
     def waiter() -> None:
         # env_lock says "waiting for ..." just before it blocks on the file it opened.
-        with build.env_lock(target, lambda _msg: waiting.set()):
+        with place.env_lock(target, lambda _msg: waiting.set()):
             waiter_has_it.set()
             finish.wait(10)
 

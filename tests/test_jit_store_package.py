@@ -17,7 +17,7 @@ import pytest
 
 from builder.core import proc
 from builder.core.errors import EnvBusy, ToolMissing
-from builder.env import build
+from builder.env import place
 from builder.machine import interpreters
 from builder.store import locking
 
@@ -246,7 +246,7 @@ def test_flock_within_gives_up_at_its_deadline_and_takes_a_freed_lock(tmp_path: 
 def test_builds_env_lock_waits_through_the_same_helper(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """build.env_lock with a wait gives up through locking.flock_within: EnvBusy naming the
+    """place.env_lock with a wait gives up through locking.flock_within: EnvBusy naming the
     holder once the helper says the deadline passed."""
     target = tmp_path / "env"
     lock_file = tmp_path / ".env.lock"
@@ -258,11 +258,11 @@ def test_builds_env_lock_waits_through_the_same_helper(
         asked.append(wait)
         return locking.flock_within(fd, wait)
 
-    monkeypatch.setattr(build, "flock_within", spy)
+    monkeypatch.setattr(place, "flock_within", spy)
     try:
         with (
             pytest.raises(EnvBusy, match=r"cudaenv build pid 1 holds its lock .* 0.3 s"),
-            build.env_lock(target, lambda _m: None, wait=0.3),
+            place.env_lock(target, lambda _m: None, wait=0.3),
         ):
             pass
     finally:

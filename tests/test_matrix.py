@@ -154,7 +154,7 @@ def fake_cell(
     write(tmp_path / "x.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\n')
     mx = matrixfile.load(write(tmp_path / "m.yaml", "specs: [x.yaml]\n"), tmp_path / "o")
 
-    def argv(request: buildrun.BuildRequest) -> list[str]:
+    def argv(request: BuildArgs) -> list[str]:
         return [sys.executable, "-c", code, str(request.record)]
 
     monkeypatch.setattr(matrix, "cell_argv", argv)
@@ -564,8 +564,8 @@ def test_one_cell_runs_judged_as_in_the_whole_matrix(tmp_path: Path) -> None:
 def test_a_cell_runs_the_public_build_command(tmp_path: Path) -> None:
     """A cell's process is `cudaenv build` (no private entry point): every option of a request
     parses back to the same request, and a spec that looks like an option stays the spec."""
-    request = buildrun.BuildRequest(
-        spec="-odd.yaml",
+    request = BuildArgs(
+        specs=(Path("-odd.yaml"),),
         env_dir=tmp_path / "env",
         force=True,
         verify=True,

@@ -176,7 +176,7 @@ def test_without_debug_nothing_is_printed(in_tmp: Path, capsys: pytest.CaptureFi
 
 # The settings module reads the environment; the probes run inside other interpreters and
 # import nothing of cudaenv; the store runs inside them too (builder/store/).
-MAY_READ_ENVIRON = {"settings.py"}
+MAY_READ_ENVIRON = {"core/settings.py"}
 MAY_READ_ENVIRON_UNDER = ("probe", "store")
 
 

@@ -20,7 +20,6 @@ it and undo checks against it.
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import json
 import os
@@ -35,7 +34,9 @@ from typing import ClassVar, Literal
 from builder.core import proc
 from builder.core.errors import BuildError, CommandFailed, CudaenvError
 from builder.env import hooks, manifest, toolchain
-from builder.env.build import env_lock, fault_point
+from builder.env.build import fault_point
+from builder.env.installproof import record_rows
+from builder.env.place import env_lock
 from builder.formats import codec, jsondoc
 from builder.formats.jsondoc import Reader
 
@@ -131,24 +132,24 @@ def locked(
 ) -> Iterator[None]:
     """Hold the env's lock (see LOCK_FILE): EnvBusy (exit 3) naming the holder after ``wait``
     seconds, Refused where the lock cannot be made (a read-only env)."""
-    lock_file = prefix / LOCK_FILE
+    flock_path = prefix / LOCK_FILE
     with contextlib.ExitStack() as stack:
         try:
-            lock = env_lock(prefix, progress, lock_file=lock_file, holder=holder,
+            lock = env_lock(prefix, progress, flock_path=flock_path, holder=holder,
                             doing="changing", wait=wait)  # fmt: skip
             stack.enter_context(lock)
         except OSError as exc:
             raise Refused(
-                f"{lock_file}: cannot take the env's lock ({exc.strerror}); nothing was changed"
+                f"{flock_path}: cannot take the env's lock ({exc.strerror}); nothing was changed"
             ) from exc
         try:
             yield
         finally:
             # Unlinked while held: a waiter that then locks the removed file sees it is not
-            # the one at the path and opens that (build.env_lock).
+            # the one at the path and opens that (place.env_lock).
             with contextlib.suppress(OSError, CudaenvError):
                 if read_journal(prefix) is None:
-                    lock_file.unlink(missing_ok=True)
+                    flock_path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- the journal
@@ -249,8 +250,8 @@ def tidy(prefix: Path) -> None:
     """What a run killed before its journal was written or after it was removed can leave:
     the env's lock file and the temporary file of an atomic write. Removed only with the lock
     taken at once (nobody is changing the env) and no journal there; otherwise left."""
-    lock_file = prefix / LOCK_FILE
-    if not lock_file.exists() and not atomic_leftovers(prefix):
+    flock_path = prefix / LOCK_FILE
+    if not flock_path.exists() and not atomic_leftovers(prefix):
         return
     with contextlib.suppress(CudaenvError, OSError), locked(prefix, lambda _: None, wait=0):
         # locked() removes the lock file on the way out where there is no journal.
@@ -319,8 +320,8 @@ def _recorded(site: Path) -> set[str]:
     named: set[str] = set()
     for record in site.glob("*.dist-info/RECORD"):
         with contextlib.suppress(OSError):
-            for row in csv.reader(record.read_text(errors="replace").splitlines()):
-                if row and row[0].startswith(f"{_TREE_ROOT}/"):
+            for row in record_rows(record):
+                if row[0].startswith(f"{_TREE_ROOT}/"):
                     named.add(os.path.normpath(row[0]))
     return named
 
@@ -367,9 +368,7 @@ def _remove_half_dist(dist_info: Path, prefix: Path) -> None:
     parents: set[Path] = set()
     record = dist_info / "RECORD"
     if record.is_file():
-        for row in csv.reader(record.read_text(errors="replace").splitlines()):
-            if not row or not row[0]:
-                continue
+        for row in record_rows(record):
             path = Path(os.path.normpath(site / row[0]))
             if not path.is_relative_to(prefix) or path.is_relative_to(dist_info):
                 continue

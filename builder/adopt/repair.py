@@ -334,35 +334,11 @@ def apply(p: Plan, progress: Progress) -> Manifest:
     fault_point("adopt-start", progress)
     for tmp in atomic_leftovers(env.prefix):  # a run killed mid-write, before its journal
         tmp.unlink()
-    journal = Journal(
-        state="started",
-        python=str(env.python),
-        before=tuple(env.dists.items()),
-        changes=p.changes,
-        # Every activation script write_hooks may change, as it was: undo puts each back.
-        activation=tuple(
-            (name, path.read_text()) for name, path in activation_scripts(env.prefix).items()
-        ),
-        var_before=tuple(var_before),
-        var_existed=(env.prefix / "var").exists(),
-        started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        broken_before=env.broken,
-        site_before=site_tree(env.purelib),
-        nvidia_before=nvidia_files(env.purelib),
-    )
+    journal = _journal(p, var_before)
     try:
         write_journal(env.prefix, journal)
         fault_point("adopt-journal", progress)
-        if p.requirements:
-            progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
-            argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python),
-                    *_reinstall_args(p.reinstall), *p.requirements]  # fmt: skip
-            try:
-                proc.run(argv, env=proc.uv_env(), stream=True, timeout=3600)
-            except proc.CommandFailed as exc:
-                raise BuildError(
-                    f"installing the toolkit failed:\n{exc.output.strip()[-2000:]}"
-                ) from exc
+        _install(p, progress)
         fault_point("adopt-overlay", progress)
         env_archs = archs.env_archs(p.spec.archs, p.spec.cuda_version)
         if p.system_toolkit is None:
@@ -371,32 +347,7 @@ def apply(p: Plan, progress: Progress) -> Manifest:
             overlay = toolchain.system_overlay(env.prefix, p.spec)
         fault_point("adopt-hooks", progress)
         hooks.write_hooks(env.prefix, p.spec, env_archs)
-        after = inspect(env.python).dists
-        built = Manifest(
-            name=p.spec.name,
-            spec=manifest.ADOPTED_SPEC,
-            fingerprint="adopted",
-            lock_hash="sha256:"
-            + hashlib.sha256(json.dumps(after, sort_keys=True).encode()).hexdigest(),
-            python=env.version,
-            cuda=p.cuda,
-            torch=env.torch,
-            torch_cuda=env.torch_cuda,
-            toolkit=next(
-                (v for n, _, v in p.changes if n == "cuda-toolkit" and v),
-                env.dists.get("cuda-toolkit"),
-            ),
-            nvcc=overlay.nvcc_release,
-            toolchain_source=p.spec.toolchain.source,
-            archs=env_archs,
-            spec_archs=p.spec.archs,
-            packages=tuple(sorted(after.items())),
-            env=(),
-            built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            cudaenv=__version__,
-            path=str(env.prefix),
-            platform=platforms.host_name(),
-        )
+        built = _adopted_manifest(p, overlay.nvcc_release, env_archs)
         fault_point("adopt-manifest", progress)
         manifest.write(built, env.prefix)
         fault_point("adopt-done", progress)
@@ -412,6 +363,74 @@ def apply(p: Plan, progress: Progress) -> Manifest:
         if isinstance(exc, OSError):
             raise BuildError(f"{why(exc)}; {env.prefix} is as it was before adopt") from exc
         raise
+
+
+def _journal(p: Plan, var_before: Sequence[str]) -> Journal:
+    """The journal of an adopt about to start: the env as it is now, so that undo can put
+    back everything apply may change."""
+    env = p.env
+    return Journal(
+        state="started",
+        python=str(env.python),
+        before=tuple(env.dists.items()),
+        changes=p.changes,
+        # Every activation script write_hooks may change, as it was: undo puts each back.
+        activation=tuple(
+            (name, path.read_text()) for name, path in activation_scripts(env.prefix).items()
+        ),
+        var_before=tuple(var_before),
+        var_existed=(env.prefix / "var").exists(),
+        started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        broken_before=env.broken,
+        site_before=site_tree(env.purelib),
+        nvidia_before=nvidia_files(env.purelib),
+    )
+
+
+def _install(p: Plan, progress: Progress) -> None:
+    """The planned toolkit components into the env, with uv, as the plan's dry run resolved them."""
+    if not p.requirements:
+        return
+    env = p.env
+    progress(f"installing {', '.join(p.requirements)} into {env.prefix} with uv")
+    argv = [proc.uv_bin(), "pip", "install", "--python", str(env.python),
+            *_reinstall_args(p.reinstall), *p.requirements]  # fmt: skip
+    try:
+        proc.run(argv, env=proc.uv_env(), stream=True, timeout=3600)
+    except proc.CommandFailed as exc:
+        raise BuildError(f"installing the toolkit failed:\n{exc.output.strip()[-2000:]}") from exc
+
+
+def _adopted_manifest(p: Plan, nvcc: str, env_archs: tuple[Arch, ...]) -> Manifest:
+    """The manifest of the adopted env; its packages are read back from the env as uv left
+    it, not taken from the plan."""
+    env = p.env
+    after = inspect(env.python).dists
+    return Manifest(
+        name=p.spec.name,
+        spec=manifest.ADOPTED_SPEC,
+        fingerprint="adopted",
+        lock_hash="sha256:"
+        + hashlib.sha256(json.dumps(after, sort_keys=True).encode()).hexdigest(),
+        python=env.version,
+        cuda=p.cuda,
+        torch=env.torch,
+        torch_cuda=env.torch_cuda,
+        toolkit=next(
+            (v for n, _, v in p.changes if n == "cuda-toolkit" and v),
+            env.dists.get("cuda-toolkit"),
+        ),
+        nvcc=nvcc,
+        toolchain_source=p.spec.toolchain.source,
+        archs=env_archs,
+        spec_archs=p.spec.archs,
+        packages=tuple(sorted(after.items())),
+        env=(),
+        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cudaenv=__version__,
+        path=str(env.prefix),
+        platform=platforms.host_name(),
+    )
 
 
 def _roll_back(env: Env, progress: Progress) -> str | None:
@@ -477,7 +496,7 @@ def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest
             progress(
                 driver.require(
                     planned.spec.cuda_version,
-                    driver.detect(),
+                    driver.current(),
                     needs=f"torch {found.torch} in {found.prefix}",
                     older="a torch built",
                 )

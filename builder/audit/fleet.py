@@ -36,7 +36,7 @@ from builder.core.cudaversion import CudaVersion
 from builder.core.errors import BuildError, CudaenvError, ReportError
 from builder.core.paths import cache_dir
 from builder.core.reporter import Reporter
-from builder.env import build
+from builder.env import build, place
 from builder.formats import codec
 from builder.machine import archs, driver
 from builder.machine.targets import Target
@@ -126,7 +126,7 @@ def unpack(
             # Every file in uv's cache: no index page asked (as a warm build does).
             proc.run([*argv, "--offline", "-r", str(req)], env=proc.uv_env())
         except proc.CommandFailed as exc:
-            if build.out_of_space(exc.output):
+            if place.out_of_space(exc.output):
                 raise  # a full disk, not a cache miss: online would meet it too
             proc.run([*argv, "-r", str(req)], env=proc.uv_env(), timeout=3600)
     except proc.CommandFailed as exc:

@@ -1,6 +1,7 @@
 """The command line: the parser (``parser``), the dispatch and exit codes (``main``), shell
-completion and the generated reference pages (``docgen``). The only package that prints a
-result and exits. ``python -m builder.cli`` is ``cudaenv``.
+completion and the generated reference pages (``docgen``). The only package that exits, and
+the one that writes results to stdout: a command that shows one as it goes is handed ``show``
+(``print``) from here; progress goes to a ``Reporter`` on stderr. ``python -m builder.cli`` is ``cudaenv``.
 
 Entry: ``builder.cli.main.main``.
 """

@@ -1,6 +1,6 @@
 """The command line: parse (the command table is builder/cli/parser.py, each command's arguments
-a dataclass of builder/commands/args.py), call one use case, print, exit. The only place that
-prints errors and exits."""
+a dataclass of builder/commands/args.py), call one use case, print its result, exit. Errors
+raised below become one line and an exit code here (``reporter.run_main``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from builder.commands import export as exportrun
 from builder.commands import store as storerun
 from builder.commands import verify as verifyrun
 from builder.commands import warm as warmrun
-from builder.core import paths, proc, settings
+from builder.commands.options import Command
+from builder.core import context, paths, proc, settings
 from builder.core.errors import UsageError, VerifyFailed
 from builder.core.reporter import Reporter, flushed, run_main
 from builder.env import envs
@@ -246,7 +247,7 @@ def cmd_fingerprint(args: ca.FingerprintArgs, say: Reporter) -> int:
 
 
 def cmd_export(args: ca.ExportArgs, say: Reporter) -> int:
-    exportrun.export(exportrun.request(args), say)
+    exportrun.export(args, say)
     return 0
 
 
@@ -254,20 +255,12 @@ def cmd_matrix(args: ca.MatrixArgs, say: Reporter) -> int:
     from builder.commands import matrix
     from builder.spec import matrixfile
 
-    request = matrix.MatrixRequest(
-        file=args.file,
-        jobs=args.jobs,
-        fail_fast=args.fail_fast,
-        out=args.out,
-        baseline=args.baseline,
-        cell=args.cell,
-    )
     if args.emit == "github":
         # One line: what `echo "matrix=$(...)" >> "$GITHUB_OUTPUT"` needs.
-        mx, _ = matrix.prepare(request)
+        mx, _ = matrix.prepare(args)
         print(json.dumps(matrixfile.github_matrix(mx), separators=(",", ":")))
         return 0
-    done = matrix.run_matrix(request, say)
+    done = matrix.run_matrix(args, say)
     print(f"matrix {done.name}: " + ", ".join(f"{r.cell.name}={r.status}" for r in done.results))
     for r in done.regressions or ():
         print(f"regression: {r}")
@@ -319,17 +312,17 @@ def cmd_store_pull(args: ca.StorePullArgs, say: Reporter) -> int:
 
 
 def cmd_warm(args: ca.WarmArgs, say: Reporter) -> int:
-    return warmrun.outcome(warmrun.warm(warmrun.request(args), say), say, args.json)
+    return warmrun.outcome(warmrun.warm(warmrun.request(args), say), say, args.json, print)
 
 
 def cmd_add(args: ca.AddArgs, say: Reporter) -> int:
-    add.add(args.spec, list(args.packages), say, verify=not args.no_verify)
+    add.add(args.spec, list(args.packages), say, verify=not args.no_verify, show=print)
     return 0
 
 
 # Each command's handler, by the dataclass of its arguments (the parser names that type for
 # each command, so nothing here is a string to keep in step; a test checks both ways).
-HANDLERS: dict[type[ca.Command], Callable[[Any, Reporter], int]] = {
+HANDLERS: dict[type[Command], Callable[[Any, Reporter], int]] = {
     ca.LockArgs: cmd_lock,
     ca.InitArgs: cmd_init,
     ca.TargetArgs: cmd_target,
@@ -359,6 +352,13 @@ HANDLERS: dict[type[ca.Command], Callable[[Any, Reporter], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # What a command resolves once (the driver, the project's pyproject.toml, the JIT remote)
+    # lives as long as this command: core/context.py.
+    with context.command():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         parsed = cliargs.parse(make_parser(), argv)
     except SystemExit as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 from builder.commands import build as buildrun
 from builder.commands import pipeline
 from builder.commands import verify as verifyrun
+from builder.commands.args import BuildArgs
 from builder.core import proc
 from builder.core.errors import UsageError
 from builder.core.reporter import Reporter
@@ -137,9 +138,15 @@ DEFAULT_SPEC = Path("envspecs") / "default.yaml"
 
 
 def add(
-    spec_arg: str | None, given: Sequence[str], reporter: Reporter, *, verify: bool = True
+    spec_arg: str | None,
+    given: Sequence[str],
+    reporter: Reporter,
+    *,
+    verify: bool = True,
+    show: Callable[[str], None] = print,
 ) -> buildrun.Built:
-    """Put ``given`` into the spec's packages, lock, rebuild and verify the env."""
+    """Put ``given`` into the spec's packages, lock, rebuild and verify the env; ``show`` gets
+    the env's path and the verify summary (the CLI hands ``print``)."""
     reqs = requirements(given)
     if spec_arg is None:
         if not DEFAULT_SPEC.is_file():
@@ -162,8 +169,8 @@ def add(
     reporter(f"added {', '.join(reqs)} to packages: of {spec_arg}")
     try:
         pipeline.write_lock(path, upgrade=False, reporter=reporter)
-        request = buildrun.BuildRequest(spec=str(path), verify=verify)
-        built, verified = buildrun.build_and_verify(request, reporter, show=print)
+        request = BuildArgs(specs=(path,), verify=verify)
+        built, verified = buildrun.build_and_verify(request, reporter, show=show)
     except BaseException:
         # Nothing half-done: the spec and its lock as they were (the env was not swapped).
         proc.atomic_write_text(path, original.decode())

@@ -73,7 +73,7 @@ def audit(request: AuditRequest, reporter: Reporter) -> audit_.Audit:
         targets = tuple(a for g in gpus if (a := g.arch(None)) is not None)
         if not targets:
             raise UsageError(f"audit needs --archs here: {why or 'no GPU is visible'}")
-    seen = driver.detect()
+    seen = driver.current()
     driver_cuda = seen.newest_cuda() if seen is not None else None
     probe = None
     if request.probe and (env / "bin" / "python").exists():

@@ -1,4 +1,4 @@
-"""`cudaenv build` (and a matrix cell, and ``add``'s rebuild): one :class:`BuildRequest`
+"""`cudaenv build` (and a matrix cell, and ``add``'s rebuild): one :class:`BuildArgs` of one spec
 through resolve → build → verify, leaving a build record (report.BuildRecord) however it
 ends."""
 
@@ -35,60 +35,11 @@ if TYPE_CHECKING:
 # them.
 
 
-@dataclass(frozen=True, kw_only=True)
-class BuildRequest:
-    """One env to build (and verify): what `cudaenv build` takes for each spec, and what a
-    matrix cell is."""
-
-    spec: str  # a spec path, or MATRIX.yaml:CELL
-    env_dir: Path | None = None
-    force: bool = False
-    verify: bool = False
-    report: Path | None = None  # with verify: the JSON report
-    record: Path | None = None  # a report.BuildRecord, written however the run ends
-    relock: bool = False
-    wheelhouse: Path | None = None
-    offline: bool = False
-    platform: str | None = None  # another machine's (assemble only); None: this one's
-    no_driver_check: bool = False  # build even where this machine's driver cannot run the CUDA
-    keep_going: bool = False  # with verify: run every check after a cheap one failed
-    no_target_check: bool = False  # build even where a required fleet target cannot run it
-
-    def argv(self) -> list[str]:
-        """The `cudaenv build` arguments that make this request: a matrix cell runs it
-        through the CLI's own entry (each field is the option of its name)."""
-        out: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            option = "--" + f.name.replace("_", "-")
-            if f.name == "spec" or value is None or value is False:
-                continue
-            out += [option] if value is True else [option, str(value)]
-        return [*out, "--", self.spec]
-
-
-def requests(args: BuildArgs) -> list[BuildRequest]:
-    """One request per spec of `cudaenv build` (its arguments, typed)."""
+def requests(args: BuildArgs) -> list[BuildArgs]:
+    """One build of one env per spec of `cudaenv build` (each is what a matrix cell runs)."""
     if args.env_dir and len(args.specs) > 1:
         raise UsageError("--env-dir takes one spec")
-    return [
-        BuildRequest(
-            spec=str(path),
-            env_dir=args.env_dir,
-            force=args.force,
-            verify=args.verify,
-            report=args.report,
-            record=args.record,
-            relock=args.relock,
-            wheelhouse=args.wheelhouse,
-            offline=args.offline,
-            platform=args.platform,
-            no_driver_check=args.no_driver_check,
-            keep_going=args.keep_going,
-            no_target_check=args.no_target_check,
-        )
-        for path in args.specs
-    ]
+    return [dataclasses.replace(args, specs=(path,)) for path in args.specs]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +66,7 @@ class Built:
         }
 
 
-def cross_platform(request: BuildRequest) -> str | None:
+def cross_platform(request: BuildArgs) -> str | None:
     """``build --platform``: None for this machine's own, else the other platform's name."""
     if known_platform(request.platform) is None or request.platform == platforms.host_name():
         return None
@@ -133,7 +84,7 @@ def cross_platform(request: BuildRequest) -> str | None:
 
 
 def build_and_verify(
-    request: BuildRequest, reporter: Reporter, show: Callable[[str], None]
+    request: BuildArgs, reporter: Reporter, show: Callable[[str], None]
 ) -> tuple[Built, report.VerifyReport | None]:
     """The whole :class:`Run`: build, ``show`` the env's path, verify when asked and ``show``
     the summary. The verdict is the caller's (:func:`raise_verdict`)."""
@@ -148,12 +99,45 @@ def build_and_verify(
     return built, verified
 
 
+def _gate_required_targets(s: spec.EnvSpec, lk: lock.Lock, say: Reporter) -> None:
+    """Before anything is installed: a stack that cannot run on a class the spec must serve
+    is refused here (VerifyFailed), not found out at that class's first request."""
+    required = [t for t in s.targets if t.required]
+    if not required:
+        return
+    done = judge_targets(s, lk, required, say)
+    if done.failures:
+        raise VerifyFailed(
+            f"{s.name} cannot run on {len(done.failures)} required target(s), nothing "
+            "was installed: "
+            + "; ".join(v.line() for v in done.failures)
+            + " (--no-target-check builds anyway)"
+        )
+    say(f"every required target runs it: {', '.join(t.name for t in required)}")
+
+
+def _take_wheelhouse(lk: lock.Lock, wheelhouse: Path, cross: str | None, say: Reporter) -> None:
+    """``--wheelhouse``: checked to hold the lock's files before anything is built, and the
+    JIT results `cudaenv export --with-jit` carried in it added to the store."""
+    from builder.env import export
+
+    export.check_wheelhouse(lk, wheelhouse, cross)
+    imported, trouble = export.import_jit(wheelhouse)
+    if trouble:
+        say(f"warning: {trouble}")
+    if imported:
+        say(
+            f"{imported} JIT result(s) from {wheelhouse / export.JIT_DIR} added to the "
+            "store; each is used only where its toolkit, flags and inputs match"
+        )
+
+
 class Run:
-    """One :class:`BuildRequest` going through resolve → build → verify. Used as a context
+    """One :class:`BuildArgs` going through resolve → build → verify. Used as a context
     manager: with ``request.record`` it leaves a build record (report.BuildRecord) saying at
     which stage and how the run ended, whatever stopped it (an error, Ctrl-C)."""
 
-    def __init__(self, request: BuildRequest, reporter: Reporter | None = None) -> None:
+    def __init__(self, request: BuildArgs, reporter: Reporter | None = None) -> None:
         self.request = request
         self.reporter = reporter or silent()
         self.stage = "resolve"
@@ -191,23 +175,14 @@ class Run:
         if cross is None and not request.no_driver_check:
             # Before the lock is resolved or anything installed: a cu130 torch installs fine
             # on a 570 driver and fails only at its first kernel (pie-project/pie#327).
-            say(driver.require(s.cuda_version, driver.detect(), needs=request.spec, older="a spec"))
+            say(
+                driver.require(s.cuda_version, driver.current(), needs=request.spec, older="a spec")
+            )
         lk = ensure_lock(
             s, request.spec, offline=request.offline, relock=request.relock, reporter=say
         )
-        required = [t for t in s.targets if t.required]
-        if required and not request.no_target_check:
-            # Before anything is installed: a stack that cannot run on a class the spec must
-            # serve is refused here, not found out at that class's first request.
-            done = judge_targets(s, lk, required, say)
-            if done.failures:
-                raise VerifyFailed(
-                    f"{s.name} cannot run on {len(done.failures)} required target(s), nothing "
-                    "was installed: "
-                    + "; ".join(v.line() for v in done.failures)
-                    + " (--no-target-check builds anyway)"
-                )
-            say(f"every required target runs it: {', '.join(t.name for t in required)}")
+        if not request.no_target_check:
+            _gate_required_targets(s, lk, say)
         self.stage = "build"
         started = time.monotonic()
         say(
@@ -216,17 +191,7 @@ class Run:
         )
         wheelhouse = request.wheelhouse.absolute() if request.wheelhouse else None
         if wheelhouse is not None:
-            from builder.env import export
-
-            export.check_wheelhouse(lk, wheelhouse, cross)  # before anything is built
-            imported, trouble = export.import_jit(wheelhouse)
-            if trouble:
-                say(f"warning: {trouble}")
-            if imported:
-                say(
-                    f"{imported} JIT result(s) from {wheelhouse / export.JIT_DIR} added to the "
-                    "store; each is used only where its toolkit, flags and inputs match"
-                )
+            _take_wheelhouse(lk, wheelhouse, cross, say)
         result = build.build(
             s,
             lk,

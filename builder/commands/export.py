@@ -3,9 +3,6 @@ and/or write a PEP 751 lock with this machine's index URLs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 from builder.commands.args import ExportArgs
 from builder.commands.pipeline import command_line, known_platform, load_spec, lock_file
 from builder.core.errors import UsageError
@@ -13,32 +10,7 @@ from builder.core.reporter import Reporter
 from builder.spec import lock
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExportRequest:
-    """What `cudaenv export` takes: fill a wheelhouse (and carry the env's JIT results), and/or
-    write a PEP 751 lock with this machine's index URLs."""
-
-    spec: str
-    wheelhouse: Path | None = None
-    pylock: Path | None = None
-    with_jit: bool = False
-    env_dir: Path | None = None
-    platform: str | None = None
-
-
-def request(args: ExportArgs) -> ExportRequest:
-    """What `cudaenv export` was asked (its arguments, typed)."""
-    return ExportRequest(
-        spec=str(args.spec),
-        wheelhouse=args.wheelhouse,
-        pylock=args.pylock,
-        with_jit=args.with_jit,
-        env_dir=args.env_dir,
-        platform=args.platform,
-    )
-
-
-def export(request: ExportRequest, reporter: Reporter) -> None:
+def export(request: ExportArgs, reporter: Reporter) -> None:
     from builder.env import build
     from builder.env import export as exporting
 
@@ -76,6 +48,6 @@ def export(request: ExportRequest, reporter: Reporter) -> None:
         )
     if request.pylock is not None:
         reporter(f"asking uv for the URL of every file of {path} on this machine's index")
-        command = command_line(["export", request.spec, "--pylock", str(request.pylock)])
+        command = command_line(["export", str(request.spec), "--pylock", str(request.pylock)])
         exporting.export_pylock(s, lk, request.pylock, command=command)
         reporter(f"wrote {request.pylock}: {len(lk.packages)} packages, every sha256 as in {path}")

@@ -1,7 +1,7 @@
 """Release matrices run: each cell of a matrix file (builder/spec/matrixfile.py) built and
 verified, several at once (``-j``), one report of them all, regressions against a baseline.
 
-Each cell is a buildrun.BuildRequest run as `cudaenv build` runs it, in a process of its own
+Each cell is a `cudaenv build` of one spec (commands.args.BuildArgs), in a process of its own
 (``python -m builder.cli build SPEC --env-dir ... --verify --record ...``) started through
 builder/core/proc.py, rather than in a thread: each cell's uv and nvcc output lands in its own log,
 a cell that crashes or is killed costs that cell only, and the children's die-with-parent
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.commands.build import BuildRequest
+from builder.commands.args import BuildArgs, MatrixArgs
 from builder.core import proc
 from builder.core.errors import STATUS_OF_EXIT, CudaenvError, ReportError, UsageError
 from builder.core.reporter import Reporter
@@ -43,10 +43,10 @@ class CellResult:
     verify: report.VerifyReport | None = None
 
 
-def cell_request(matrix: Matrix, cell: Cell, record: Path) -> BuildRequest:
+def cell_request(matrix: Matrix, cell: Cell, record: Path) -> BuildArgs:
     """What a cell runs: build and verify its spec into the matrix's own env directory."""
-    return BuildRequest(
-        spec=str(cell.spec_path),
+    return BuildArgs(
+        specs=(cell.spec_path,),
         env_dir=matrix.env_dir(cell).absolute(),
         verify=True,
         record=record,
@@ -55,7 +55,7 @@ def cell_request(matrix: Matrix, cell: Cell, record: Path) -> BuildRequest:
     )
 
 
-def cell_argv(request: BuildRequest) -> list[str]:
+def cell_argv(request: BuildArgs) -> list[str]:
     """The cell's process: `cudaenv build` with the request's arguments (the module's
     docstring says why a process and not a thread)."""
     return [sys.executable, "-m", "builder.cli", "build", *request.argv()]
@@ -151,18 +151,6 @@ def matrix_report(name: str, results: Sequence[CellResult], out: Path) -> report
 
 
 @dataclass(frozen=True, kw_only=True)
-class MatrixRequest:
-    """What `cudaenv matrix` takes."""
-
-    file: Path
-    jobs: int = 2
-    fail_fast: bool = False
-    out: Path | None = None  # default: the matrix's own report directory
-    baseline: Path | None = None  # an earlier matrix.json: only regressions fail
-    cell: str | None = None  # this cell only, judged as in the whole matrix
-
-
-@dataclass(frozen=True, kw_only=True)
 class MatrixRun:
     """A matrix run: each cell's result, the report, and the regressions against the
     baseline (None without one)."""
@@ -189,7 +177,7 @@ def read_baseline(path: Path) -> report.MatrixReport:
     return rep
 
 
-def prepare(request: MatrixRequest) -> tuple[Matrix, report.MatrixReport | None]:
+def prepare(request: MatrixArgs) -> tuple[Matrix, report.MatrixReport | None]:
     """The matrix (one cell with ``request.cell``) and its baseline, every argument checked
     before any cell runs: a typo must not cost a matrix run."""
     if request.jobs < 1:
@@ -203,7 +191,7 @@ def prepare(request: MatrixRequest) -> tuple[Matrix, report.MatrixReport | None]
     return mx, baseline
 
 
-def run_matrix(request: MatrixRequest, reporter: Reporter) -> MatrixRun:
+def run_matrix(request: MatrixArgs, reporter: Reporter) -> MatrixRun:
     """Run every cell, write the reports (matrix.json, .html, .md, junit.xml)."""
     mx, baseline = prepare(request)
     out = request.out or mx.root / "report"

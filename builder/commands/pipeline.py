@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder.core import platforms
+from builder.core import context, platforms
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import BuildError, UsageError
 from builder.core.paths import project_root
@@ -225,7 +225,7 @@ def plan_table(
     s: spec.EnvSpec, lk: lock.Lock, platform: str, found: driver.Driver | None
 ) -> list[tuple[str, str]]:
     """The lock as installed on ``platform`` (one of the lock's), and what the ``found`` driver
-    (``driver.detect()``) makes of the spec's CUDA."""
+    (``driver.current()``) makes of the spec's CUDA."""
     packages = lk.packages_on(platform)
     others = [p for p in lk.platforms if p != platform]
     rows: list[tuple[str, str]] = [
@@ -354,7 +354,7 @@ def plan(
     fleet = fleet_of(s, targets_file)
     verdicts = judge_targets(s, lk, fleet, reporter).verdicts if fleet else ()
     return Planned(
-        spec=s, lock=lk, origin=origin, platform=chosen, driver=driver.detect(), verdicts=verdicts
+        spec=s, lock=lk, origin=origin, platform=chosen, driver=driver.current(), verdicts=verdicts
     )
 
 
@@ -376,11 +376,16 @@ def jit_remote_for(spec_source: Path | None) -> Remote | None:
     from builder.jit import share as jit_share
     from builder.spec import project
 
-    setting = project.settings_for(spec_source).jit_remote if spec_source else None
-    try:
-        return jit_share.configured(setting=setting)
-    except jit_share.ShareError as exc:
-        raise UsageError(str(exc)) from None
+    def resolve() -> Remote | None:
+        setting = project.settings_for(spec_source).jit_remote if spec_source else None
+        try:
+            return jit_share.configured(setting=setting)
+        except jit_share.ShareError as exc:
+            raise UsageError(str(exc)) from None
+
+    # Once per command: a build and the verify that follows ask for the same spec's remote.
+    where = str(spec_source.absolute()) if spec_source else None
+    return context.once(("jit-remote", where), resolve)
 
 
 # --------------------------------------------------------------------------- fleet targets

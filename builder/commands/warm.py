@@ -368,18 +368,20 @@ def warm_own_kernel(
     return results, notes
 
 
-def outcome(report: WarmReport, say: Reporter, as_json: bool) -> int:
-    """Print the report (JSON on stdout with ``as_json``), then the verdict: BuildError (exit
-    4) when a module could not be built for a target, naming how many."""
+def outcome(
+    report: WarmReport, say: Reporter, as_json: bool, show: Callable[[str], None] = print
+) -> int:
+    """``show`` the report (JSON with ``as_json``; the CLI hands ``print``), then the verdict:
+    BuildError (exit 4) when a module could not be built for a target, naming how many."""
     for w in report.warnings:
         say(f"warning: {w}")
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        show(json.dumps(report.to_json(), indent=2))
     else:
         for r in report.results:
             if r.status == FAILED:
-                print(r.line())
-        print(report.summary())
+                show(r.line())
+        show(report.summary())
     failed = report.count(FAILED)
     if failed:
         raise BuildError(

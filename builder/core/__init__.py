@@ -11,6 +11,7 @@ Entry: ``builder.core.errors.CudaenvError`` (everything raised to a user is one)
 
 # This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
 MODULES = (
+    "context",
     "statuses",
     "errors",
     "cudaversion",

@@ -1,4 +1,6 @@
-"""The one exception tree. Library code raises these; only ``cli.py`` prints and exits.
+"""The one exception tree. Library code raises these and never exits; the CLI
+(builder/cli/main.py, through ``reporter.run_main``) turns each into its one-line ``error:``
+message and exit code. Progress goes to a ``Reporter`` (stderr), results to the CLI's stdout.
 
 Each class carries the exit code the CLI returns for it; :data:`EXIT_CODES` says what each code
 means, for ``cudaenv --help`` and the generated reference.

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from builder import store as jit_store
-from builder.core import cachefiles, settings
+from builder.core import cachefiles, context, settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,11 +25,20 @@ ENVS = ".envs"
 MATRIX = ".matrix"
 
 
+def project_text(pyproject: Path) -> str:
+    """The text of a project's ``pyproject.toml``, read once per command (core/context.py)
+    however many steps ask (the project root, the lock mode, the JIT remote): keyed by the
+    file's identity, so a file replaced meanwhile is read again. OSError as ``read_text``."""
+    st = pyproject.stat()
+    key = ("pyproject", str(pyproject.absolute()), st.st_dev, st.st_ino, st.st_mtime_ns)
+    return context.once(key, pyproject.read_text)
+
+
 def _declares_cudaenv(pyproject: Path) -> bool:
     """``pyproject`` has a ``[tool.cudaenv]`` table. One that cannot be read or parsed marks
     nothing: finding the root must not fail where ``cudaenv list`` would otherwise work."""
     try:
-        doc = tomllib.loads(pyproject.read_text())
+        doc = tomllib.loads(project_text(pyproject))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return False
     tool = doc.get("tool")

@@ -222,7 +222,7 @@ TABLE: tuple[Variable, ...] = (
             "(redis-py's from_url, with timeouts)", "torch/_inductor/remote_cache.py",
             doctor=False),
     _remote("CUDAENV_REMOTE_CACHE_WIRING", "cudaenv doctor (the hook's decision: `wired URL`, "
-            "the password shown as ***, or `not wired: WHY`)", "builder/doctor/rules.py"),
+            "the password shown as ***, or `not wired: WHY`)", "builder/doctor/env_rules.py"),
     # nvcc documentation, "NVCC_PREPEND_FLAGS".
     Variable(name="NVCC_PREPEND_FLAGS", kind=Kind.NVCC, reader="nvcc", fingerprint=True,
              doctor=True),
@@ -316,7 +316,7 @@ TABLE: tuple[Variable, ...] = (
              "that keeps none: a new lock, `--upgrade`; a UTC time like 2026-12-01T05:23:12Z "
              "or a date; default the index as it is now; a lock's own view and "
              "`--exclude-newer` come first)",
-             read_at="builder/spec/resolve.py", reserved=True,
+             read_at="builder/spec/relock.py", reserved=True,
              setting=Setting(field="exclude_newer", type="time")),
     Variable(name="CUDAENV_DRIVER_VERSION", kind=Kind.CUDAENV,
              reader="cudaenv (the NVIDIA driver version to assume, like 580.65; default read "

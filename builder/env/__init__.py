@@ -13,6 +13,7 @@ MODULES = (
     "toolchain",
     "hooks",
     "installproof",
+    "place",
     "build",
     "export",
     "envs",

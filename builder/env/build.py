@@ -2,44 +2,46 @@
 
 A failed or interrupted build leaves the previous env untouched: everything happens in
 ``.envs/.NAME.tmp-PID``; what uv installed there is proven against each distribution's
-RECORD (:func:`record_problems`), and only then is the finished tree exchanged with the old
-one in one
-``renameat2(RENAME_EXCHANGE)`` (or two renames where the kernel lacks it), then the old tree
-is removed. A per-env ``flock`` keeps two builds of one env apart; the kernel drops it when
+RECORD (``installproof.problems``), and only then is the finished tree exchanged with the
+old one in one ``renameat2(RENAME_EXCHANGE)`` (or two renames where the kernel lacks it,
+place.py), then the old tree is removed. A per-env ``flock`` keeps two builds of one env apart; the kernel drops it when
 a builder dies, so a killed build never leaves a stale lock. Leftovers of a killed build
 (``.NAME.tmp-*``, ``.NAME.old-*``) are removed by the next build of that env.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime as dt
 import errno
-import fcntl
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import __version__
 from builder.core import platforms, proc, settings
-from builder.core.errors import BuildError, EnvBusy
+from builder.core.errors import BuildError
 from builder.core.paths import envs_dir, project_root
 from builder.core.reporter import Reporter, silent
 from builder.env import hooks, installproof, manifest, toolchain
 from builder.env.manifest import Manifest
+from builder.env.place import (
+    NO_SPACE_ERRNOS,
+    build_lock,
+    clean_leftovers,
+    no_space,
+    out_of_space,
+    swap_into_place,
+)
 from builder.machine import archs, interpreters
 from builder.machine.archs import Arch
 from builder.spec.envspec import EnvSpec
 from builder.spec.lock import Lock, LockedPackage
-from builder.store.locking import flock_within
 
 log = logging.getLogger("cudaenv")
 
@@ -130,128 +132,6 @@ def check_lock(spec: EnvSpec, lock: Lock, lock_file: Path, platform: str | None 
         )
 
 
-# --------------------------------------------------------------------------- atomic swap
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE). False if unsupported."""
-    # The symbols already loaded into this process (libc among them), not
-    # ctypes.util.find_library("c"): that runs `ldconfig -p` in a subprocess (~5 ms).
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return False
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
-def swap_into_place(new: Path, target: Path) -> Path | None:
-    """Put ``new`` at ``target``; return where the previous env now is (to delete), if any."""
-    if not target.exists() and not target.is_symlink():
-        os.rename(new, target)
-        return None
-    if _exchange(new, target):
-        return new  # new now holds the old tree
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    os.rename(target, old)
-    os.rename(new, target)
-    return old
-
-
-def clean_leftovers(target: Path) -> list[Path]:
-    """Remove what killed builds of this env left (call with the env lock held)."""
-    removed = []
-    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
-        for path in target.parent.glob(pattern):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-@contextlib.contextmanager
-def env_lock(
-    target: Path,
-    progress: Progress,
-    *,
-    lock_file: Path | None = None,
-    holder: str = "cudaenv build",
-    doing: str = "building",
-    wait: float | None = None,
-) -> Iterator[None]:
-    """One process at a time changes ``target``. ``lock_file`` (default ``.NAME.lock`` beside
-    the env: a build replaces the env's directory whole) holds the holder's name for a waiter
-    to print. ``wait``: seconds to wait before EnvBusy names the holder; None waits as long as
-    it takes (a build queued behind another build of the same spec)."""
-    if lock_file is None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        lock_file = target.parent / f".{target.name}.lock"
-    while True:
-        fh = lock_file.open("a+")
-        try:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                fh.seek(0)
-                who = fh.read().strip() or "another process"
-                progress(f"waiting for {who} to finish {doing} {target} (lock {lock_file})")
-                if wait is None:
-                    fcntl.flock(fh, fcntl.LOCK_EX)
-                elif not flock_within(fh.fileno(), wait):
-                    raise EnvBusy(
-                        f"{target}: {who} holds its lock {lock_file} after a wait of {wait:g} s; "
-                        "nothing was changed: run again when it has finished"
-                    ) from None
-            # `cudaenv remove` deletes the lock file while holding it (envs.py): a waiter that
-            # got the deleted file's lock takes the one now at the path, or two builds would run.
-            try:
-                current = lock_file.stat().st_ino == os.fstat(fh.fileno()).st_ino
-            except FileNotFoundError:
-                current = False
-        except BaseException:
-            fh.close()
-            raise
-        if current:
-            break
-        fh.close()
-    with fh:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{holder} pid {os.getpid()}")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.seek(0)
-            fh.truncate()
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _build_lock(target: Path, progress: Progress) -> Iterator[None]:
-    """:func:`env_lock` for a build: a lock that cannot be made (a read-only or missing
-    ``--env-dir`` parent) is one BuildError naming the file, not a traceback."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(env_lock(target, progress))
-        except OSError as exc:
-            where = Path(exc.filename) if exc.filename else target.parent
-            raise BuildError(
-                f"{where}: cannot take the lock of {target} ({exc.strerror}); the env's "
-                "directory must be writable by this user: pass --env-dir on a writable "
-                "filesystem. Nothing was changed"
-            ) from exc
-        yield
-
-
 # --------------------------------------------------------------------------- build
 
 
@@ -294,7 +174,7 @@ def build(
             f"{target} is a symlink (to {target.readlink()}); cudaenv replaces env directories "
             "whole and will not follow or replace a link: remove it or pass --env-dir"
         )
-    with _build_lock(target, progress):
+    with build_lock(target, progress):
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
         env_archs = archs.env_archs(spec.archs, spec.cuda_version)
@@ -310,32 +190,11 @@ def build(
             interp = interpreters.find(spec.python, allow_download=not source.offline)
             stage(f"python {interp.version} ({interp.path}, found by {interp.found_by})", t)
         reporter.leaves(f"{target}: the previous env (if any) is untouched")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
-        # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
+        tmp = _new_tree(target)
         try:
-            try:
-                job = _Job(spec=spec, lock=lock, tmp=tmp, target=target, env_archs=env_archs,
-                           stage=stage, progress=progress, source=source)  # fmt: skip
-                if interp is not None:
-                    result = _build_into(job, interp)
-                else:
-                    assert platform is not None
-                    result = _assemble_into(job, platforms.get(platform))
-            except OSError as exc:
-                if exc.errno in _NO_SPACE_ERRNOS:
-                    raise BuildError(
-                        _no_space(tmp, target, quota=exc.errno == errno.EDQUOT)
-                    ) from exc
-                raise
-            except proc.CommandFailed as exc:
-                # uv venv, the hook's self-check: a full disk is said as such, not as the
-                # command that met it.
-                if out_of_space(exc.output):
-                    raise BuildError(_no_space(tmp, target, said=exc.output)) from exc
-                raise
+            job = _Job(spec=spec, lock=lock, tmp=tmp, target=target, env_archs=env_archs,
+                       stage=stage, progress=progress, source=source)  # fmt: skip
+            result = _make(job, interp, platform)
             fault_point("swap", progress)
             t = time.monotonic()
             old = swap_into_place(tmp, target)
@@ -350,6 +209,37 @@ def build(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return BuildResult(path=target, manifest=result)
+
+
+def _new_tree(target: Path) -> Path:
+    """The directory a build of ``target`` fills, beside it (so the swap is one rename)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    # mkdtemp makes it 0700; an env is as readable as any directory the user creates.
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
+
+
+def _make(job: _Job, interp: interpreters.Interpreter | None, platform: str | None) -> Manifest:
+    """Build the env in ``job.tmp`` with ``interp``, or assemble it for ``platform``; a full
+    disk or quota is said as such (where, how much room), not as the step that met it."""
+    try:
+        if interp is not None:
+            return _build_into(job, interp)
+        assert platform is not None
+        return _assemble_into(job, platforms.get(platform))
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            quota = exc.errno == errno.EDQUOT
+            raise BuildError(no_space(job.tmp, job.target, quota=quota)) from exc
+        raise
+    except proc.CommandFailed as exc:
+        # uv venv, the hook's self-check: a full disk is said as such, not as the command
+        # that met it.
+        if out_of_space(exc.output):
+            raise BuildError(no_space(job.tmp, job.target, said=exc.output)) from exc
+        raise
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,7 +287,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
             proc.run([*argv, str(req)], env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         if out_of_space(exc.output):
-            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
+            raise BuildError(no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             # uv's messages were shown as it ran (streamed): not repeated here.
             f"{spec.name}: installing the lock failed (uv's messages above)"
@@ -530,7 +420,7 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
         proc.run(argv, env=proc.uv_env(), stream=True)
     except proc.CommandFailed as exc:
         if out_of_space(exc.output):
-            raise BuildError(_no_space(tmp, job.target, said=exc.output)) from exc
+            raise BuildError(no_space(tmp, job.target, said=exc.output)) from exc
         raise BuildError(
             f"{spec.name}: unpacking the lock for {platform.name} failed (uv's messages above)"
         ) from exc
@@ -553,62 +443,6 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     )  # fmt: skip
     manifest.write(built, tmp)
     return built
-
-
-# A full filesystem (ENOSPC) or a full quota (EDQUOT): as OSError errnos, and as uv (Rust's
-# io::Error) words them in its output, "No space left on device (os error 28)".
-_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_NO_SPACE = re.compile(
-    rf"No space left on device|Disk quota exceeded|\(os error (?:{errno.ENOSPC}|{errno.EDQUOT})\)"
-)
-
-
-def out_of_space(output: str) -> bool:
-    """Whether a command's output says it met a full filesystem or quota."""
-    return _NO_SPACE.search(output) is not None
-
-
-def _over_quota(output: str) -> bool:
-    return "Disk quota exceeded" in output or f"(os error {errno.EDQUOT})" in output
-
-
-def _tree_bytes(root: Path) -> int:
-    """The bytes of the files below ``root``, each inode once (cuda-home/bin/ hard-links the
-    toolkit's binaries)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for top, _dirs, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                st = (Path(top) / name).lstat()
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_size
-    return total
-
-
-def _no_space(tmp: Path, target: Path, *, quota: bool = False, said: str = "") -> str:
-    """What a build that ran out of room says: where, how much room it had, how much the env
-    there now holds (what a build of the same lock needs, as a copy: uv copies instead of
-    hard-linking when its cache is on another filesystem), and the line of ``said`` (a
-    command's output) that names the file it could not write (uv's cache may be the full
-    one)."""
-    # What the build had: what is free now plus what it wrote (removed as the error unwinds).
-    room = (shutil.disk_usage(tmp.parent).free + _tree_bytes(tmp)) // 2**20
-    quota = quota or _over_quota(said)
-    what = "the disk quota was exceeded" if quota else "no space left on device"
-    needs = ""
-    if target.is_dir() and not target.is_symlink():
-        needs = f"; the env there now holds {_tree_bytes(target) // 2**20} MiB of files"
-    lines = [ln.strip() for ln in said.splitlines() if out_of_space(ln)]
-    if lines:
-        needs += f"; uv: {lines[-1][:400]}"
-    return (
-        f"{what} while building in {tmp.parent} (the build had {room} MiB{needs}); free space "
-        "there or "
-        "pass --env-dir on a larger filesystem. Nothing was replaced: the previous env, if "
-        "any, is intact"
-    )
 
 
 def _prove_installed(

@@ -277,10 +277,10 @@ def remove(path: Path) -> str:
     A link is removed, never what it points to: the target is outside the envs dir (another
     project's env, a shared disk) and was not made by this project's build; ``rm`` of a link
     does the same."""
-    from builder.env import build
+    from builder.env import place
 
-    lock_file = path.with_name(f".{path.name}.lock")
-    with build.env_lock(path, lambda _msg: None):
+    flock_path = path.with_name(f".{path.name}.lock")
+    with place.env_lock(path, lambda _msg: None):
         if path.is_symlink():
             target = shown(str(path.readlink()))
             done = f"removed the link {shown(str(path))} (what it points to, {target}, is left)"
@@ -296,9 +296,9 @@ def remove(path: Path) -> str:
         for entry in path.parent.iterdir():
             if pattern.fullmatch(entry.name):
                 _delete(entry)
-        # Unlinked while still held: build.env_lock takes the lock again on the file now at
+        # Unlinked while still held: place.env_lock takes the lock again on the file now at
         # the path when the one it waited on was deleted.
-        lock_file.unlink(missing_ok=True)
+        flock_path.unlink(missing_ok=True)
     return done
 
 

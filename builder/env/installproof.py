@@ -12,7 +12,7 @@ import csv
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +38,16 @@ class _Recorded:
     algorithm: str | None
     digest: str | None  # urlsafe base64 without padding, as RECORD writes it
     size: int | None
+
+
+def record_rows(record: Path) -> Iterator[list[str]]:
+    """The rows of a RECORD that name a path: the one reader of RECORD files. PEP 376 writes
+    it as csv (a path with a comma is quoted, so splitting on ``,`` gives the wrong path) in
+    UTF-8; an undecodable byte is replaced, which makes that path one nothing finds (a
+    problem where the proof looks for it, never a traceback). The file is read at the call:
+    OSError there, not while iterating."""
+    text = record.read_text(encoding="utf-8", errors="replace")
+    return (row for row in csv.reader(text.splitlines()) if row and row[0])
 
 
 def _digest(path: str, algorithm: str) -> str:
@@ -86,6 +96,29 @@ def problems(
     names those files by (dist-info, path, RECORD's digest) with the size and sha256 the
     wheel really holds, measured from wheels whose hash matched their lock."""
     errata = RECORD_ERRATA if errata is None else errata
+    infos, problems = _installed(site, packages)
+    site_text, inside = os.fspath(site), os.fspath(root) + os.sep
+    claims, shared, tops = _claims(site_text, infos.values(), problems)
+    problems += _unlisted(site, tops, {*made_before, *(i.name for _v, i in infos.values())})
+    file_problems, to_hash, differing = _check_claims(claims, inside, hash_linked=hash_linked)
+    problems += file_problems
+    for entries in shared.values():
+        # Two wheels ship one path (flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5
+        # both install a top-level build_backend.py): the installer's last write stays,
+        # so the file is as recorded when it is any one claimant's.
+        problem = _shared_entry_problem(entries, inside)
+        if problem is not None:
+            problems.append(problem)
+    problems += [p for _e, p in _hash_problems(to_hash)]
+    problems += [p for e, p in differing if not _as_erratum(e, errata)]
+    return problems
+
+
+def _installed(
+    site: Path, packages: Sequence[LockedPackage]
+) -> tuple[dict[str, tuple[str, Path]], list[str]]:
+    """The ``.dist-info`` directories below ``site`` by canonical name (with the version each
+    names), and the problems of ``packages`` that are missing or at another version."""
     problems: list[str] = []
     infos: dict[str, tuple[str, Path]] = {}
     for info in sorted(site.glob("*.dist-info")):
@@ -97,9 +130,16 @@ def problems(
             problems.append(f"{pkg.name} {pkg.version}: not installed (no .dist-info)")
         elif not _same_version(found[0], pkg.version):
             problems.append(f"{pkg.name}: {found[0]} installed, the lock says {pkg.version}")
-    site_text, inside = os.fspath(site), os.fspath(root) + os.sep
-    claims, shared, tops = _claims(site_text, infos.values(), problems)
-    problems += _unlisted(site, tops, {*made_before, *(i.name for _v, i in infos.values())})
+    return infos, problems
+
+
+def _check_claims(
+    claims: Mapping[str, tuple[str, list[str]]], inside: str, *, hash_linked: bool
+) -> tuple[list[str], list[_Recorded], list[tuple[_Recorded, str]]]:
+    """Each path one RECORD claims, against the file there: the problems found, the entries
+    whose hash is still to be checked, and those whose size differs from RECORD's (with the
+    problem to say unless they are a known erratum)."""
+    problems: list[str] = []
     to_hash: list[_Recorded] = []
     differing: list[tuple[_Recorded, str]] = []
     lstat, is_reg = os.lstat, stat.S_ISREG
@@ -129,16 +169,7 @@ def problems(
                 differing.append((entry, problem))
                 continue
         problems.append(problem)
-    for entries in shared.values():
-        # Two wheels ship one path (flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5
-        # both install a top-level build_backend.py): the installer's last write stays,
-        # so the file is as recorded when it is any one claimant's.
-        problem = _shared_entry_problem(entries, inside)
-        if problem is not None:
-            problems.append(problem)
-    problems += [p for _e, p in _hash_problems(to_hash)]
-    problems += [p for e, p in differing if not _as_erratum(e, errata)]
-    return problems
+    return problems, to_hash, differing
 
 
 # RECORD rows that their own wheel contradicts, by (dist-info, path, RECORD's sha256) -> the
@@ -188,14 +219,13 @@ def _claims(
     prefix = site + os.sep
     for _version, info in infos:
         try:
-            text = (info / "RECORD").read_text(encoding="utf-8")
+            rows = record_rows(info / "RECORD")
         except OSError as exc:
             problems.append(f"{info.name}/RECORD: {exc.strerror or exc}")
             continue
         dist = info.name
-        for row in csv.reader(text.splitlines()):
-            if not row or not (rel := row[0]):
-                continue
+        for row in rows:
+            rel = row[0]
             if rel[0] in "/." or "/." in rel or "//" in rel:
                 path = os.path.normpath(os.path.join(site, rel))  # noqa: PTH118 - see _Recorded
                 if path.startswith(prefix):

@@ -311,7 +311,7 @@ def visible_gpus() -> tuple[list[Gpu], str | None]:
     honours ``CUDA_VISIBLE_DEVICES`` no more than the driver does, so callers that pin a GPU
     pass its index on. Whether there is a driver at all is ``driver.detect``'s answer, the
     one the gate gets: a sandbox without ``/proc/driver/nvidia`` still has its GPUs."""
-    if driver.detect() is None:
+    if driver.current() is None:
         return [], driver.not_found()
     smi = proc.which(driver.NVIDIA_SMI)
     if not smi:

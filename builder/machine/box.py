@@ -124,7 +124,7 @@ def detect_box() -> Box:
         glibc=glibc_version(),
         gpus=tuple(gpus),
         gpu_note=why,
-        driver=driver.detect(),
+        driver=driver.current(),
         toolkits=system_toolkits(),
     )
 

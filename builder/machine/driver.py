@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.core import proc, settings
+from builder.core import context, proc, settings
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import DriverTooOld, UsageError
 
@@ -228,6 +228,13 @@ def detect(
     found = found or from_sys(SYS_VERSION if sys_file is None else sys_file)
     found = found or from_proc(PROC_VERSION if proc_file is None else proc_file)
     return found or from_smi() or from_libcuda(python)
+
+
+def current() -> Driver | None:
+    """This machine's driver, as :func:`detect` finds it, looked for once per command
+    (core/context.py): the gate, the visible GPUs and the checks of one `build --verify`
+    share one answer, and none of them starts a second child Python to get it."""
+    return context.once("driver", lambda: detect())
 
 
 def not_found() -> str:

@@ -286,7 +286,7 @@ def this_node(
     if platform not in platforms.KNOWN:
         raise UsageError(f"this node is {platform}: fleet targets are {', '.join(platforms.KNOWN)}")
     if driver_version is None:
-        found = driver_mod.detect()
+        found = driver_mod.current()
         if found is None or found.version is None:
             raise UsageError(
                 "no NVIDIA driver version found on this node: give it with --driver VERSION"

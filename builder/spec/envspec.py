@@ -4,18 +4,17 @@ Parse at the edge: nothing past this module touches a raw dict. Every problem in
 collected and reported at once as ``FILE:LINE:COL: key.path: message`` (cibuildwheel and
 packaging habits), unknown keys get a "did you mean". The file is read by
 :mod:`builder.formats.yamldoc` (safe loader only, bounded in size, depth and node count); this module
-says what each key means, one validator per top-level key (``_VALIDATORS``).
+says what each key means, one validator per top-level key (``_VALIDATORS``). What the
+result holds (:class:`EnvSpec`, :class:`Toolchain`, the names a spec may use) is
+:mod:`builder.spec.specmodel`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -38,119 +37,28 @@ from builder.formats.yamldoc import (
     suggest,
 )
 from builder.machine import targets as targets_mod
-from builder.machine.archs import DEFAULT_ARCHS, Arch, cuda_problems
+from builder.machine.archs import Arch, cuda_problems
 from builder.machine.targets import Target
+
+# The model lives below this module; it is named here too, where every caller reads it.
+from builder.spec.specmodel import CHECKS as CHECKS
+from builder.spec.specmodel import COMPONENTS as COMPONENTS
+from builder.spec.specmodel import DEFAULT_COMPONENTS as DEFAULT_COMPONENTS
+from builder.spec.specmodel import TOOLCHAIN_SOURCES as TOOLCHAIN_SOURCES
+from builder.spec.specmodel import EnvSpec as EnvSpec
+from builder.spec.specmodel import Toolchain as Toolchain
+from builder.spec.specmodel import ToolchainSource as ToolchainSource
 
 MAX_SPEC_BYTES = 256 * 1024
 MAX_EXTENDS = 8
 
 TOOLCHAIN_KEYS = ("source", "components", "path")
-# Where the env's nvcc comes from: NVIDIA's wheels, or a toolkit already on the machine.
-ToolchainSource = Literal["wheels", "system"]
-TOOLCHAIN_SOURCES: tuple[ToolchainSource, ...] = get_args(ToolchainSource)
-# Extras of NVIDIA's `cuda-toolkit` metapackage that make sense for a JIT toolchain.
-COMPONENTS = (
-    "nvcc",
-    "cudart",
-    "crt",
-    "nvvm",
-    "cccl",
-    "cublas",
-    "cufft",
-    "curand",
-    "cusolver",
-    "cusparse",
-    "nvjitlink",
-    "nvrtc",
-    "cupti",
-    "nvtx",
-    "cuobjdump",
-    "nvdisasm",
-)
-CHECKS = (
-    "imports",
-    "toolchain",
-    "binaries",
-    "kernel-compile",
-    "flashinfer-jit",
-    "cubin",
-    "sampling",
-)
-DEFAULT_COMPONENTS = ("nvcc", "cudart", "crt", "nvvm", "cccl")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
 _PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PACKAGE_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _INDEX_URL_RE = re.compile(r"^(https?|file)://\S+$")
-
-
-# --------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True, kw_only=True)
-class Toolchain:
-    source: ToolchainSource = "wheels"
-    components: tuple[str, ...] = DEFAULT_COMPONENTS
-    path: Path | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnvSpec:
-    name: str
-    python: str
-    cuda: str
-    source: Path
-    summary: str = ""
-    torch: str | None = None
-    packages: tuple[str, ...] = ()
-    toolchain: Toolchain = field(default_factory=Toolchain)
-    archs: tuple[Arch, ...] = DEFAULT_ARCHS
-    env: tuple[tuple[str, str], ...] = ()
-    verify: tuple[str, ...] = CHECKS
-    # package -> the only index it may come from (uv explicit index + source, then the exact
-    # file URL and hash in the lock): a same-named package elsewhere cannot be substituted.
-    indexes: tuple[tuple[str, str], ...] = ()
-    # Where the lock must install (platforms.py); each is resolved and policy-checked apart.
-    platforms: tuple[str, ...] = platforms_mod.DEFAULT
-    # The GPU classes the stack must serve (targets.py): judged from the lock's wheels of each
-    # target's platform; the arch list follows from them when `archs:` is left out.
-    targets: tuple[Target, ...] = ()
-    # Triton's and Inductor's shared cache (remote_cache.py): redis://HOST[:PORT][/DB], no
-    # password (it is given at run time); the lock gains the Redis client.
-    remote_cache: str | None = None
-
-    @property
-    def cuda_version(self) -> CudaVersion:
-        return CudaVersion.parse(self.cuda)
-
-    @property
-    def cuda_major(self) -> int:
-        return self.cuda_version.major
-
-    def fingerprint(self) -> str:
-        """sha256 over what decides the resolution; a lock carries it (lock.py).
-
-        ``archs``, ``env``, ``verify`` and ``summary`` do not change what is installed, so
-        editing them does not force a re-lock.
-        """
-        doc: dict[str, object] = {
-            "python": self.python,
-            "cuda": self.cuda,
-            "torch": self.torch,
-            "packages": sorted(self.packages),
-            "platforms": sorted(self.platforms),
-            "toolchain": {
-                "source": self.toolchain.source,
-                "components": sorted(self.toolchain.components),
-            },
-        }
-        if self.indexes:  # only when set, so locks of specs without it stay valid
-            doc["indexes"] = dict(sorted(self.indexes))
-        if self.remote_cache:  # the lock holds the Redis client; the URL is the env's
-            doc["remote-cache-client"] = remote_cache_mod.CLIENT
-        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
 # --------------------------------------------------------------------------- loading

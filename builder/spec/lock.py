@@ -17,6 +17,9 @@ the entry on it; every other URL of a lock is never fetched (build and export as
 machine's index for name, version and hash). A file ``path`` names a file beside the lock:
 relative, normalised, ending in the file's own name (export.py holds it to the project's
 wheelhouse).
+
+What a lock holds once read (:class:`Lock`, its entries and files) is
+:mod:`builder.spec.lockmodel`'s.
 """
 
 from __future__ import annotations
@@ -30,9 +33,8 @@ import posixpath
 import stat
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
@@ -43,6 +45,12 @@ from builder.core.paths import cache_dir
 from builder.core.proc import atomic_write_text
 from builder.formats import codec, tomlwriter
 from builder.formats.yamldoc import Unreadable, read_input
+
+# The model lives below this module; it is named here too, where every caller reads it.
+from builder.spec.lockmodel import Lock as Lock
+from builder.spec.lockmodel import LockedFile as LockedFile
+from builder.spec.lockmodel import LockedPackage as LockedPackage
+from builder.spec.lockmodel import served_by as served_by
 
 if TYPE_CHECKING:
     from packaging.pylock import PackageSdist, PackageWheel
@@ -59,123 +67,6 @@ else:  # pragma: no cover - exercised on 3.10 only
 MAX_LOCK_BYTES = 16 * 1024 * 1024
 # The parse memo (:func:`_read`): v3 carries the sha256 of the lock text it was parsed from.
 MEMO_VERSION = 4  # v4: the index view (exclude_newer, exclude_newer_packages)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LockedFile:
-    name: str  # the wheel or sdist file name
-    sha256: str
-    size: int | None = None
-    upload_time: str | None = None
-    # Where a PEP 751 reader gets the file (every entry has one or both): the exact file on an
-    # index, or a path relative to the lock file's directory (an index-neutral lock).
-    url: str | None = None
-    path: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LockedPackage:
-    name: str
-    version: str
-    marker: str | None = None
-    wheels: tuple[LockedFile, ...] = ()
-    sdist: LockedFile | None = None
-    index: str | None = None  # the index the spec pins this package to
-    # The lock's platforms this entry installs on; () = all of them. Written as
-    # [packages.tool.cudaenv] (PEP 751's per-package tool table), with the marker saying the
-    # same for other installers.
-    platforms: tuple[str, ...] = ()
-
-    def on(self, platform: str) -> bool:
-        return not self.platforms or platform in self.platforms
-
-    @property
-    def files(self) -> tuple[LockedFile, ...]:
-        return (*self.wheels, *((self.sdist,) if self.sdist else ()))
-
-    @property
-    def hashes(self) -> tuple[str, ...]:
-        return tuple(f.sha256 for f in self.files)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Lock:
-    spec_name: str
-    fingerprint: str
-    python: str
-    platforms: tuple[str, ...]  # platform names (platforms.py), in the spec's order
-    cuda: str
-    torch: str | None
-    torch_cuda: str | None
-    toolkit: str | None  # the cuda-toolkit version every component is pinned to
-    packages: tuple[LockedPackage, ...]
-    command: str = ""
-    notes: tuple[str, ...] = ()
-    # The index view it was resolved against (indexview.py): the cut-off uv's --exclude-newer
-    # was given, and the packages seen as of another time (--upgrade-package, a package the
-    # spec named later). None in a lock written before cudaenv recorded it: see view().
-    exclude_newer: str | None = None
-    exclude_newer_packages: tuple[tuple[str, str], ...] = ()
-    # The memo of a lock without a view is what an earlier release wrote, byte for byte.
-    json_form: ClassVar[codec.Form] = codec.Form(sparse=("exclude_newer", "exclude_newer_packages"))
-
-    def view(self, origin: str = "kept from the lock") -> indexview.View:
-        """The view a re-lock resolves against: the recorded one, else the first second after
-        the newest upload time of its files (under which every locked file is seen); packages
-        whose files carry no upload time are exempt. ``View()`` (now) when no file has one."""
-        at = self.exclude_newer
-        if at is None:
-            at = indexview.after(
-                f.upload_time for p in self.packages for f in p.files if f.upload_time
-            )
-            origin = "the newest upload time of the lock's files"
-        if at is None:
-            return indexview.View()
-        exempt = sorted({p.name for p in self.packages if any(not f.upload_time for f in p.files)})
-        return indexview.View(
-            at=at, packages=self.exclude_newer_packages, exempt=tuple(exempt), origin=origin
-        )
-
-    def packages_on(self, platform: str) -> tuple[LockedPackage, ...]:
-        """What installs on ``platform`` (one of :attr:`platforms`)."""
-        return tuple(p for p in self.packages if p.on(platform))
-
-    def requirements_txt(self, platform: str) -> str:
-        """``name==version --hash=...`` lines for ``uv pip sync --require-hashes``: the
-        entries of ``platform`` only, so an installer never weighs the other's versions."""
-        lines = []
-        for pkg in self.packages_on(platform):
-            marker = f" ; {pkg.marker}" if pkg.marker else ""
-            hashes = " ".join(f"--hash=sha256:{h}" for h in pkg.hashes)
-            index = pkg.index
-            pinned = next((f.url for f in pkg.wheels if f.url), None) if index else None
-            if index and pinned and served_by(pinned, index):
-                # The exact file of the pinned index: no other index is asked for it. The only
-                # URL of a lock ever fetched; read() has held the index to the spec's pin.
-                lines.append(f"{pkg.name} @ {pinned}{marker} {hashes}")
-            else:
-                lines.append(f"{pkg.name}=={pkg.version}{marker} {hashes}")
-        return "\n".join(lines) + "\n"
-
-    @property
-    def wheelhouse(self) -> str | None:
-        """The directory (relative to the lock file's) an index-neutral lock's file paths name;
-        None for a lock whose files carry URLs. Raises BuildError when the paths name more than
-        one (cudaenv never writes that)."""
-        dirs = {posixpath.dirname(f.path) or "." for p in self.packages for f in p.files if f.path}
-        if len(dirs) > 1:
-            raise BuildError(
-                f"the lock of {self.spec_name} names files in {len(dirs)} directories "
-                f"({', '.join(sorted(dirs))}); re-lock it with `cudaenv lock`"
-            )
-        return dirs.pop() if dirs else None
-
-    def content_hash(self) -> str:
-        """Identifies exactly what gets installed (names, versions, file hashes)."""
-        h = hashlib.sha256()
-        for pkg in self.packages:
-            h.update(f"{pkg.name}=={pkg.version};{','.join(sorted(pkg.hashes))}\n".encode())
-        return "sha256:" + h.hexdigest()
 
 
 def _file(entry: PackageWheel | PackageSdist, where: str) -> LockedFile:
@@ -395,18 +286,6 @@ def read(path: Path, *, spec: EnvSpec | None = None, spec_name: str | None = Non
     if problems:
         raise SpecError(problems, "lock")
     return lk
-
-
-def served_by(url: str, index: str) -> bool:
-    """Whether ``url`` is a file of the index at ``index`` (a PEP 503 ``.../simple`` URL, or a
-    flat one like download.pytorch.org/whl/cu130): below the index's own URL, or below its
-    root when it ends in ``/simple``; never through a ``..`` or ``.`` segment."""
-    base = index.rstrip("/")
-    base = base.removesuffix("/simple")
-    if not url.startswith(base + "/"):
-        return False
-    rest = url[len(base) + 1 :].split("?", 1)[0].split("#", 1)[0]
-    return not any(part in ("", ".", "..") for part in rest.split("/"))
 
 
 def source_problems(lk: Lock, path: Path, pins: dict[str, str]) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from builder.core import settings
+from builder.core import paths, settings
 from builder.core.errors import SpecError
 from builder.formats.yamldoc import display, kind, suggest
 
@@ -60,8 +60,6 @@ def find_pyproject(spec_source: Path) -> Path | None:
     nested in another is its own project. The search stops at a directory another user owns
     or can write, and a file another user could have written is not read
     (paths.trusted_dirs: git's ``safe.directory`` rule)."""
-    from builder.core import paths
-
     for directory in paths.trusted_dirs(spec_source.absolute().parent):
         candidate = directory / "pyproject.toml"
         if paths.project_file(candidate):
@@ -77,7 +75,7 @@ def settings_for(spec_source: Path) -> Settings:
         return Settings()
     where = display(path)
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(paths.project_text(path))
     except OSError as exc:
         raise SpecError([f"{where}: cannot read it ({exc.strerror})"], "project settings") from exc
     except tomllib.TOMLDecodeError as exc:

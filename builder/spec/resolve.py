@@ -4,60 +4,48 @@ The matching policy is checked twice: what can be known from the
 spec alone (archs vs CUDA, a CUDA 12 wheel toolchain) before any resolver call, and the
 rest on the resolved set. Every refusal happens before anything is installed and names both
 sides.
+
+The uv call itself is :mod:`builder.spec.uvcompile`'s; what a lock hands on to a re-lock (its
+versions, its index view) is :mod:`builder.spec.relock`'s.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
 import logging
 import posixpath
-import re
-import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder.core import cachefiles, indexview, platforms, proc, remote_cache, settings
+from builder.core import indexview, platforms, remote_cache
 from builder.core.cudaversion import CudaVersion
-from builder.core.errors import BuildError, ResolveError, ToolMissing
-from builder.core.paths import cache_dir
-from builder.formats import tomlwriter
-from builder.machine import archs, interpreters
+from builder.core.errors import ResolveError
+from builder.machine import archs
 from builder.spec import channels, policy, project
 from builder.spec.envspec import EnvSpec
-from builder.spec.lock import (
-    LOCK_VERSION_LINE,
-    Lock,
-    LockedFile,
-    LockedPackage,
-    packages_from_json,
-    packages_to_json,
-    parse_packages,
-)
-from builder.spec.lock import read as read_lock
+from builder.spec.lock import Lock, LockedFile, LockedPackage
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# The uv call (uvcompile) and what a lock hands on (relock) live below this module; callers
+# keep reading their names here.
+from builder.spec.relock import choose_view as choose_view
+from builder.spec.relock import fresh_view as fresh_view
+from builder.spec.relock import moved as moved
+from builder.spec.relock import preferences as preferences
+from builder.spec.relock import previous_versions as previous_versions
+from builder.spec.relock import recorded_view
+from builder.spec.uvcompile import Compiler as Compiler
+from builder.spec.uvcompile import Resolution as Resolution
+from builder.spec.uvcompile import index_files as index_files
+from builder.spec.uvcompile import index_unreachable as index_unreachable
+from builder.spec.uvcompile import platform_of as platform_of
+from builder.spec.uvcompile import spec_python
+from builder.spec.uvcompile import uv_compile as uv_compile
 
 log = logging.getLogger("cudaenv")
-
-
-def platform_of(spec: EnvSpec) -> platforms.Platform:
-    """The one platform a resolver call is for. :func:`resolve` narrows the spec's
-    ``platforms`` to each in turn, so every uv call (and a test's stand-in for it) sees one."""
-    if len(spec.platforms) != 1:
-        raise ValueError(f"a resolver call is for one platform, not {spec.platforms}")
-    return platforms.get(spec.platforms[0])
 
 
 # --------------------------------------------------------------------------- policy
@@ -163,215 +151,6 @@ def policy_problems(
 # --------------------------------------------------------------------------- the resolver
 
 
-@dataclass(frozen=True, kw_only=True)
-class Resolution:
-    packages: tuple[LockedPackage, ...]
-    seconds: float
-
-
-class Compiler(Protocol):
-    """What resolves a request for one platform: :func:`uv_compile`, or a test's recorded
-    answers. ``extra_args`` are uv flags (``--no-deps``, ``--resolution=lowest``)."""
-
-    def __call__(
-        self,
-        spec: EnvSpec,
-        requirements: Sequence[str],
-        constraints: Sequence[str],
-        overrides: Sequence[str],
-        /,
-        *,
-        extra_args: Sequence[str] = (),
-    ) -> Resolution: ...
-
-
-def uv_compile(
-    spec: EnvSpec,
-    requirements: Sequence[str],
-    constraints: Sequence[str] = (),
-    overrides: Sequence[str] = (),
-    *,
-    extra_args: Sequence[str] = (),
-    python: Path | None = None,
-    seed: bytes | None = None,
-    view: indexview.View | None = None,
-) -> Resolution:
-    """One ``uv pip compile`` to a PEP 751 file, parsed. Raises ResolveError with uv's words.
-    ``extra_args``: more uv flags. ``seed``: a PEP 751 file of preferred versions
-    (:func:`preferences`): a re-lock's are the current lock's own, never a file of the cache.
-    ``view``: the index as it stood then (indexview.py); None: as it is now."""
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="cudaenv-resolve-") as tmp:
-        d = Path(tmp)
-        source = _request_file(d, spec, requirements)
-        out = d / "pylock.resolved.toml"
-        if seed is not None:
-            # uv prefers the versions already in its output file (as `uv pip compile -o` on an
-            # existing lock does): a re-lock keeps pins stable and resolves ~1.5x faster.
-            out.write_bytes(seed)
-        argv: list[str] = [
-            proc.uv_bin(),
-            "pip",
-            "compile",
-            str(source),
-            "--python-version",
-            spec.python,
-            "--python-platform",
-            platform_of(spec).uv_tag,
-            "--output-file",
-            str(out),
-            "--no-header",
-            "--quiet",
-        ]
-        if python is not None:
-            argv += ["--python", str(python)]
-        if constraints:
-            (d / "constraints.txt").write_text("\n".join(constraints) + "\n")
-            argv += ["--constraints", str(d / "constraints.txt")]
-        argv += extra_args
-        if view is not None:
-            argv += view.uv_args()
-        if overrides:
-            (d / "overrides.txt").write_text("\n".join(overrides) + "\n")
-            argv += ["--overrides", str(d / "overrides.txt")]
-        try:
-            proc.run(argv, env=proc.uv_env(), timeout=1800)
-        except proc.CommandFailed as exc:
-            unreachable = index_unreachable(exc.output)
-            if unreachable:
-                raise ResolveError(
-                    f"{spec.name}: the package index did not answer ({unreachable}); check the "
-                    "network or proxy uv uses, or build from a wheelhouse: `cudaenv export` on a "
-                    "connected machine, then `cudaenv build --offline --wheelhouse DIR`"
-                ) from exc
-            reqs = ", ".join(requirements)
-            where = spec.platforms[0]
-            hint = ""
-            if "platform" in exc.output.lower() or "no wheels" in exc.output.lower():
-                hint = (
-                    f"\n(a package without a {where} wheel: narrow `platforms:` in "
-                    f"{spec.source} to where the stack exists)"
-                )
-            if view is not None and view.at is not None:
-                hint += (
-                    f"\n(resolved against the index as it stood at {view.describe()}: a "
-                    "release uploaded since is not seen; `cudaenv lock --upgrade` moves the "
-                    "view to now, `--upgrade-package NAME` one package"
-                    + (
-                        "; files without an upload time are never seen under a view"
-                        if "upload date" in exc.output or "publish time" in exc.output
-                        else ""
-                    )
-                    + ")"
-                )
-            raise ResolveError(
-                f"{spec.name} ({spec.source}): uv could not resolve [{reqs}] for {where}:\n"
-                + _uv_message(exc.output)
-                + hint
-            ) from exc
-        raw = out.read_bytes()
-    packages = _parsed(raw)
-    return Resolution(packages=packages, seconds=time.monotonic() - started)
-
-
-# What a memo of a parse holds changes with the parser: v2 = read by packaging.pylock (file
-# names from URLs unquoted, file paths kept); v3 = entries carry their platforms.
-_MEMO = "v3"
-
-
-def _parsed(raw: bytes) -> tuple[LockedPackage, ...]:
-    """uv's PEP 751 output, parsed; memoised by content (TOML in pure Python costs ~40 ms for
-    the default stack, JSON ~3 ms), so an unchanged re-lock is as fast as raw uv."""
-    memo = cache_dir() / "resolutions" / f"{hashlib.sha256(raw).hexdigest()}.{_MEMO}.json"
-    # The lock takes its URLs and hashes from here: a memo is used only under the cache's
-    # trust rules, and only where every URL, path and hash it names is in uv's output.
-    doc = cachefiles.read_json(memo)
-    try:
-        kept = packages_from_json(doc) if isinstance(doc, list) else None
-    except (ValueError, TypeError, KeyError, AttributeError):
-        kept = None
-    if kept is not None and _from_output(kept, raw):
-        return kept
-    packages = parse_packages(tomllib.loads(raw.decode()), "uv pip compile output")
-    cachefiles.write_text(memo, json.dumps(packages_to_json(packages)))
-    return packages
-
-
-def _from_output(packages: Sequence[LockedPackage], raw: bytes) -> bool:
-    """Every URL, path and sha256 of ``packages`` is a string of uv's output ``raw`` (a
-    memo can leave out nothing a lock needs without failing elsewhere, but could add them)."""
-    quoted = set(_TOML_STRING.findall(raw))
-    for p in packages:
-        for f in p.files:
-            for text in (f.url, f.path, f.sha256):
-                if text is not None and (not isinstance(text, str) or text.encode() not in quoted):
-                    return False
-    return True
-
-
-# A basic TOML string without escapes: uv writes URLs, paths and hashes so.
-_TOML_STRING = re.compile(rb'"([^"\\\n]*)"')
-
-
-_NETWORK_MARKERS = (
-    "error sending request",
-    "Failed to fetch",
-    "operation timed out",
-    "dns error",
-    "Connection refused",
-    "tcp connect error",
-    "network is unreachable",
-)
-
-
-def index_unreachable(output: str) -> str | None:
-    """The first line of uv's output that says the index could not be reached, if any."""
-    for line in output.splitlines():
-        if any(m.lower() in line.lower() for m in _NETWORK_MARKERS):
-            return line.strip().removeprefix("error:").removeprefix("Caused by:").strip()[:200]
-    return None
-
-
-def _request_file(d: Path, spec: EnvSpec, requirements: Sequence[str]) -> Path:
-    """requirements.in, or a pyproject.toml when the spec pins packages to indexes: uv honours
-    per-package index pins (explicit indexes + tool.uv.sources) only there."""
-    if not spec.indexes:
-        path = d / "requirements.in"
-        path.write_text("\n".join(requirements) + "\n")
-        return path
-    urls = sorted({url for _, url in spec.indexes})
-    names = {url: f"pinned-{i}" for i, url in enumerate(urls)}
-    lines = [
-        "[project]",
-        'name = "cudaenv-resolve"',
-        'version = "0"',
-        f"dependencies = {json.dumps(list(requirements))}",
-    ]
-    for url in urls:
-        lines += [
-            "",
-            "[[tool.uv.index]]",
-            f"name = {json.dumps(names[url])}",
-            f"url = {json.dumps(url)}",
-            "explicit = true",
-        ]
-    lines += ["", "[tool.uv.sources]"]
-    lines += [
-        f"{json.dumps(pkg)} = {{ index = {json.dumps(names[url])} }}"
-        for pkg, url in sorted(spec.indexes)
-    ]
-    path = d / "pyproject.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _uv_message(output: str) -> str:
-    lines = [
-        ln for ln in output.strip().splitlines() if ln.strip() and not ln.startswith("warning:")
-    ]
-    return "\n".join(lines[-25:])
-
-
 def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, str]:
     """The component versions that ``cuda-toolkit==toolkit`` pins exactly (its ``all`` extra).
 
@@ -400,14 +179,6 @@ def toolkit_pins(spec: EnvSpec, toolkit: str, compile_: Compiler) -> dict[str, s
     }
     channels.write_cached_pins(key, pins)
     return pins
-
-
-def _spec_python(spec: EnvSpec) -> Path | None:
-    """The spec's interpreter for uv (to build an sdist's metadata), if this machine has one."""
-    try:
-        return interpreters.find(spec.python, allow_download=False).path
-    except ToolMissing:
-        return None  # uv resolves for --python-version alone when no sdist must be built
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -476,6 +247,45 @@ def _on(name: str, problems: Sequence[str]) -> list[str]:
     return [f"on {name}: {p}" for p in problems]
 
 
+def _pass_one(
+    spec: EnvSpec, ones: Mapping[str, EnvSpec], compile_: Compiler
+) -> tuple[str | None, str | None]:
+    """(the cuda-toolkit version, torch's CUDA) that pass 1 finds on every platform of
+    ``ones`` (``spec`` narrowed to each), or ResolveError. Run on every platform before any
+    full resolution: a CPU-only torch anywhere is refused first, naming the platform, and one
+    lock holds one toolkit."""
+    decided = {name: _torch_cuda_on(one, compile_) for name, one in ones.items()}
+    problems = [p for name, d in decided.items() for p in _on(name, d.problems)]
+    toolkits = {d.toolkit for d in decided.values()}
+    if len(toolkits) > 1 and not problems:
+        found = ", ".join(f"{d.toolkit or 'none'} on {name}" for name, d in decided.items())
+        problems.append(
+            f"torch {spec.torch} pins cuda-toolkit {found}: one lock holds one toolkit; "
+            "narrow `platforms:`"
+        )
+    if problems:
+        raise ResolveError(_refusal(spec, problems))
+    return toolkits.pop(), next(iter(decided.values())).tcuda
+
+
+def _requirements(spec: EnvSpec, toolkit: str | None) -> list[str]:
+    """What the full resolution asks of uv on every platform: the spec's torch and packages,
+    and what cudaenv adds for the env to work (the Redis client, the toolkit torch pins)."""
+    requirements: list[str] = []
+    if spec.torch is not None:
+        requirements.append(f"torch=={spec.torch}")
+    requirements += list(spec.packages)
+    if spec.remote_cache:
+        # Triton and Inductor reach the shared cache through redis-py (remote_cache.py).
+        requirements.append(remote_cache.CLIENT)
+    if toolkit is not None and spec.toolchain.source == "wheels":
+        # Pin the compiler to the version torch pins so the resolver cannot drift.
+        requirements.append(
+            f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
+        )
+    return requirements
+
+
 def resolve(
     spec: EnvSpec,
     *,
@@ -499,7 +309,7 @@ def resolve(
     # Read before any resolver call: a mistyped setting must not cost a resolution.
     wheelhouse = project.settings_for(spec.source).lock_wheelhouse
     if compile_ is None:
-        py = _spec_python(spec)
+        py = spec_python(spec)
         compile_ = _uv_compiler(py, None, view=view)
         final_compile = _uv_compiler(
             py, previous_versions(previous, spec), upgrade_packages, view=view
@@ -508,34 +318,9 @@ def resolve(
         final_compile = compile_
 
     ones = {name: replace(spec, platforms=(name,)) for name in spec.platforms}
-    # Pass 1 on every platform before any full resolution: a CPU-only torch anywhere is
-    # refused first, naming the platform.
-    decided = {name: _torch_cuda_on(one, compile_) for name, one in ones.items()}
-    problems = [p for name, d in decided.items() for p in _on(name, d.problems)]
-    toolkits = {d.toolkit for d in decided.values()}
-    if len(toolkits) > 1 and not problems:
-        found = ", ".join(f"{d.toolkit or 'none'} on {name}" for name, d in decided.items())
-        problems.append(
-            f"torch {spec.torch} pins cuda-toolkit {found}: one lock holds one toolkit; "
-            "narrow `platforms:`"
-        )
-    if problems:
-        raise ResolveError(_refusal(spec, problems))
-    toolkit = toolkits.pop()
-    tcuda = next(iter(decided.values())).tcuda
-
-    requirements: list[str] = []
-    if spec.torch is not None:
-        requirements.append(f"torch=={spec.torch}")
-    requirements += list(spec.packages)
-    if spec.remote_cache:
-        # Triton and Inductor reach the shared cache through redis-py (remote_cache.py).
-        requirements.append(remote_cache.CLIENT)
-    if toolkit is not None and spec.toolchain.source == "wheels":
-        # Pin the compiler to the version torch pins so the resolver cannot drift.
-        requirements.append(
-            f"cuda-toolkit[{channels.toolkit_extras(spec.toolchain.components)}]=={toolkit}"
-        )
+    toolkit, tcuda = _pass_one(spec, ones, compile_)
+    requirements = _requirements(spec, toolkit)
+    problems = []
     resolved: dict[str, tuple[LockedPackage, ...]] = {}
     for name, one in ones.items():
         pins = toolkit_pins(one, toolkit, compile_) if toolkit is not None else {}
@@ -561,7 +346,7 @@ def resolve(
         command=command,
         notes=tuple(_notes(spec, resolved)),
     )
-    at, own = _recorded_view(view, lock.packages, begun)
+    at, own = recorded_view(view, lock.packages, begun)
     lock = replace(lock, exclude_newer=at, exclude_newer_packages=own)
     return Plan(lock=lock, requirements=tuple(requirements), seconds=time.monotonic() - started)
 
@@ -705,46 +490,6 @@ def _in_wheelhouse(f: LockedFile, wheelhouse: str) -> LockedFile:
     return replace(f, url=None, path=posixpath.normpath(posixpath.join(wheelhouse, f.name)))
 
 
-def index_files(spec: EnvSpec, packages: Sequence[LockedPackage]) -> tuple[LockedPackage, ...]:
-    """Each of ``packages`` (exact versions) as the index this machine is configured with
-    serves it: every file with its URL and hash, from ``uv pip compile --no-deps`` of the
-    exact pins for the lock's Python and platform. Nothing is re-resolved."""
-    if not packages:
-        return ()
-    # The spec's `indexes:` are left out: a package pinned to an index keeps its own URL and
-    # is not looked up here (the caller passes only the others).
-    return uv_compile(
-        replace(spec, indexes=()),
-        [f"{p.name}=={p.version}" for p in packages],
-        extra_args=("--no-deps",),
-        python=_spec_python(spec),
-    ).packages
-
-
-def preferences(previous: Lock, platform: str) -> bytes:
-    """The versions ``previous`` installs on ``platform``, as the PEP 751 file uv reads back
-    as its preferences when it is the output file (names and versions are all uv takes from
-    it). One platform's entries only: where a lock holds two versions of a package, one per
-    platform, uv would prefer whichever came last."""
-    lines = [LOCK_VERSION_LINE, tomlwriter.pair("created-by", "cudaenv")]
-    for p in previous.packages:
-        if p.on(platform):
-            lines += ["", "[[packages]]", tomlwriter.pair("name", p.name)]
-            lines.append(tomlwriter.pair("version", p.version))
-    return ("\n".join(lines) + "\n").encode()
-
-
-def previous_versions(previous: Path | None, spec: EnvSpec) -> Lock | None:
-    """The lock a re-lock keeps the versions of: ``previous`` when it exists and parses (a
-    lock that does not parse holds no versions worth keeping; the re-lock replaces it)."""
-    if previous is None or not previous.is_file():
-        return None
-    try:
-        return read_lock(previous, spec=spec)
-    except BuildError:
-        return None
-
-
 def _uv_compiler(
     python: Path | None,
     previous: Lock | None,
@@ -777,117 +522,3 @@ def _uv_compiler(
 def _refusal(spec: EnvSpec, problems: Sequence[str]) -> str:
     head = f"{spec.name} ({spec.source}): refused by the matching policy, nothing was installed:"
     return head + "".join(f"\n  - {p}" for p in problems)
-
-
-# --------------------------------------------------------------------------- the index view
-
-
-def choose_view(
-    previous: Lock | None,
-    spec: EnvSpec,
-    *,
-    upgrade: bool = False,
-    upgrade_packages: Sequence[str] = (),
-    given: str | None = None,
-) -> indexview.View:
-    """The index view a (re-)lock of ``spec`` resolves against.
-
-    - ``given`` (``--exclude-newer``): that time.
-    - a fresh lock, or ``upgrade``: CUDAENV_EXCLUDE_NEWER where it is set, else the index as
-      it is now (the lock then records when that was).
-    - a re-lock: the view of ``previous`` (``Lock.view``): a release uploaded since is not
-      seen. A package of ``upgrade_packages``, and one the spec's ``packages:`` name that
-      ``previous`` does not hold (what `cudaenv add` writes), is seen as it is now and gets
-      a view of its own in the new lock.
-
-    A package the spec pins to a ``file://`` index is exempt: a directory has no upload times
-    (PEP 700 is an HTTP API's), and uv excludes a file without one under any cut-off."""
-    own = {canonicalize_name(n) for n, url in spec.indexes if url.startswith("file:")}
-    exempt = tuple(sorted(own.union(previous.view().exempt if previous is not None else ())))
-    kept = previous.view() if previous is not None and not upgrade else indexview.View()
-    if given is not None or kept.at is None:
-        return replace(fresh_view(given), exempt=exempt)
-    assert previous is not None
-    held = {canonicalize_name(p.name) for p in previous.packages}
-    named = {canonicalize_name(_requirement_name(r)) for r in spec.packages}
-    moving = {canonicalize_name(n) for n in upgrade_packages} | (named - held)
-    return replace(
-        kept,
-        packages=tuple((n, w) for n, w in kept.packages if n not in moving),
-        exempt=exempt,
-        moving=tuple(sorted(moving)),
-    )
-
-
-def fresh_view(given: str | None = None) -> indexview.View:
-    """The view of a resolution that keeps none: ``given`` (``--exclude-newer``), else
-    CUDAENV_EXCLUDE_NEWER, else the index as it is now."""
-    if given is not None:
-        return indexview.View(at=indexview.canonical(given), origin="given by --exclude-newer")
-    found = settings.current().exclude_newer
-    if found is not None:
-        return indexview.View(at=indexview.canonical(found), origin="CUDAENV_EXCLUDE_NEWER")
-    return indexview.View(origin=f"the index as it is now, {indexview.spell(indexview.now())}")
-
-
-def _requirement_name(text: str) -> str:
-    """The project name a PEP 508 requirement of the spec names (the spec has checked it)."""
-    return re.split(r"[\s\[<>=!~;@(]", text.strip(), maxsplit=1)[0]
-
-
-def _recorded_view(
-    view: indexview.View, packages: Sequence[LockedPackage], begun: dt.datetime
-) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """What the new lock records of ``view`` (its cut-off, the packages' own): its cut-off, or, where the index was seen as it
-    is now, the moment the resolution began, moved past every upload time it found (a file
-    uploaded while uv ran is in the lock, so the view must hold it). Nothing where no file
-    carries an upload time (an index without PEP 700: no cut-off could see its files)."""
-
-    def stamp(files: Sequence[LockedFile]) -> str | None:
-        times = [f.upload_time for f in files if f.upload_time]
-        if not times:
-            return None
-        latest = indexview.after(times)
-        start = indexview.spell(begun)
-        return max(start, latest) if latest is not None else start
-
-    everything = [f for p in packages for f in p.files]
-    at = view.at if view.at is not None else stamp(everything)
-    own = dict(view.packages)
-    for name in view.moving:
-        mine = stamp([f for p in packages if canonicalize_name(p.name) == name for f in p.files])
-        if mine is not None and at is not None and mine > at:
-            own[name] = mine
-    return at, (tuple(sorted(own.items())) if at is not None else ())
-
-
-def moved(before: Lock, after: Lock) -> list[str]:
-    """What a re-lock changed, one line per package: ``vllm 0.33.0 -> 0.34.0``, ``new: x 1.0``,
-    ``gone: y 2.0`` (each platform's versions, named with the platform where they differ)."""
-    lines: list[str] = []
-    platforms_ = list(dict.fromkeys([*after.platforms, *before.platforms]))
-    changes: dict[str, list[str]] = {}
-    for platform in platforms_:
-        old = (
-            {p.name: p.version for p in before.packages_on(platform)}
-            if platform in before.platforms
-            else {}
-        )
-        new = (
-            {p.name: p.version for p in after.packages_on(platform)}
-            if platform in after.platforms
-            else {}
-        )
-        for name in sorted(old.keys() | new.keys()):
-            if old.get(name) == new.get(name):
-                continue
-            if name not in old:
-                said = f"new: {name} {new[name]}"
-            elif name not in new:
-                said = f"gone: {name} {old[name]}"
-            else:
-                said = f"{name} {old[name]} -> {new[name]}"
-            changes.setdefault(said, []).append(platform)
-    for said, where in changes.items():
-        lines.append(said if len(where) == len(platforms_) else f"{said} (on {', '.join(where)})")
-    return lines

@@ -104,9 +104,9 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
                 artifacts.append((f"topk_topp {arch}", built.path, (arch,)))
             else:
                 problems.append(f"topk_topp {arch}: not built (see kernel-compile)")
-    library = facts.jit.get("library")
-    if library and Path(str(library)).exists():
-        artifacts.append(("flashinfer sampling", Path(str(library)), target.archs))
+    library = facts.jit.library
+    if library and Path(library).exists():
+        artifacts.append(("flashinfer sampling", Path(library), target.archs))
     if not artifacts:
         return CheckResult(
             name="cubin",

@@ -14,7 +14,7 @@ from builder.core.statuses import FAILED, PASSED, SKIPPED
 from builder.machine.archs import Arch, flashinfer_spelling, parse_list
 from builder.spec import channels
 from builder.verify.imports import servers_asked
-from builder.verify.model import CheckResult, EnvFacts, Target
+from builder.verify.model import CheckResult, EnvFacts, StoreUse, Target
 
 
 def built_archs(facts: EnvFacts) -> tuple[Arch, ...] | None:
@@ -147,33 +147,90 @@ def store_miss(target: Target, facts: EnvFacts, key: str, library: Path) -> str 
         return None
 
 
-def check(target: Target, facts: EnvFacts) -> CheckResult:
-    if not facts.flashinfer_installed:
-        needing = [s.distribution for s in servers_asked(target) if s.needs_flashinfer]
-        if needing:
-            # A server that cannot JIT its kernels cannot serve: not a skip.
-            who = " and ".join(needing)
-            return CheckResult(
-                name="flashinfer-jit",
-                status=FAILED,
-                summary=f"{who} needs FlashInfer for its JIT kernels; flashinfer-python is "
-                "not installed in this env: add it to packages",
-                fix="add flashinfer-python to the spec's packages: `cudaenv add flashinfer-python "
-                f"--spec {target.spec_path or 'SPEC'}`",
-            )
+def _not_installed(target: Target) -> CheckResult:
+    """No FlashInfer in the env: a failure where a server asked for needs it, else a skip."""
+    needing = [s.distribution for s in servers_asked(target) if s.needs_flashinfer]
+    if needing:
+        # A server that cannot JIT its kernels cannot serve: not a skip.
+        who = " and ".join(needing)
         return CheckResult(
             name="flashinfer-jit",
-            status=SKIPPED,
-            summary="flashinfer-python is not installed in this env (and no package asked "
-            "for needs it)",
+            status=FAILED,
+            summary=f"{who} needs FlashInfer for its JIT kernels; flashinfer-python is "
+            "not installed in this env: add it to packages",
+            fix="add flashinfer-python to the spec's packages: `cudaenv add flashinfer-python "
+            f"--spec {target.spec_path or 'SPEC'}`",
         )
+    return CheckResult(
+        name="flashinfer-jit",
+        status=SKIPPED,
+        summary="flashinfer-python is not installed in this env (and no package asked "
+        "for needs it)",
+    )
+
+
+def _did_not_build(error: str, evidence: list[tuple[str, str]], seconds: float) -> CheckResult:
+    """The sampling module did not build: FlashInfer's error, with the cause named where it
+    is a known one (a toolkit without a library or a header)."""
+    hint = ""
+    fix = "check the toolchain check first; rebuild the env with `cudaenv build SPEC`"
+    if "cannot find -lcudart" in error or "cannot find -lcuda" in error:
+        hint = " (CUDA_HOME lacks lib64/libcudart.so or lib64/stubs/libcuda.so: flashinfer#5064)"
+    missing = channels.missing_header(error)
+    if missing:
+        header, component = missing
+        hint = f" (the toolkit has no {header})"
+        if component:
+            fix = channels.component_fix(header, component)
+    return CheckResult(
+        name="flashinfer-jit",
+        status=FAILED,
+        summary=f"FlashInfer's sampling module did not build{hint}",
+        evidence=(*evidence, ("error", error[-3000:])),
+        seconds=seconds,
+        fix=fix,
+    )
+
+
+def _store_part(
+    target: Target,
+    facts: EnvFacts,
+    stored: StoreUse,
+    how: str,
+    reused: bool,
+    library: Path,
+    evidence: list[tuple[str, str]],
+) -> str:
+    """``how`` with what the JIT store did (reused, kept, why it missed, pushed), its
+    evidence appended to ``evidence``."""
+    evidence.append(("JIT store key", str(stored.key)))
+    if stored.hit and reused:
+        day = (stored.first_built or "?")[:10]
+        how = f"reused from the store (first built {day} for {stored.env})"
+    elif stored.kept:
+        how += ", kept in the store for envs of the same toolchain"
+    if not stored.hit:
+        missed = store_miss(target, facts, stored.key or "", library)
+        if missed:
+            evidence.append(("why the store missed", missed))
+            how += f"; the store missed: {missed}"
+    remote = pushed_to(facts, stored.hit or stored.kept, stored.warnings)
+    if remote is not None:
+        how += f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)"
+        evidence.append(("pushed", f"{stored.key} to {remote}"))
+    return how
+
+
+def check(target: Target, facts: EnvFacts) -> CheckResult:
+    if not facts.flashinfer_installed:
+        return _not_installed(target)
     archs = facts.env.get("FLASHINFER_CUDA_ARCH_LIST") or "(unset: the visible GPUs')"
     evidence = [
         ("FLASHINFER_CUDA_ARCH_LIST", archs),
         ("FLASHINFER_WORKSPACE_BASE", str(facts.env.get("FLASHINFER_WORKSPACE_BASE"))),
     ]
     jit = facts.jit
-    seconds = float(jit.get("seconds", 0.0) or 0.0)
+    seconds = jit.seconds
     built_for = built_archs(facts)
     if built_for is not None and set(built_for) != set(target.archs):
         # The JIT read another list than the one verified: e.g. a hook that overwrote an
@@ -188,29 +245,10 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             fix="rebuild the env (`cudaenv build SPEC --force`): its start-up hook then honours "
             "`cudaenv verify --archs`",
         )
-    if facts.flashinfer_error or "error" in jit or "library" not in jit:
-        error = str(jit.get("error") or facts.flashinfer_error or "no JIT result")
-        hint = ""
-        fix = "check the toolchain check first; rebuild the env with `cudaenv build SPEC`"
-        if "cannot find -lcudart" in error or "cannot find -lcuda" in error:
-            hint = (
-                " (CUDA_HOME lacks lib64/libcudart.so or lib64/stubs/libcuda.so: flashinfer#5064)"
-            )
-        missing = channels.missing_header(error)
-        if missing:
-            header, component = missing
-            hint = f" (the toolkit has no {header})"
-            if component:
-                fix = channels.component_fix(header, component)
-        return CheckResult(
-            name="flashinfer-jit",
-            status=FAILED,
-            summary=f"FlashInfer's sampling module did not build{hint}",
-            evidence=(*evidence, ("error", error[-3000:])),
-            seconds=seconds,
-            fix=fix,
-        )
-    library = Path(str(jit["library"]))
+    if facts.flashinfer_error or jit.error is not None or jit.library is None:
+        error = jit.error or facts.flashinfer_error or "no JIT result"
+        return _did_not_build(error, evidence, seconds)
+    library = Path(jit.library)
     evidence.append(("library", str(library)))
     if target.env_dir is not None and not library.is_relative_to(target.env_dir):
         return CheckResult(
@@ -223,8 +261,8 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
             fix="run the env's own python (its start-up hook sets FLASHINFER_WORKSPACE_BASE)",
         )
     # From what ninja ran (its log, read around the build), never from a file that existed.
-    ran = [str(r) for r in jit.get("ran") or []] if isinstance(jit.get("ran"), list) else []
-    reused = jit.get("reused") is True and not ran
+    ran = jit.ran
+    reused = jit.reused and not ran
     how = (
         "reused from the env's JIT cache (ninja ran nothing)"
         if reused
@@ -232,26 +270,10 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     )
     if ran:
         evidence.append(("ninja ran", ", ".join(ran[:20]) + (" …" if len(ran) > 20 else "")))
-    stored = jit.get("store")
-    warnings: tuple[str, ...] = ()
-    if isinstance(stored, dict) and isinstance(stored.get("warnings"), list):
-        warnings = tuple(str(w) for w in stored["warnings"])
-    if isinstance(stored, dict) and stored.get("used"):
-        evidence.append(("JIT store key", str(stored.get("key"))))
-        if stored.get("hit") and reused:
-            day = str(stored.get("first_built") or "?")[:10]
-            how = f"reused from the store (first built {day} for {stored.get('env')})"
-        elif stored.get("kept"):
-            how += ", kept in the store for envs of the same toolchain"
-        if not stored.get("hit"):
-            missed = store_miss(target, facts, str(stored.get("key") or ""), library)
-            if missed:
-                evidence.append(("why the store missed", missed))
-                how += f"; the store missed: {missed}"
-        remote = pushed_to(facts, bool(stored.get("hit") or stored.get("kept")), warnings)
-        if remote is not None:
-            how += f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)"
-            evidence.append(("pushed", f"{stored.get('key')} to {remote}"))
+    stored = jit.store
+    warnings = stored.warnings if stored is not None else ()
+    if stored is not None and stored.used:
+        how = _store_part(target, facts, stored, how, reused, library, evidence)
     return CheckResult(
         name="flashinfer-jit",
         status=PASSED,

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Final
@@ -330,6 +330,82 @@ def _borrow_one(src: str, into: str, name: str, made: bool) -> bool:
     return True
 
 
+@dataclass
+class _Read:
+    """What the import probe's lines say (one JSON object a line, in the order it wrote them)."""
+
+    evidence: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # top-level modules no distribution provides
+    started: list[str] = field(default_factory=list)  # modules begun and not finished
+    imported: int = 0
+    servers: int = 0  # server start-up modules among those imported
+    finished: bool = False
+
+
+def _read(docs: list[dict[str, Any]], target: Target) -> _Read:
+    out = _Read()
+    server_modules = {m for s in SERVERS for m in s.modules}
+    for doc in docs:
+        if "dist" in doc:
+            if doc.get("installed"):
+                out.evidence.append(
+                    (f"{doc['dist']} {doc.get('version')}", "imports " + ", ".join(doc["imports"]))
+                )
+            elif doc.get("required"):
+                out.problems.append(f"{doc['dist']} is not installed in this env")
+            elif target.packages is not None:
+                out.evidence.append((str(doc["dist"]), "not installed (its marker leaves it out?)"))
+        elif isinstance(doc.get("bytecode"), dict):
+            kept = doc["bytecode"]
+            out.evidence.append(
+                (
+                    "bytecode of what was imported",
+                    f"{kept.get('written', 0)} written, {kept.get('present', 0)} already there, "
+                    f"{kept.get('failed', 0)} not writable, in {kept.get('seconds', 0)} s",
+                )
+            )
+        elif "start" in doc:
+            out.started.append(str(doc["start"]))
+        elif "module" in doc:
+            out.started.remove(str(doc["module"]))
+            took = f"{float(doc.get('seconds', 0.0)):.1f} s"
+            if doc.get("ok"):
+                out.imported += 1
+                out.servers += doc["module"] in server_modules
+                out.evidence.append((f"import {doc['module']}", f"ok in {took}"))
+            else:
+                out.evidence.append((f"import {doc['module']}", f"{doc.get('error')} ({took})"))
+                out.problems.append(why(doc))
+                if doc.get("missing") and not doc.get("providers"):
+                    out.missing.append(str(doc["missing"]).split(".")[0])
+    out.finished = any(doc.get("done") for doc in docs)
+    return out
+
+
+def _fix(target: Target, missing: list[str]) -> str:
+    """What to do about a failed import: add what provides a missing module, else rebuild
+    (or, without a spec, ask the doctor)."""
+    spec = target.spec_path or "SPEC"
+    if missing:
+        return (
+            f"add the distribution that provides {', '.join(dict.fromkeys(missing))} to the "
+            f"spec's packages (`cudaenv add NAME --spec {spec}`; NAME is often the module's), "
+            "or pin a release of the importing package that declares it"
+        )
+    if target.spec_path:
+        return (
+            f"rebuild the env (`cudaenv build {spec} --force`); if it persists, the "
+            "packages' versions do not work together: change the pins"
+        )
+    # No spec to rebuild from (an adopted env, or any interpreter): the doctor reads the
+    # installed set for a cause (a binding of another CUDA major, mixed minors).
+    return (
+        f"`cudaenv doctor --python {target.python}` names the installed packages that "
+        "do not work together, with the command that repairs them"
+    )
+
+
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     names = asked(target)
     script = str(resources.files("builder.probe").joinpath("imports_probe.py"))
@@ -342,79 +418,25 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     except proc.CommandFailed as exc:  # past the timeout: what it said so far still counts
         output, code, stderr, timed_out = exc.output, -1, "", True
     seconds = time.monotonic() - started
-    docs = read_lines(output)
-    evidence: list[tuple[str, str]] = []
-    problems: list[str] = []
-    missing: list[str] = []
-    started_modules: list[str] = []
-    imported = 0
-    server_modules = {m for s in SERVERS for m in s.modules}
-    servers = 0
-    for doc in docs:
-        if "dist" in doc:
-            if doc.get("installed"):
-                evidence.append(
-                    (f"{doc['dist']} {doc.get('version')}", "imports " + ", ".join(doc["imports"]))
-                )
-            elif doc.get("required"):
-                problems.append(f"{doc['dist']} is not installed in this env")
-            elif target.packages is not None:
-                evidence.append((str(doc["dist"]), "not installed (its marker leaves it out?)"))
-        elif isinstance(doc.get("bytecode"), dict):
-            kept = doc["bytecode"]
-            evidence.append(
-                (
-                    "bytecode of what was imported",
-                    f"{kept.get('written', 0)} written, {kept.get('present', 0)} already there, "
-                    f"{kept.get('failed', 0)} not writable, in {kept.get('seconds', 0)} s",
-                )
-            )
-        elif "start" in doc:
-            started_modules.append(str(doc["start"]))
-        elif "module" in doc:
-            started_modules.remove(str(doc["module"]))
-            took = f"{float(doc.get('seconds', 0.0)):.1f} s"
-            if doc.get("ok"):
-                imported += 1
-                servers += doc["module"] in server_modules
-                evidence.append((f"import {doc['module']}", f"ok in {took}"))
-            else:
-                evidence.append((f"import {doc['module']}", f"{doc.get('error')} ({took})"))
-                problems.append(why(doc))
-                if doc.get("missing") and not doc.get("providers"):
-                    missing.append(str(doc["missing"]).split(".")[0])
-    finished = any(doc.get("done") for doc in docs)
+    got = _read(read_lines(output), target)
+    evidence, problems = got.evidence, got.problems
     if timed_out:
-        hung = started_modules[0] if started_modules else "the probe"
+        hung = got.started[0] if got.started else "the probe"
         problems.append(f"import {hung} did not finish within {TIMEOUT_SECONDS:.0f} s")
-    elif not finished:
+    elif not got.finished:
         tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
         problems.append(f"the import probe stopped (exit {code}): {tail[:300]}")
-    spec = target.spec_path or "SPEC"
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        fix = (
-            f"add the distribution that provides {', '.join(dict.fromkeys(missing))} to the "
-            f"spec's packages (`cudaenv add NAME --spec {spec}`; NAME is often the module's), "
-            "or pin a release of the importing package that declares it"
-            if missing
-            else f"rebuild the env (`cudaenv build {spec} --force`); if it persists, the "
-            "packages' versions do not work together: change the pins"
-            if target.spec_path
-            # No spec to rebuild from (an adopted env, or any interpreter): the doctor reads
-            # the installed set for a cause (a binding of another CUDA major, mixed minors).
-            else f"`cudaenv doctor --python {target.python}` names the installed packages that "
-            "do not work together, with the command that repairs them"
-        )
         return CheckResult(
             name="imports",
             status=FAILED,
             summary=problems[0] + more,
             evidence=(*evidence, *((f"problem {i + 1}", p) for i, p in enumerate(problems))),
             seconds=seconds,
-            fix=fix,
+            fix=_fix(target, got.missing),
         )
-    if imported == 0:
+    if got.imported == 0:
         return CheckResult(
             name="imports",
             status=SKIPPED,
@@ -427,8 +449,8 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     return CheckResult(
         name="imports",
         status=PASSED,
-        summary=f"{imported} module(s) import"
-        + (f", {servers} server start-up module(s) among them" if servers else ""),
+        summary=f"{got.imported} module(s) import"
+        + (f", {got.servers} server start-up module(s) among them" if got.servers else ""),
         evidence=tuple(evidence),
         seconds=seconds,
     )

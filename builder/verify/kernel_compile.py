@@ -375,6 +375,34 @@ def _compile(
     return KernelBuild(arch=arch, path=out, seconds=seconds, reused=False)
 
 
+def _why_failed(
+    release: str | None,
+    host_error: str | None,
+    failures: list[str],
+    missing_tool: str | None,
+    headers: list[tuple[str, str | None]],
+) -> tuple[str, str]:
+    """The summary and the fix of a failed compile: no host compiler, a header the toolkit
+    lacks (and the component that has it), else an arch this nvcc cannot build."""
+    if missing_tool:
+        return (
+            f"nvcc {release} has no host compiler: {host_error or failures[0]}",
+            NO_HOST_COMPILER_FIX,
+        )
+    if headers:
+        header, component = headers[0]
+        return (
+            f"nvcc {release} cannot find {header}: " + "; ".join(failures),
+            channels.component_fix(header, component),
+        )
+    return (
+        f"nvcc {release} cannot build " + "; ".join(failures),
+        "drop the arch from the spec's archs, or use a CUDA that supports it "
+        "(12.0f needs 12.9+, 12.0a 12.8+); if NVCC_*_FLAGS are set in the spec's env, "
+        "check them",
+    )
+
+
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     nvcc = nvcc_of(facts)
     if not nvcc.exists():
@@ -425,20 +453,8 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         else:
             evidence.append((str(arch), f"{built.path} compiled in {built.seconds:.1f} s"))
     if failures:
-        if missing_tool:
-            fix = NO_HOST_COMPILER_FIX
-            summary = f"nvcc {facts.nvcc_release} has no host compiler: {host.error or failures[0]}"
-        elif headers:
-            header, component = headers[0]
-            summary = f"nvcc {facts.nvcc_release} cannot find {header}: " + "; ".join(failures)
-            fix = channels.component_fix(header, component)
-        else:
-            summary = f"nvcc {facts.nvcc_release} cannot build " + "; ".join(failures)
-            fix = (
-                "drop the arch from the spec's archs, or use a CUDA that supports it "
-                "(12.0f needs 12.9+, 12.0a 12.8+); if NVCC_*_FLAGS are set in the spec's env, "
-                "check them"
-            )
+        release = facts.nvcc_release
+        summary, fix = _why_failed(release, host.error, failures, missing_tool, headers)
         return CheckResult(
             name="kernel-compile",
             status=FAILED,

@@ -91,6 +91,66 @@ class Target:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StoreUse:
+    """What the JIT store did for the probe's build of the sampling module (its
+    ``flashinfer.jit.store``): placed an entry (``hit``), kept the result (``kept``), or was
+    not used, with the notes it made on the way."""
+
+    used: bool = False
+    hit: bool = False
+    kept: bool = False
+    key: str | None = None  # the entry's key, shortened
+    first_built: str | None = None  # a hit: when and for which env the entry was made
+    env: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> StoreUse:
+        def opt(key: str) -> str | None:
+            v = doc.get(key)
+            return None if v is None else str(v)
+
+        told = doc.get("warnings")
+        return cls(
+            used=bool(doc.get("used")),
+            hit=bool(doc.get("hit")),
+            kept=bool(doc.get("kept")),
+            key=opt("key"),
+            first_built=opt("first_built"),
+            env=opt("env"),
+            warnings=tuple(str(w) for w in told) if isinstance(told, list) else (),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JitBuild:
+    """FlashInfer's JIT build of its sampling module in the probe (``flashinfer.jit``): the
+    library made, or the error; what ninja ran (``reused`` only where it ran nothing)."""
+
+    seconds: float = 0.0
+    error: str | None = None  # present (maybe empty) where the build failed
+    library: str | None = None
+    reused: bool = False
+    ran: tuple[str, ...] = ()
+    store: StoreUse | None = None
+
+    @classmethod
+    def from_json(cls, doc: object) -> JitBuild:
+        """The probe's ``jit`` object; anything else is a build that said nothing."""
+        if not isinstance(doc, Mapping):
+            return cls()
+        ran, store = doc.get("ran"), doc.get("store")
+        return cls(
+            seconds=float(doc.get("seconds", 0.0) or 0.0),
+            error=None if "error" not in doc else str(doc["error"] or ""),
+            library=None if doc.get("library") is None else str(doc["library"]),
+            reused=doc.get("reused") is True,
+            ran=tuple(str(r) for r in ran) if isinstance(ran, list) else (),
+            store=StoreUse.from_json(store) if isinstance(store, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvFacts:
     """The probe's JSON, parsed once at this edge."""
 
@@ -113,7 +173,7 @@ class EnvFacts:
     flashinfer_cuda_version: str | None
     flashinfer_error: str | None
     flashinfer_import: str | None = None
-    jit: Mapping[str, Any] = field(default_factory=dict)
+    jit: JitBuild = field(default_factory=JitBuild)
     # The interpreter's whole environment after its start-up hook: what every check runs with.
     environ: Mapping[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -139,7 +199,6 @@ class EnvFacts:
             v = m.get(key)
             return None if v is None else str(v)
 
-        jit = fi.get("jit")
         return cls(
             python=str(doc.get("python", "")),
             python_version=str(doc.get("python_version", "")),
@@ -161,7 +220,7 @@ class EnvFacts:
             flashinfer_cuda_version=opt(fi, "cuda_version"),
             flashinfer_error=opt(fi, "error") if fi.get("installed") else None,
             flashinfer_import=opt(fi, "import"),
-            jit=jit if isinstance(jit, dict) else {},
+            jit=JitBuild.from_json(fi.get("jit")),
             environ={str(k): str(v) for k, v in sub("environ").items()},
             seconds=seconds,
         )

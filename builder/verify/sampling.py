@@ -420,25 +420,12 @@ def _must_run(half: Half, device: Device) -> Half:
     )
 
 
-def check(target: Target, facts: EnvFacts) -> CheckResult:
-    strict = gpu_check_mode()
-    # Nothing to run is a skip, except in the GPU check, where it is what failed.
-    nothing: CheckStatus = FAILED if strict else SKIPPED
-    needs = f" ({GPU_CHECK}=1: the GPU check needs a GPU)" if strict else ""
-    gpus, why = archs.visible_gpus()
-    if not gpus:
-        return CheckResult(name="sampling", status=nothing, summary=(why or "no GPU") + needs)
-    devices, notes = select_devices(gpus, env_of(target, facts))
-    evidence: list[tuple[str, str]] = [("left out", n) for n in notes]
-    if not devices:
-        return CheckResult(
-            name="sampling",
-            status=nothing,
-            summary="no GPU to test: " + "; ".join(notes) + needs,
-            evidence=tuple(evidence),
-        )
-    found = driver.detect()
-    started = time.monotonic()
+def _run_halves(
+    target: Target, facts: EnvFacts, devices: list[Device], *, strict: bool
+) -> list[tuple[Device, Half]]:
+    """Both halves (cudaenv's kernel, FlashInfer's) on each device, each its own verdict: a
+    driver too old for the env's CUDA, or a tool that failed, fails that half only."""
+    found = driver.current()
     cases = ref.make_cases()
     halves: list[tuple[Device, Half]] = []
     with tempfile.TemporaryDirectory(prefix="cudaenv-sampling-") as tmp:
@@ -457,7 +444,59 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
                 if strict:
                     half = _must_run(half, device)
                 halves.append((device, half))
-                evidence.append((f"{device.label} {half.who}", f"{half.status}: {half.detail}"))
+    return halves
+
+
+def _failed(
+    failed: list[tuple[Device, Half]], evidence: list[tuple[str, str]], seconds: float
+) -> CheckResult:
+    problems = [
+        f"{d.label} {h.who}: " + ("; ".join(h.failures[:3]) if h.failures else h.detail)
+        for d, h in failed
+    ]
+    missing = next((h.missing_tool for _, h in failed if h.missing_tool), None)
+    fix = (
+        "a sample outside the reference set means a miscompiled or mismatched kernel: "
+        "run the toolchain and cubin checks; a GPU missing from the env's archs needs "
+        "`cudaenv verify SPEC --archs ...` or a rebuild on this box"
+    )
+    if any(h.detail.startswith("driver too old") for _, h in failed):
+        fix = (
+            "the driver cannot run this env's CUDA: install the driver the summary names "
+            "(or the cuda-compat package it names), or verify an env built for a CUDA "
+            "this driver runs"
+        )
+    return CheckResult(
+        name="sampling",
+        status=FAILED,
+        summary="; ".join(problems)[:1500],
+        evidence=tuple(evidence),
+        seconds=seconds,
+        fix=fix,
+        missing_tool=missing,
+    )
+
+
+def check(target: Target, facts: EnvFacts) -> CheckResult:
+    strict = gpu_check_mode()
+    # Nothing to run is a skip, except in the GPU check, where it is what failed.
+    nothing: CheckStatus = FAILED if strict else SKIPPED
+    needs = f" ({GPU_CHECK}=1: the GPU check needs a GPU)" if strict else ""
+    gpus, why = archs.visible_gpus()
+    if not gpus:
+        return CheckResult(name="sampling", status=nothing, summary=(why or "no GPU") + needs)
+    devices, notes = select_devices(gpus, env_of(target, facts))
+    evidence: list[tuple[str, str]] = [("left out", n) for n in notes]
+    if not devices:
+        return CheckResult(
+            name="sampling",
+            status=nothing,
+            summary="no GPU to test: " + "; ".join(notes) + needs,
+            evidence=tuple(evidence),
+        )
+    started = time.monotonic()
+    halves = _run_halves(target, facts, devices, strict=strict)
+    evidence += [(f"{d.label} {h.who}", f"{h.status}: {h.detail}") for d, h in halves]
     seconds = time.monotonic() - started
     failed = [(d, h) for d, h in halves if h.status == FAILED]
     ran = [h for _, h in halves if h.status == PASSED]
@@ -470,31 +509,7 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
         else:
             parts.append(f"{who} {'/'.join(states)} on {len(mine)} device(s)")
     if failed:
-        problems = [
-            f"{d.label} {h.who}: " + ("; ".join(h.failures[:3]) if h.failures else h.detail)
-            for d, h in failed
-        ]
-        missing = next((h.missing_tool for _, h in failed if h.missing_tool), None)
-        fix = (
-            "a sample outside the reference set means a miscompiled or mismatched kernel: "
-            "run the toolchain and cubin checks; a GPU missing from the env's archs needs "
-            "`cudaenv verify SPEC --archs ...` or a rebuild on this box"
-        )
-        if any(h.detail.startswith("driver too old") for _, h in failed):
-            fix = (
-                "the driver cannot run this env's CUDA: install the driver the summary names "
-                "(or the cuda-compat package it names), or verify an env built for a CUDA "
-                "this driver runs"
-            )
-        return CheckResult(
-            name="sampling",
-            status=FAILED,
-            summary="; ".join(problems)[:1500],
-            evidence=tuple(evidence),
-            seconds=seconds,
-            fix=fix,
-            missing_tool=missing,
-        )
+        return _failed(failed, evidence, seconds)
     if not ran:
         return CheckResult(
             name="sampling",

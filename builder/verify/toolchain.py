@@ -11,7 +11,7 @@ from builder.verify.model import CheckResult, EnvFacts, Target
 def check(target: Target, facts: EnvFacts) -> CheckResult:
     result = _check(target, facts)
     # The facts came from one probe run; its time, less FlashInfer's JIT build, is this check's.
-    jit_seconds = float(facts.jit.get("seconds", 0.0) or 0.0)
+    jit_seconds = facts.jit.seconds
     return dataclasses.replace(result, seconds=max(facts.seconds - jit_seconds, 0.0))
 
 

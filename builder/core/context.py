@@ -1,0 +1,45 @@
+"""What one command resolves once: the values that stay the same for as long as a command runs
+(this machine's NVIDIA driver, a project's ``pyproject.toml``, the JIT remote a project names),
+made the first time one is asked for and handed to every later asker of the same command.
+
+The CLI opens the scope around each command (:func:`command`); each value is asked for through
+the function that owns it (``driver.current()``, ``paths.project_text()``), which passes its
+maker to :func:`once`. Outside a command (a library call, a test calling one function, a thread
+the command started) nothing is kept and each ask makes the value again, so no value outlives
+the command that made it: a driver upgraded between two commands of one process is seen.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_values: contextvars.ContextVar[dict[Hashable, Any] | None] = contextvars.ContextVar(
+    "cudaenv_command_context", default=None
+)
+
+
+@contextmanager
+def command() -> Iterator[None]:
+    """One command's scope: values made inside it are made once."""
+    token = _values.set({})
+    try:
+        yield
+    finally:
+        _values.reset(token)
+
+
+def once(key: Hashable, make: Callable[[], T]) -> T:
+    """``make()``, made once per command for ``key``. An exception is not kept: the next ask
+    tries again (and fails the same way where nothing changed)."""
+    values = _values.get()
+    if values is None:
+        return make()
+    if key not in values:
+        values[key] = make()
+    found: T = values[key]
+    return found
