@@ -23,8 +23,9 @@ import pytest
 
 from builder.core import remote_cache
 from builder.env import toolchain
+from builder.spec import lock
 from tests.conftest import Redis, start_redis
-from tests.helpers import cudaenv, loopback_server, workspace, write
+from tests.helpers import ENVSPECS, cudaenv, lock_of, loopback_server, workspace, write
 from tests.test_remote_cache import DEEP, HUGE, SLOW, trickle_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
@@ -81,7 +82,10 @@ def wired_env(tmp_path_factory: pytest.TempPathFactory, shared: Redis) -> Path:
     ws = workspace(tmp_path_factory.mktemp("ws"), "default.yaml")
     write(ws / "envspecs" / "rc.yaml",
           f"extends: default.yaml\nname: rc-e2e\nremote-cache: {shared.url}\n")  # fmt: skip
-    cudaenv("build", "envspecs/rc.yaml", cwd=ws)
+    # The new lock resolves at the view of the committed default lock, not the index of today.
+    view = lock.read(lock_of(ENVSPECS / "default.yaml")).exclude_newer
+    assert view is not None
+    cudaenv("build", "envspecs/rc.yaml", cwd=ws, env={"CUDAENV_EXCLUDE_NEWER": view})
     env = ws / ".envs" / "rc-e2e"
     lock_text = (ws / "envspecs" / "locks" / "pylock.rc-e2e.toml").read_text()
     assert '\nname = "redis"\n' in lock_text
