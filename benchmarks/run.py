@@ -1222,13 +1222,19 @@ class Bench:
     def matrix(self) -> list[Case]:
         """Two cells of the default stack with -j 2 on a warm uv cache. Two archs (12.0f,
         9.0a): builds overlap the JIT compiles, so the wall time stays near the sum of the
-        compiles plus the slowest env build. One arch twice, with an empty JIT store: the
-        second cell waits for the first one's compile instead of doing it again."""
-        wall, jit, builds, cells = self.run_matrix({"bench-120f": "12.0f", "bench-90a": "9.0a"})
+        compiles plus the slowest env build. One arch twice: the second cell waits for the
+        first one's compile instead of doing it again. Each with an empty JIT store of its own:
+        the machine's store (warm from whatever ran before) would leave nothing to compile."""
+        empty = self.work / "matrix-store-archs"
+        rm(empty)
+        wall, jit, builds, cells = self.run_matrix(
+            {"bench-120f": "12.0f", "bench-90a": "9.0a"}, {"CUDAENV_JIT_STORE": str(empty)}
+        )
         bound = sum(jit) + max(builds)
         two_archs = Case(
             name="matrix wall time",
-            what="2-cell matrix of the default stack (12.0f, 9.0a), -j 2, warm uv cache",
+            what="2-cell matrix of the default stack (12.0f, 9.0a), -j 2, warm uv cache, "
+            "empty JIT store",
             figures={
                 "wall_s": round(wall, 1),
                 "sum of JIT compiles_s": round(sum(jit), 1),
@@ -1240,6 +1246,7 @@ class Bench:
             goal="≤ 1.2",
             met=bound > 0 and wall / bound <= 1.2,
         )
+        rm(self.work / "matrix-store")
         store = {"CUDAENV_JIT_STORE": str(self.work / "matrix-store")}
         wall, jit, builds, cells = self.run_matrix({"bench-a": "12.0f", "bench-b": "12.0f"}, store)
         # One compile (the cell that compiled: the longer JIT time) and both env builds.
