@@ -185,7 +185,7 @@ def test_the_readme_is_the_front_door() -> None:
     # Right after them: how long each takes, and the quick path.
     after = readme.split("```", 2)[2].split("## ", 1)[0]
     assert re.search(r"about \d+ minutes on 2 cores", after)
-    assert re.search(r"\d+ minutes or more", after)
+    assert re.search(r"every test .*about \d+ minutes", after, re.S)
     assert "sh tools/nox.sh -s fast" in after
     assert "SM 12.x requires CUDA >= 12.9" in readme
     # Every link goes into the repository, to a file that exists.
