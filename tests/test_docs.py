@@ -36,6 +36,7 @@ MESSAGES = {
     "cudaErrorInsufficientDriver": "reused-jit-module",
     "torch.cuda.is_available() False aarch64": "cpu-only-torch-aarch64",
     "sm_121a": "triton-ptxas-sm121a",
+    "mismatches the version that was used to compile PyTorch": "cuda-version-mismatch",
 }
 
 

@@ -452,7 +452,7 @@ def test_unknown_top_key_lists_every_key_in_order(in_tmp: Path) -> None:
     path = write(in_tmp / "s.yaml", GOOD + "zzz: 1\n")
     assert problems(path) == [
         "s.yaml:7:1: zzz: unknown key; expected one of: name, summary, extends, python, cuda, "
-        "torch, packages, toolchain, archs, env, verify, indexes, platforms, targets, remote-cache"
+        "torch, packages, toolchain, archs, env, build-env, verify, indexes, platforms, targets, remote-cache"
     ]
 
 

@@ -27,6 +27,7 @@ from builder.core.reporter import Reporter
 from builder.machine import archs, driver, targets
 from builder.spec import envspec as spec
 from builder.spec import lock, matrixfile
+from builder.spec.lockmodel import LockedPackage
 
 if TYPE_CHECKING:
     from builder.audit import fleet as fleet_
@@ -248,7 +249,26 @@ def plan_table(
     for p in packages:
         if p.name.startswith(interesting) and p.name != "cuda-toolkit":
             rows.append((p.name, p.version))
+    rows += compile_rows(packages, lk.toolkit, archs.flashinfer_spelling(s.archs))
     rows.append(("packages", str(len(packages))))
+    return rows
+
+
+def compile_rows(
+    packages: Sequence[LockedPackage], toolkit: str | None, arch_list: str
+) -> list[tuple[str, str]]:
+    """A row for each package that compiles at install: the toolkit and archs it builds for,
+    and how long its last build took where this machine's store holds one."""
+    from builder.env import sourcebuild
+
+    rows = []
+    for p in sourcebuild.source_packages(packages):
+        text = f"{p.version}, compiled from its sdist at build (nvcc of cuda-toolkit " \
+            f"{toolkit or '-'}, archs {arch_list})"  # fmt: skip
+        seconds = sourcebuild.last_build_seconds(p)
+        if seconds is not None:
+            text += f"; the store holds a build of it that took {seconds:.0f} s"
+        rows.append((f"{p.name} (source)", text))
     return rows
 
 

@@ -130,6 +130,7 @@ def _start(
     stdin: int | IO[Any] | None,
     stdout: int | IO[Any],
     stderr: int | IO[Any],
+    new_session: bool = False,
 ) -> subprocess.Popen[str]:
     """The one place a child starts: text mode, die-with-parent, a missing program named, and
     a program named without a directory found only where no other user could have put it
@@ -158,6 +159,7 @@ def _start(
             text=True,
             errors="replace",
             preexec_fn=_PREEXEC,  # cudaenv is single-threaded when it spawns: see _die_with_parent
+            start_new_session=new_session,
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
@@ -267,27 +269,44 @@ def run_lines(
     env: Mapping[str, str] | None = None,
     input_text: str = "",
     timeout: float,
+    merged: bool = False,
+    cwd: Path | None = None,
 ) -> Completed:
     """Run ``argv``, handing each line of its stdout to ``on_line`` as it comes (a probe's
     progress events); stderr is kept for the result. Never raises for a non-zero exit: the
     caller reads the lines. The timeout is a deadline on the whole run: past it the child
-    is killed and CommandFailed says so."""
+    is killed and CommandFailed says so. ``merged`` (a build's log): stderr comes in the
+    lines too, and the child leads a process group of its own that a timeout kills whole
+    (a compiler the build started does not outlive it)."""
     args = [os.fspath(a) for a in argv]
     log.debug("$ %s", shlex.join(args))
     child = _start(
         args,
         env=env,
-        cwd=None,
+        cwd=cwd,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        new_session=merged,
     )
-    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
-    err_pipe = child.stderr
+    assert child.stdin is not None and child.stdout is not None
     err_parts: list[str] = []
-    reader = threading.Thread(target=lambda: err_parts.append(err_pipe.read()), daemon=True)
-    reader.start()
-    killer = threading.Timer(timeout, child.kill)
+    threads: list[threading.Thread] = []
+    if child.stderr is not None:
+        err_pipe = child.stderr
+        threads.append(
+            threading.Thread(target=lambda: err_parts.append(err_pipe.read()), daemon=True)
+        )
+        threads[0].start()
+
+    def kill() -> None:
+        with contextlib.suppress(OSError):
+            if merged:
+                os.killpg(child.pid, signal.SIGKILL)
+            else:
+                child.kill()
+
+    killer = threading.Timer(timeout, kill)
     killer.daemon = True
     killer.start()
     started = time.monotonic()
@@ -299,12 +318,12 @@ def run_lines(
             on_line(line.rstrip("\n"))
         child.wait()
     except BaseException:
-        child.kill()
+        kill()
         child.wait()
         raise
     finally:
         killer.cancel()
-    _join([reader], until=time.monotonic() + 5)
+    _join(threads, until=time.monotonic() + 5)
     if time.monotonic() - started >= timeout and child.returncode != 0:
         raise _timed_out(args, timeout, "".join(err_parts)[-4000:])
     return Completed(

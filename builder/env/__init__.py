@@ -14,6 +14,8 @@ MODULES = (
     "hooks",
     "installproof",
     "place",
+    "recipes",
+    "sourcebuild",
     "build",
     "export",
     "envs",

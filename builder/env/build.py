@@ -11,6 +11,7 @@ a builder dies, so a killed build never leaves a stale lock. Leftovers of a kill
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import errno
 import logging
@@ -28,7 +29,7 @@ from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError
 from builder.core.paths import envs_dir, project_root
 from builder.core.reporter import Reporter, silent
-from builder.env import hooks, installproof, manifest, toolchain
+from builder.env import hooks, installproof, manifest, sourcebuild, toolchain
 from builder.env.manifest import Manifest
 from builder.env.place import (
     NO_SPACE_ERRNOS,
@@ -86,6 +87,7 @@ def up_to_date(
         and found.fingerprint == spec.fingerprint()
         and found.archs == env_archs
         and found.env == spec.env
+        and found.build_env == spec.build_env
         and found.remote_cache == spec.remote_cache
         and found.cudaenv == __version__
     )
@@ -278,8 +280,11 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     venv_made = sorted(p.name for p in toolchain.site_packages(tmp).iterdir())
     req = tmp / "var" / "requirements.lock.txt"
     req.parent.mkdir(parents=True, exist_ok=True)
-    req.write_text(lock.requirements_txt(platforms.host_name()))
-    packages = lock.packages_on(platforms.host_name())
+    # What compiles at install is built after the toolkit is wired (sourcebuild.py); uv
+    # installs the rest, and would build an sdist in an isolated env with any nvcc.
+    compiled = sourcebuild.source_packages(lock.packages_on(platforms.host_name()))
+    req.write_text(sourcebuild.wheels_only(lock).requirements_txt(platforms.host_name()))
+    packages = [p for p in lock.packages_on(platforms.host_name()) if p not in compiled]
     progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
     try:
         argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *install_argv(source)]
@@ -311,14 +316,41 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     if note is not None:
         progress(note)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
+    made = _build_sources(job, compiled, overlay.nvcc_release, marker_env)
+    packages = [*packages, *compiled]
     t = time.monotonic()
     _check_hook(tmp)
     built = _manifest(
         job, packages, overlay.nvcc_release, python=interp.version, platform=platforms.host_name()
     )
+    built = dataclasses.replace(
+        built,
+        source_builds=tuple((m.name, m.version, m.sha256, m.key) for m in made),
+        build_env=spec.build_env,
+    )
     manifest.write(built, tmp)
     stage("manifest and hook self-check", t)
     return built
+
+
+def _build_sources(
+    job: _Job, compiled: Sequence[LockedPackage], nvcc: str, marker_env: dict[str, str]
+) -> tuple[sourcebuild.SourceBuilt, ...]:
+    """Build (or take from the store) the packages that compile at install, then prove their
+    install: the env's toolkit and hook are in place by now (sourcebuild.py)."""
+    if not compiled:
+        return ()
+    t = time.monotonic()
+    site = toolchain.site_packages(job.tmp)
+    # The site's entries so far: the lock's (proven already) and cudaenv's own hook files.
+    ours = sorted(p.name for p in site.iterdir())
+    made = sourcebuild.build_all(
+        job.tmp, job.spec, job.lock, compiled, nvcc=nvcc, target=job.target,
+        progress=job.progress,
+    )  # fmt: skip
+    _prove_installed(job, site, compiled, marker_env, ours)
+    job.stage(f"{len(compiled)} package(s) built from source and proven", t)
+    return made
 
 
 def _manifest(
@@ -409,6 +441,12 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     req.parent.mkdir(parents=True, exist_ok=True)
     req.write_text(lock.requirements_txt(platform.name))
     packages = lock.packages_on(platform.name)
+    compiled = sourcebuild.source_packages(packages)
+    if compiled:
+        raise BuildError(
+            f"{spec.name}: {', '.join(p.name for p in compiled)} compile(s) at install, which "
+            f"only an env built on {platform.name} itself can do (an assembled env runs nothing)"
+        )
     progress(
         f"unpacking {len(packages)} packages of the lock of {spec.name} for {platform.name} "
         "(hashes required; nothing is run)"

@@ -51,9 +51,15 @@ class Manifest:
     assembled: bool = False
     # The spec's `remote-cache:` URL the hook was written with; None: none.
     remote_cache: str | None = None
+    # Each package built from its sdist at install: (name, version, the wheel's sha256, its
+    # store key), so `fingerprint` and doctor know what was compiled here and how.
+    source_builds: tuple[tuple[str, str, str, str], ...] = ()
+    # The spec's `build-env:` those builds ran with: a change rebuilds the env.
+    build_env: tuple[tuple[str, str], ...] = ()
 
     json_form: ClassVar[codec.Form] = codec.Form(
-        head={"schema_version": SCHEMA_VERSION}, sparse=("remote_cache",)
+        head={"schema_version": SCHEMA_VERSION},
+        sparse=("remote_cache", "source_builds", "build_env"),
     )
 
     def to_json(self) -> dict[str, object]:

@@ -397,34 +397,73 @@ def _archs(item: Item, problems: Problems) -> tuple[Arch, ...] | None:
 
 
 def _env(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | None:
-    if item.value is None:  # `env:` left empty: no variables
+    def refused(key: str) -> str | None:
+        # The env's own variables (builder/core/variables.py), and the names activation keeps.
+        if key in variables.RESERVED or key.upper().startswith(variables.RESERVED_PREFIXES):
+            return f"{key} is set by cudaenv itself and cannot be overridden"
+        return None
+
+    return _variables(item, problems, "env", refused, "\x00")
+
+
+# What a source build's own variables may not set: the toolkit, the interpreter and the
+# loader are the env's (a spec that moved them would build against another CUDA, or run code
+# of its choosing in the build), and the installers' settings belong to the machine.
+BUILD_ENV_DENIED = ("PATH", "CUDA_HOME", "CUDA_PATH", "CUDACXX", "BASH_ENV", "ENV", "HOME")
+BUILD_ENV_DENIED_PREFIXES = ("LD_", "PYTHON", "PIP_", "UV_", "DYLD_")
+
+
+def _build_env(item: Item, problems: Problems) -> tuple[tuple[str, str], ...] | None:
+    """``build-env:``: variables for every source build of the spec (builder/env/sourcebuild.py),
+    read like ``env:`` and passed literally, never through a shell."""
+
+    def refused(key: str) -> str | None:
+        if key.upper() in BUILD_ENV_DENIED or key.upper().startswith(BUILD_ENV_DENIED_PREFIXES):
+            return (
+                f"{key} is the env's own (its toolkit, interpreter or loader) and cannot be "
+                "set for a source build"
+            )
+        return None
+
+    return _variables(item, problems, "build-env", refused, "\x00\n\r")
+
+
+def _variables(
+    item: Item,
+    problems: Problems,
+    name: str,
+    refused: Callable[[str], str | None],
+    forbidden: str,
+) -> tuple[tuple[str, str], ...] | None:
+    """A mapping of variables under the key ``name``: each name valid and not ``refused``,
+    each value a string or a number holding none of ``forbidden``."""
+    if item.value is None:  # the key left empty: no variables
         return ()
     if not isinstance(item.value, dict):
-        problems.add(item.mark, "env", f"expected a mapping of variables, got {kind(item.value)}")
+        problems.add(item.mark, name, f"expected a mapping of variables, got {kind(item.value)}")
         return None
-    env: list[tuple[str, str]] = []
+    out: list[tuple[str, str]] = []
     for key, sub in item.value.items():
         # A name with a newline or a control character is quoted: the error stays one line.
-        sub_path = f"env.{key}" if str(key).isprintable() else f"env.{key!r}"
+        sub_path = f"{name}.{key}" if str(key).isprintable() else f"{name}.{key!r}"
         where = sub.key_mark or sub.mark
         if not _ENV_NAME_RE.fullmatch(key):
             problems.add(where, sub_path, "not a valid environment variable name")
             continue
-        # The env's own variables (builder/core/variables.py), and the names activation keeps.
-        if key in variables.RESERVED or key.upper().startswith(variables.RESERVED_PREFIXES):
-            problems.add(
-                where, sub_path, f"{key} is set by cudaenv itself and cannot be overridden"
-            )
+        why = refused(key)
+        if why is not None:
+            problems.add(where, sub_path, why)
             continue
         value = sub.value
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             problems.add(sub.mark, sub_path, f"expected a string value, got {kind(value)}")
             continue
-        if "\x00" in str(value):
-            problems.add(sub.mark, sub_path, "a value cannot hold a NUL byte")
+        if any(c in str(value) for c in forbidden):
+            said = "a NUL byte" if forbidden == "\x00" else "a NUL byte or a line break"
+            problems.add(sub.mark, sub_path, f"a value cannot hold {said}")
             continue
-        env.append((key, str(value)))
-    return tuple(env)
+        out.append((key, str(value)))
+    return tuple(out)
 
 
 def _verify(item: Item, problems: Problems) -> tuple[str, ...]:
@@ -516,6 +555,7 @@ _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "toolchain": _toolchain,
     "archs": _archs,
     "env": _env,
+    "build-env": _build_env,
     "verify": _verify,
     "indexes": _indexes,
     "platforms": _platforms,
@@ -523,7 +563,7 @@ _VALIDATORS: dict[str, Callable[[Item, Problems], object]] = {
     "remote-cache": _remote_cache,
 }
 # A key whose EnvSpec field is spelled otherwise.
-FIELDS = {"remote-cache": "remote_cache"}
+FIELDS = {"remote-cache": "remote_cache", "build-env": "build_env"}
 _REQUIRED = ("name", "python", "cuda")
 # `extends` is the loader's: _load_merged consumes it while merging the base, before validation.
 # It is listed after name and summary, where it has always stood in "expected one of: ...".

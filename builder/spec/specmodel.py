@@ -72,6 +72,9 @@ class EnvSpec:
     toolchain: Toolchain = field(default_factory=Toolchain)
     archs: tuple[Arch, ...] = DEFAULT_ARCHS
     env: tuple[tuple[str, str], ...] = ()
+    # Variables for every source build (an sdist-only package compiled at install): part of
+    # the built wheel's store key, not of the resolution.
+    build_env: tuple[tuple[str, str], ...] = ()
     verify: tuple[str, ...] = CHECKS
     # package -> the only index it may come from (uv explicit index + source, then the exact
     # file URL and hash in the lock): a same-named package elsewhere cannot be substituted.

@@ -20,7 +20,7 @@ VERSION = "v3"  # the entry format; v3: each file's size and sha256 recorded, in
 # What an entry says about where and when it was made: kept locally, not part of its
 # content (two machines that compile one key publish the same content).
 PROVENANCE = ("env", "first_built", "origin")
-KINDS = ("ninja", "topk_topp")
+KINDS = ("ninja", "topk_topp", "wheel")
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -95,6 +95,10 @@ def parse_entry(doc: Any) -> tuple[dict[str, Any], dict[str, FileRecord], dict[s
         raise EntryError(f"'kind': {kind!r} is not one of {', '.join(KINDS)}")
     if kind == "topk_topp" and "kernel" not in files:
         raise EntryError("'files': a kernel entry holds 'kernel'")
+    if kind == "wheel" and (
+        set(files) != {"wheel"} or not _is_wheel_name(content.get("wheel_name"))
+    ):
+        raise EntryError("'files': a wheel entry holds 'wheel' alone, named by 'wheel_name'")
     if kind == "ninja":
         outputs, file_of, deps = content.get("outputs"), content.get("file_of"), content.get("deps")
         if content.get("ninja_log") not in LOG_HASHES:
@@ -126,3 +130,16 @@ def split_entry(rel: str) -> tuple[str, str] | None:
     if not (is_key(key) and shard == key[:2] and is_variant(variant)):
         return None
     return key, variant
+
+
+def _is_wheel_name(name: object) -> bool:
+    """A wheel's file name (PEP 427: five or six dash-separated parts), nothing that could
+    name another directory."""
+    if not (isinstance(name, str) and name.endswith(".whl") and len(name) <= 200):
+        return False
+    return (
+        "/" not in name
+        and "\0" not in name
+        and not name.startswith(".")
+        and name.count("-") in (4, 5)
+    )

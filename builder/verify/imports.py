@@ -114,8 +114,36 @@ def installed_names(python: Path) -> set[str]:
     }
 
 
-def request(names: Sequence[Asked]) -> dict[str, Any]:
+def source_extensions(python: Path) -> dict[str, list[str]]:
+    """The extension modules of each package the env built from its sdist (its manifest's
+    ``source_builds``), by distribution, read from its RECORD: each is imported by name, so
+    a package whose ``__init__`` loads its kernels lazily is still proven to load them."""
+    from builder.env import installproof, manifest
+
+    env = python.absolute().parent.parent
+    found = manifest.try_read(env)
+    if found is None or not found.source_builds:
+        return {}
+    out: dict[str, list[str]] = {}
+    for name, version, *_ in found.source_builds:
+        stem = f"{str(canonicalize_name(name)).replace('-', '_')}-{version}.dist-info"
+        for record in sorted(env.glob(f"lib/python3*/site-packages/{stem}/RECORD")):
+            with contextlib.suppress(OSError):
+                rows = installproof.record_rows(record)
+                out[str(canonicalize_name(name))] = sorted(
+                    row[0].partition(".")[0].replace("/", ".")
+                    for row in rows
+                    if row[0].endswith(".so") and not row[0].startswith((".", "/"))
+                )
+    return out
+
+
+def request(
+    names: Sequence[Asked], extensions: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     modules = {s.distribution: list(s.modules) for s in SERVERS}
+    for dist, more in (extensions or {}).items():
+        modules[dist] = [*modules.get(dist, []), *more]
     return {
         "distributions": [[a.name, a.required] for a in names],
         "modules": {a.name: modules[a.name] for a in names if a.name in modules},
@@ -410,7 +438,10 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     names = asked(target)
     script = str(resources.files("builder.probe").joinpath("imports_probe.py"))
     started = time.monotonic()
-    argv: list[str | os.PathLike[str]] = [target.python, script, json.dumps(request(names))]
+    extensions = source_extensions(target.python)
+    argv: list[str | os.PathLike[str]] = [
+        target.python, script, json.dumps(request(names, extensions)),
+    ]  # fmt: skip
     timed_out = False
     try:
         done = proc.run(argv, env=env_of(target, facts), timeout=TIMEOUT_SECONDS, check=False)

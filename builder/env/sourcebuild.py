@@ -1,0 +1,609 @@
+"""Packages that compile at install: each locked package that has only an sdist on this
+platform is built into a wheel by the env's own interpreter, against the env's torch and its
+matched toolkit, then installed like any other file of the lock.
+
+The steps, for each such package, after the lock's wheels are installed and ``cuda-home/``
+and the start-up hook are written:
+
+1. The store is asked first, under a key of everything that makes the wheel (:func:`key`):
+   the sdist's sha256, the toolkit's and host compiler's content, the locked torch wheel,
+   the Python tag, the platform, the arch list, the recipe's and the spec's ``build-env``
+   variables. A hit is placed with every byte checked, then installed: no compile.
+2. Else the sdist is fetched by pip (the one the interpreter's own ``ensurepip`` bundles:
+   the env has no pip, and pip is a tree no single hash vouches for) through the machine's
+   index configuration, ``--require-hashes`` against the lock, and checked again here.
+3. Its ``setup.py`` is read for what the env cannot give (:func:`recipes.before_compiling`).
+4. ``pip wheel --no-build-isolation --no-index`` builds it in the env's interpreter with the
+   env's ``CUDA_HOME``/``PATH``, the recipe's variables (:mod:`builder.env.recipes`) and the
+   spec's ``build-env``, passed as an environment, never through a shell. The network is
+   closed to it (proxies at a port nothing serves: a ``setup.py`` that downloads fails and
+   is named), no GPU is visible, and it runs under a deadline that kills its process group.
+   Progress comes every :data:`HEARTBEAT` seconds; a failure is one line with the first
+   compiler error, the whole log kept.
+5. The wheel is published to the store and installed with uv (``--no-deps --offline``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builder import store as jit_store
+from builder.core import platforms, proc, settings
+from builder.core.errors import BuildError, CommandFailed, ToolMissing
+from builder.core.paths import jit_store_here
+from builder.env import recipes
+from builder.machine import archs as archs_mod
+from builder.machine import box
+from builder.spec.envspec import EnvSpec
+from builder.spec.lockmodel import Lock, LockedPackage
+
+if TYPE_CHECKING:
+    from builder.jit.oci import Remote
+
+# Where a build's log and scratch live, inside the env being built.
+WORK = Path("var") / "source-builds"
+# A flash-attn build is about an hour of nvcc on a small box: four hours is a build that hangs.
+BUILD_TIMEOUT = 4 * 3600.0
+FETCH_TIMEOUT = 1800.0
+HEARTBEAT = 30.0
+# A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
+_CLOSED = "http://127.0.0.1:9"
+_SETUP_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceBuilt:
+    """One package built from its sdist (or taken from the store) and installed."""
+
+    name: str
+    version: str
+    wheel: str  # the wheel's file name
+    sha256: str
+    key: str
+    reused: bool
+    seconds: float
+
+
+def source_packages(packages: Sequence[LockedPackage]) -> list[LockedPackage]:
+    """The locked packages that have no wheel here, only an sdist: the ones compiled."""
+    return [p for p in packages if not p.wheels and p.sdist is not None]
+
+
+def wheels_only(lock: Lock) -> Lock:
+    """``lock`` without its source-built packages: what uv installs from the index."""
+    return dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.wheels))
+
+
+def build_environ(env: Path, spec: EnvSpec, variables: dict[str, str]) -> dict[str, str]:
+    """What a source build runs with: ours, with the env's toolkit and bin first on PATH, the
+    spec's ``env:`` and the build's ``variables``; no network, no GPU."""
+    base = settings.child_environ(CUDAENV_JIT_SHARE=None, CUDAENV_ARCH_LIST=None)
+    cuda_home = env / "cuda-home"
+    rest = [p for p in base.get("PATH", "").split(os.pathsep) if p]
+    base.update(
+        CUDA_HOME=str(cuda_home),
+        CUDA_PATH=str(cuda_home),
+        PATH=os.pathsep.join([str(cuda_home / "bin"), str(env / "bin"), *rest]),
+        CUDA_VISIBLE_DEVICES="",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+    )
+    base.update(dict(spec.env))
+    base.update(variables)
+    return base
+
+
+def _offline(environ: dict[str, str]) -> dict[str, str]:
+    closed = {k: _CLOSED for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+    return {**environ, **closed, "ALL_PROXY": _CLOSED, "no_proxy": "", "NO_PROXY": ""}
+
+
+def key(
+    pkg: LockedPackage,
+    spec: EnvSpec,
+    lock: Lock,
+    env: Path,
+    values: dict[str, str],
+    hasher: jit_store.Hasher,
+) -> str:
+    """The built wheel's store key: everything that makes it (see the module docstring)."""
+    assert pkg.sdist is not None
+    host = platforms.host_name()
+    torch = [(p.version, sorted(p.hashes)) for p in lock.packages_on(host) if p.name == "torch"]
+    environ = build_environ(env, spec, values)
+    material = {
+        "kind": "wheel",
+        "recipes": recipes.RECIPES_VERSION,
+        "package": [pkg.name, pkg.version, pkg.sdist.sha256],
+        "tools": jit_store.tool_identities(
+            hasher, str(env / "cuda-home"), ("gcc", "g++", "cc", "c++"), environ
+        ),
+        "torch": torch,
+        "python": f"cp{spec.python.replace('.', '')}",
+        "platform": host,
+        "variables": sorted(recipes.key_variables(values).items()),
+        "env": sorted(spec.env),
+    }
+    return jit_store.key_of(material)
+
+
+def build_all(
+    env: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    packages: Sequence[LockedPackage],
+    *,
+    nvcc: str,
+    target: Path,
+    progress: Callable[[str], None],
+) -> tuple[SourceBuilt, ...]:
+    """Build (or take from the store) and install each of ``packages`` into the env at ``env``
+    (being built; ``target`` is where it will live). BuildError names the package."""
+    store = jit_store_here()
+    if store is not None:
+        try:
+            store.ready()
+        except (jit_store.StoreError, OSError) as exc:
+            progress(f"warning: the JIT store was not used for source builds: {exc}")
+            store = None
+    hasher = store.hasher if store is not None else jit_store.Hasher(None)
+    remote = _remote(spec, progress) if store is not None else None
+    done = []
+    for pkg in packages:
+        done.append(_one(env, spec, lock, pkg, _Tiers(store, remote, hasher), nvcc=nvcc,
+                         target=target, progress=progress))  # fmt: skip
+    if store is not None:
+        with contextlib.suppress(OSError):
+            store.hasher.save()
+    return tuple(done)
+
+
+def _remote(spec: EnvSpec, progress: Callable[[str], None]) -> Remote | None:
+    """The store's registry tier for the spec's project, as the JIT's (jit/share.py)."""
+    from builder.jit import share as jit_share
+    from builder.spec import project
+
+    try:
+        return jit_share.configured(setting=project.settings_for(spec.source).jit_remote)
+    except jit_share.ShareError as exc:
+        progress(f"warning: the JIT remote was not used for source builds: {exc}")
+        return None
+
+
+@dataclass(frozen=True)
+class _Tiers:
+    """Where a built wheel is looked for and kept: the machine's store, its registry tier."""
+
+    store: jit_store.Store | None
+    remote: Remote | None
+    hasher: jit_store.Hasher
+
+
+def _values(spec: EnvSpec, pkg: LockedPackage) -> dict[str, str]:
+    threads = archs_mod.nvcc_threads(archs_mod.flashinfer_spelling(spec.archs))
+    return recipes.variables(
+        recipes.recipe_for(pkg.name),
+        spec.archs,
+        jobs=box.compile_jobs(threads),
+        nvcc_threads=threads,
+        build_env=spec.build_env,
+    )
+
+
+def _one(
+    env: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    pkg: LockedPackage,
+    tiers: _Tiers,
+    *,
+    nvcc: str,
+    target: Path,
+    progress: Callable[[str], None],
+) -> SourceBuilt:
+    values = _values(spec, pkg)
+    k = key(pkg, spec, lock, env, values, tiers.hasher)
+    work = env / WORK / f"{pkg.name}-{pkg.version}"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "wheel").mkdir(parents=True)
+    started = time.monotonic()
+    placed, where = _from_tiers(tiers, k, env, work / "wheel", pkg, progress)
+    if placed is not None:
+        progress(f"{pkg.name} {pkg.version}: taken from {where} (built once for this key)")
+        wheel = placed
+    else:
+        wheel = _compile(env, spec, lock, pkg, values, work, nvcc=nvcc, target=target,
+                         progress=progress)  # fmt: skip
+        if tiers.store is not None:
+            seconds = time.monotonic() - started
+            kept = _publish(tiers.store, k, wheel, pkg, env, target, seconds, progress)
+            if kept is not None:
+                _push(tiers, k, kept, progress)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    _install(env, wheel, pkg)
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (env / WORK).rmdir()  # the last build's: an env keeps no empty scratch
+    return SourceBuilt(
+        name=pkg.name,
+        version=pkg.version,
+        wheel=wheel.name,
+        sha256=digest,
+        key=k,
+        reused=placed is not None,
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
+def _from_tiers(
+    tiers: _Tiers,
+    k: str,
+    env: Path,
+    out: Path,
+    pkg: LockedPackage,
+    progress: Callable[[str], None],
+) -> tuple[Path | None, str]:
+    """The stored wheel of ``k`` placed into ``out``: from the machine's store, else pulled
+    from its registry tier (checked like any entry, signatures where the node asks)."""
+    store = tiers.store
+    if store is None:
+        return None, ""
+    placed = _from_store(store, k, env, out, pkg)
+    if placed is not None or tiers.remote is None:
+        return placed, "the store"
+    from builder.jit import share as jit_share
+
+    _entry, warning = jit_share.pull(store, k, str(env), tiers.remote)
+    if warning:
+        progress(f"warning: {warning}")
+    return _from_store(store, k, env, out, pkg), f"the JIT remote {tiers.remote.url}"
+
+
+def _push(tiers: _Tiers, k: str, kept: Path, progress: Callable[[str], None]) -> None:
+    """The new entry pushed to the registry tier where this machine is a warmer."""
+    from builder.jit import share as jit_share
+
+    if tiers.store is None or tiers.remote is None or not jit_share.pushing():
+        return
+    try:
+        entry = tiers.store.load(k, kept)
+    except (jit_store.EntryError, jit_store.StoreError, OSError):
+        return
+    warning = jit_share.push(tiers.store, entry, tiers.remote)
+    progress(f"warning: {warning}" if warning else f"pushed {k[:16]} to {tiers.remote.url}")
+
+
+def last_build_seconds(pkg: LockedPackage) -> float | None:
+    """How long the newest stored build of ``pkg`` took (any key), None when the store holds
+    none or is off."""
+    store = jit_store_here()
+    if store is None:
+        return None
+    found: list[tuple[str, float]] = []
+    with contextlib.suppress(jit_store.StoreError, OSError):
+        for k, variant in store.all():
+            try:
+                entry = store.load(k, variant)
+            except (jit_store.EntryError, jit_store.StoreError, OSError):
+                continue
+            content = entry.content
+            if content.get("kind") != "wheel" or content.get("package") != pkg.name:
+                continue
+            seconds = content.get("seconds")
+            if content.get("version") == pkg.version and isinstance(seconds, (int, float)):
+                found.append((entry.provenance.get("first_built", ""), float(seconds)))
+    return max(found)[1] if found else None
+
+
+def _torch_input(env: Path) -> str | None:
+    """The file of the env's torch a stored wheel's variant is judged by (its version file:
+    the key holds the locked torch wheel, this holds the one installed)."""
+    found = sorted(env.glob("lib/python3*/site-packages/torch/version.py"))
+    return jit_store.normalise(str(found[0]), jit_store.env_roots(str(env))) if found else None
+
+
+def _from_store(
+    store: jit_store.Store, k: str, env: Path, out: Path, pkg: LockedPackage
+) -> Path | None:
+    """The stored wheel of key ``k`` placed into ``out`` (every byte checked), or None. An
+    entry whose wheel is not this package's is discarded."""
+    entry = None
+    try:
+        entry = store.find(k, str(env))
+        if entry is None:
+            return None
+        name = str(entry.content.get("wheel_name"))
+        if not _is_wheel_of(name, pkg):
+            raise jit_store.EntryError(f"{name} is not a wheel of {pkg.name} {pkg.version}")
+        dst = out / name
+        store.place(entry, "wheel", dst)
+        jit_store.note_use(store, entry.path, str(env))
+        return dst
+    except jit_store.EntryError as exc:
+        if entry is not None:
+            store.discard(entry.path, str(exc))
+        return None
+    except (jit_store.StoreError, OSError):
+        return None
+
+
+def _is_wheel_of(name: str, pkg: LockedPackage) -> bool:
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    try:
+        dist, version, _build, _tags = parse_wheel_filename(name)
+    except (InvalidWheelFilename, ValueError):
+        return False
+    return dist == canonicalize_name(pkg.name) and str(version) == pkg.version
+
+
+def _publish(
+    store: jit_store.Store,
+    k: str,
+    wheel: Path,
+    pkg: LockedPackage,
+    env: Path,
+    target: Path,
+    seconds: float,
+    progress: Callable[[str], None],
+) -> Path | None:
+    torch_input = _torch_input(env)
+    if torch_input is None:
+        return None
+    meta = {
+        "kind": "wheel",
+        "wheel_name": wheel.name,
+        "package": pkg.name,
+        "version": pkg.version,
+        "seconds": round(seconds, 1),
+        "env": str(target),
+    }
+    try:
+        return store.publish(k, {"wheel": wheel}, [torch_input], meta, str(env))
+    except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+        progress(f"warning: {pkg.name}'s wheel was not kept in the JIT store: {exc}")
+        return None
+
+
+def bundled_pip(python: Path) -> Path:
+    """The pip wheel the interpreter's ``ensurepip`` bundles (pip runs from its wheel), held
+    to the rules of what cudaenv runs: a regular file in a directory no other user could
+    have written to. ToolMissing when there is none."""
+    done = proc.run(
+        [python, "-I", "-c", "import ensurepip, os; print(os.path.dirname(ensurepip.__file__))"],
+        check=False,
+        timeout=60,
+    )
+    where = Path(done.stdout.strip() or "/nonexistent") / "_bundled"
+    wheels = sorted(where.glob("pip-*.whl")) if done.returncode == 0 else []
+    if not wheels:
+        raise ToolMissing(
+            f"{python}: its standard library bundles no pip (ensurepip), which builds a "
+            "package from its sdist; install the interpreter's venv/ensurepip package",
+            tool="pip",
+        )
+    for path in (where, wheels[-1]):
+        st = os.lstat(path)
+        if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022 or path.is_symlink():
+            raise ToolMissing(
+                f"{path}: another user could have written it; cudaenv runs no such program",
+                tool="pip",
+            )
+    return wheels[-1]
+
+
+def _fetch(
+    python: Path, pip: Path, pkg: LockedPackage, environ: dict[str, str], work: Path
+) -> Path:
+    """The sdist, downloaded by pip through the machine's index configuration with the lock's
+    hash required, and checked against it again here."""
+    assert pkg.sdist is not None
+    req = work / "requirement.txt"
+    req.write_text(f"{pkg.name}=={pkg.version} --hash=sha256:{pkg.sdist.sha256}\n")
+    into = work / "sdist"
+    argv: list[str | Path] = [python, f"{pip}/pip", "download", "--no-deps", "--no-build-isolation",
+            "--require-hashes", f"--no-binary={pkg.name}", "--progress-bar", "off",
+            "-d", into, "-r", req]  # fmt: skip
+    lines: list[str] = []
+    try:
+        done = proc.run_lines(argv, lines.append, env=environ, timeout=FETCH_TIMEOUT, merged=True)
+    except CommandFailed as exc:
+        raise BuildError(f"{pkg.name} {pkg.version}: fetching its sdist took too long") from exc
+    found = sorted(into.glob("*")) if into.is_dir() else []
+    if done.returncode != 0 or len(found) != 1:
+        said = _first_problem(lines) or "no sdist"
+        raise BuildError(f"{pkg.name} {pkg.version}: pip could not fetch its sdist: {said}")
+    sdist = found[0]
+    if hashlib.sha256(sdist.read_bytes()).hexdigest() != pkg.sdist.sha256:
+        raise BuildError(f"{pkg.name} {pkg.version}: {sdist.name} differs from the lock's sha256")
+    return sdist
+
+
+def setup_py_text(sdist: Path) -> str:
+    """The sdist's top-level ``setup.py`` (read from the archive, nothing extracted), or ''."""
+    import tarfile  # only where something compiles: every build imports this module
+
+    with (
+        contextlib.suppress(OSError, tarfile.TarError, UnicodeDecodeError),
+        tarfile.open(sdist) as tar,
+    ):
+        for member in tar:
+            parts = member.name.split("/")
+            if len(parts) == 2 and parts[1] == "setup.py" and member.isfile():
+                fh = tar.extractfile(member)
+                if fh is not None and member.size <= _SETUP_LIMIT:
+                    return fh.read().decode("utf-8")
+    return ""
+
+
+def _compile(
+    env: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    pkg: LockedPackage,
+    values: dict[str, str],
+    work: Path,
+    *,
+    nvcc: str,
+    target: Path,
+    progress: Callable[[str], None],
+) -> Path:
+    python = env / "bin" / "python"
+    pip = bundled_pip(python)
+    environ = build_environ(env, spec, values)
+    (work / "tmp").mkdir()
+    environ["TMPDIR"] = str(work / "tmp")
+    sdist = _fetch(python, pip, pkg, environ, work)
+    why = recipes.before_compiling(pkg.name, pkg.version, setup_py_text(sdist), lock.torch)
+    if why is not None:
+        raise BuildError(why)
+    archs = archs_mod.flashinfer_spelling(spec.archs)
+    progress(
+        f"{pkg.name} {pkg.version}: compiling from its sdist with nvcc {nvcc} for {archs} "
+        f"(MAX_JOBS={values['MAX_JOBS']}, NVCC_THREADS={values['NVCC_THREADS']})"
+    )
+    log_path = work / "build.log"
+    argv: list[str | Path] = [python, f"{pip}/pip", "wheel", "--verbose", "--no-deps", "--no-build-isolation",
+            "--no-index", "-w", work / "wheel", sdist]  # fmt: skip
+    watch = _Watch(f"{pkg.name} {pkg.version}", progress)
+    with log_path.open("w", encoding="utf-8", errors="replace") as log:
+
+        def seen(line: str) -> None:
+            log.write(line + "\n")
+            watch.line(line)
+
+        watch.start()
+        try:
+            done = proc.run_lines(
+                argv, seen, env=_offline(environ), timeout=BUILD_TIMEOUT, merged=True, cwd=work
+            )
+        except CommandFailed as exc:
+            kept = _keep_log(log_path, target, pkg)
+            raise BuildError(
+                f"{pkg.name} {pkg.version}: the source build ran past {BUILD_TIMEOUT:.0f} s and "
+                f"was stopped; the whole log: {kept}"
+            ) from exc
+        finally:
+            watch.stop()
+    wheels = sorted((work / "wheel").glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        kept = _keep_log(log_path, target, pkg)
+        first = _first_problem(log_path.read_text(encoding="utf-8", errors="replace").splitlines())
+        raise BuildError(
+            f"{pkg.name} {pkg.version}: the source build with nvcc {nvcc} failed: "
+            f"{first or 'no wheel was made'}; the whole log: {kept}"
+        )
+    return wheels[0]
+
+
+def _keep_log(log_path: Path, target: Path, pkg: LockedPackage) -> Path:
+    """The failed build's log copied where it outlives the env being built: the previous
+    env's ``var/source-builds/`` when there is one (nothing else of it changes), else beside
+    where the env would have been."""
+    where = target / WORK if (target / "var").is_dir() else target.parent / f".{target.name}.logs"
+    kept = where / f"{pkg.name}-{pkg.version}.log"
+    with contextlib.suppress(OSError):
+        where.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, kept)
+        return kept
+    return log_path
+
+
+_COMPILER_ERROR = re.compile(r"(\bfatal error\b|\berror\b:|nvcc fatal\s*:|#error\b)", re.I)
+_NOT_COMPILER = re.compile(
+    r"^\s*(ERROR: |error: subprocess-exited-with-error|error: command .* failed|"
+    r"error: metadata-generation-failed|╰─>|note: )"
+)
+_EXCEPTION = re.compile(r"^\s*([A-Za-z_.]*(Error|Exception)): (.+)$")
+_NETWORK = ("urlopen error", "URLError", "Connection refused", "ProxyError", "Max retries")
+_GPU = ("No CUDA GPUs are available", "no CUDA-capable device")
+
+
+def _first_problem(lines: Sequence[str]) -> str | None:
+    """What a failed build's log says first that a user can act on: a build that reached for
+    the network or a GPU, else the first compiler error, else the last exception raised."""
+    text = "\n".join(lines)
+    if any(s in text for s in _NETWORK):
+        return (
+            "the build tried to reach the network, which a source build has closed (a "
+            "package that downloads a prebuilt wheel: set its FORCE_BUILD variable in the "
+            "spec's build-env)"
+        )
+    if any(s in text for s in _GPU):
+        return "the build asked for a GPU; a source build sees none (CUDA_VISIBLE_DEVICES='')"
+    for line in lines:
+        if _COMPILER_ERROR.search(line) and not _NOT_COMPILER.match(line):
+            return line.strip()[:300]
+    for line in reversed(lines):
+        found = _EXCEPTION.match(line)
+        if found:
+            return line.strip()[:300]
+    return None
+
+
+class _Watch:
+    """A build's heartbeat: every HEARTBEAT seconds one line with ninja's ``[done/total]``,
+    the time so far and an estimate of the rest."""
+
+    _STEP = re.compile(r"\[(\d+)/(\d+)\]")
+
+    def __init__(self, what: str, progress: Callable[[str], None]) -> None:
+        self.what, self.progress = what, progress
+        self.started = time.monotonic()
+        self.step: tuple[int, int] | None = None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def line(self, line: str) -> None:
+        found = self._STEP.search(line)
+        if found:
+            self.step = (int(found.group(1)), int(found.group(2)))
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+    def said(self) -> str:
+        elapsed = time.monotonic() - self.started
+        text = f"{self.what}: compiling, {_minutes(elapsed)} so far"
+        if self.step is not None:
+            done, total = self.step
+            text += f", ninja [{done}/{total}]"
+            if 0 < done < total:
+                text += f", about {_minutes(elapsed * (total - done) / done)} left"
+        return text
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT):
+            self.progress(self.said())
+
+
+def _minutes(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
+    argv = [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--offline",
+            "--python", str(env / "bin" / "python"), str(wheel)]  # fmt: skip
+    try:
+        proc.run(argv, env=proc.uv_env())
+    except proc.CommandFailed as exc:
+        raise BuildError(
+            f"{pkg.name} {pkg.version}: installing the wheel built from its sdist failed: "
+            f"{exc.output.strip()[-300:]}"
+        ) from exc

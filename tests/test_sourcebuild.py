@@ -1,0 +1,169 @@
+"""Source builds without a compile: the recipe table's variables, what is refused before
+compiling, the one line a failed build ends in, the store's wheel entries, the spec's
+`build-env:` and the manifest's record (the real build: tests/test_sourcebuild_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder import store as jit_store
+from builder.core.errors import SpecError
+from builder.env import recipes, sourcebuild
+from builder.env.manifest import Manifest
+from builder.machine.archs import Arch
+from builder.spec import envspec
+from builder.spec.lockmodel import LockedFile, LockedPackage
+from tests.helpers import a_manifest, write
+from tests.sdist_maker import make_sdist
+
+ARCHS = (Arch.parse("12.0f"), Arch.parse("9.0a"))
+
+
+def test_flash_attn_is_told_its_archs_its_way_and_to_build_offline() -> None:
+    values = recipes.variables(recipes.recipe_for("Flash_Attn"), ARCHS, jobs=2, nvcc_threads=2)
+    assert values["FLASH_ATTN_CUDA_ARCHS"] == "120;90"
+    assert values["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert values["TORCH_CUDA_ARCH_LIST"] == "12.0;9.0"
+    assert (values["MAX_JOBS"], values["NVCC_THREADS"]) == ("2", "2")
+
+
+def test_an_unknown_package_gets_torchs_variables_and_the_specs_build_env_wins() -> None:
+    recipe = recipes.recipe_for("my-ext")
+    values = recipes.variables(
+        recipe, ARCHS, jobs=1, nvcc_threads=1,
+        build_env=(("MY_EXT_FORCE_BUILD", "TRUE"), ("TORCH_CUDA_ARCH_LIST", "12.0")),
+    )  # fmt: skip
+    assert values["MY_EXT_FORCE_BUILD"] == "TRUE"
+    assert values["TORCH_CUDA_ARCH_LIST"] == "12.0"
+    assert "FLASH_ATTN_CUDA_ARCHS" not in values
+    # The parallelism changes no key: the same wheel on a bigger box.
+    assert "MAX_JOBS" not in recipes.key_variables(values)
+
+
+def test_every_row_says_which_setup_py_line_it_follows() -> None:
+    assert all(r.follows.startswith("setup.py: ") for r in recipes.RECIPES)
+    assert len({r.name for r in recipes.RECIPES}) == len(recipes.RECIPES)
+
+
+def test_cxx17_against_a_torch_that_needs_cxx20_is_refused_before_compiling() -> None:
+    setup = 'import os\ncc_flag = []\nnvcc_flags = ["-O3", "-std=c++17"]\n'
+    why = recipes.before_compiling("flash-attn", "2.8.3.post2", setup, "2.14.1")
+    assert why is not None and "line 3" in why and "-std=c++17" in why and "C++20" in why
+    assert recipes.before_compiling("flash-attn", "2.8.3.post2", setup, "2.12.0") is None
+    # A setup.py that names C++20 anywhere may choose between them: not refused.
+    both = setup + 'if new: nvcc_flags[-1] = "-std=c++20"\n'
+    assert recipes.before_compiling("flash-attn", "2.9", both, "2.14.1") is None
+
+
+def test_the_sdists_setup_py_is_read_from_the_archive(tmp_path: Path) -> None:
+    sdist = make_sdist(tmp_path, extra_nvcc='"-std=c++17"')
+    text = sourcebuild.setup_py_text(sdist)
+    assert "CUDAExtension" in text and '"-std=c++17"' in text
+    assert sourcebuild.setup_py_text(write(tmp_path / "x.tar.gz", "not a tar")) == ""
+
+
+@pytest.mark.parametrize(
+    ("log", "said"),
+    [
+        (
+            ["building 'x._C' extension", "[1/2] /env/cuda-home/bin/nvcc -c a.cu",
+             "a.cu(3): error: identifier \"foo\" is undefined",
+             "error: command '/env/cuda-home/bin/nvcc' failed with exit code 1",
+             "ERROR: Failed building wheel for x"],
+            'a.cu(3): error: identifier "foo" is undefined',
+        ),
+        (
+            ["nvcc fatal   : Unsupported gpu architecture 'compute_70'", "ERROR: Failed"],
+            "nvcc fatal   : Unsupported gpu architecture 'compute_70'",
+        ),
+        (
+            ["Traceback (most recent call last):", "urllib.error.URLError: <urlopen error "
+             "[Errno 111] Connection refused>"],
+            "the build tried to reach the network",
+        ),
+        (
+            ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'x'"],
+            "ModuleNotFoundError: No module named 'x'",
+        ),
+        (["RuntimeError: No CUDA GPUs are available"], "the build asked for a GPU"),
+    ],
+)  # fmt: skip
+def test_a_failed_build_is_said_by_its_first_actionable_line(log: list[str], said: str) -> None:
+    found = sourcebuild._first_problem(log)
+    assert found is not None and found.startswith(said), found
+
+
+def test_only_sdist_only_packages_are_compiled() -> None:
+    wheel = LockedFile(name="a-1-py3-none-any.whl", url=None, path=None, size=1, sha256="0" * 64)
+    sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)
+    both = LockedPackage(name="a", version="1", wheels=(wheel,), sdist=sdist)
+    only = LockedPackage(name="b", version="1", sdist=sdist)
+    assert sourcebuild.source_packages([both, only]) == [only]
+
+
+def entry_doc(name: object) -> dict[str, object]:
+    digest = "a" * 64
+    return {
+        "kind": "wheel",
+        "wheel_name": name,
+        "files": {"wheel": {"size": 1, "sha256": digest}},
+        "inputs": {"@ENV@/torch/version.py": digest},
+    }
+
+
+def test_a_wheel_entry_holds_one_wheel_named_as_a_wheel() -> None:
+    jit_store.parse_entry(entry_doc("cudaenv_testext-0.1.0-cp312-cp312-linux_x86_64.whl"))
+    for bad in ("../x-1-py3-none-any.whl", "x.whl", ".x-1-py3-none-any.whl", None):
+        with pytest.raises(jit_store.EntryError):
+            jit_store.parse_entry(entry_doc(bad))
+
+
+def test_a_stored_wheel_must_be_the_packages_own() -> None:
+    pkg = LockedPackage(name="cudaenv-testext", version="0.1.0")
+    assert sourcebuild._is_wheel_of("cudaenv_testext-0.1.0-cp312-cp312-linux_x86_64.whl", pkg)
+    assert not sourcebuild._is_wheel_of("evil-0.1.0-cp312-cp312-linux_x86_64.whl", pkg)
+    assert not sourcebuild._is_wheel_of("cudaenv_testext-0.2.0-cp312-cp312-linux_x86_64.whl", pkg)
+
+
+GOOD = 'name: t\npython: "3.12"\ncuda: "13.0"\n'
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("build-env: {LD_PRELOAD: /tmp/x.so}", "LD_PRELOAD is the env's own"),
+        ("build-env: {CUDA_HOME: /usr/local/cuda}", "CUDA_HOME is the env's own"),
+        ("build-env: {PYTHONPATH: /tmp}", "PYTHONPATH is the env's own"),
+        ("build-env: {UV_INDEX_URL: x}", "UV_INDEX_URL is the env's own"),
+        ('build-env: {X: "a\\nb"}', "a value cannot hold a NUL byte or a line break"),
+        ("build-env: [X]", "expected a mapping of variables"),
+        ("build-env: {1X: y}", "not a valid environment variable name"),
+    ],
+)
+def test_a_hostile_build_env_is_refused_naming_the_key(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    path = write(tmp_path / "s.yaml", GOOD + line + "\n")
+    with pytest.raises(SpecError) as caught:
+        envspec.load(path)
+    said = str(caught.value)
+    assert said.startswith(f"{path}:4:") and problem in said, said
+    assert "\n" not in said
+
+
+def test_build_env_is_read_literally_and_changes_no_fingerprint(tmp_path: Path) -> None:
+    plain = envspec.load(write(tmp_path / "a.yaml", GOOD))
+    path = write(tmp_path / "b.yaml", GOOD + 'build-env: {FA_FORCE: "$(rm -rf /)", N: 2}\n')
+    with_env = envspec.load(path)
+    assert with_env.build_env == (("FA_FORCE", "$(rm -rf /)"), ("N", "2"))
+    assert with_env.fingerprint() == plain.fingerprint()
+
+
+def test_the_manifest_keeps_what_was_built_from_source() -> None:
+    made = a_manifest(source_builds=(("x", "1", "a" * 64, "b" * 64),), build_env=(("K", "v"),))
+    doc = made.to_json()
+    assert Manifest.from_json(json.loads(json.dumps(doc)), "m") == made
+    assert "source_builds" not in a_manifest().to_json()

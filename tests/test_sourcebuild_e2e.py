@@ -1,0 +1,193 @@
+"""Packages that compile at install, with the real thing: a test sdist (tests/sdist_maker.py:
+a setup.py that imports torch, a CUDAExtension from one .cu, a download unless forced) locked
+from a find-links directory by uv, built by `cudaenv build` in an env of torch 2.14.1 with
+the env's nvcc 13.0 while the shell's CUDA_HOME names a toolkit whose nvcc says 12.8, kept in
+the store and pushed to Debian's docker-registry; a second env takes it from the store and a
+second node from the registry, with no compile. A build that downloads and a release that
+passes -std=c++17 each fail in one line, the previous env kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder.audit import fatbin
+from builder.machine.archs import Arch
+from tests.conftest import Registry
+from tests.helpers import cudaenv, write
+from tests.sdist_maker import FORCE, MODULE, NAME, make_sdist
+
+pytestmark = [pytest.mark.e2e, pytest.mark.network]
+
+COMPILING = "compiling from its sdist"
+SPEC = """\
+name: testext-cu130
+python: "3.12"
+cuda: "13.0"
+torch: "2.14.1"
+packages: [{package}]
+toolchain: {{source: wheels, components: [nvcc, cudart, crt, nvvm, cccl]}}
+archs: ["12.0f"]
+{build_env}verify: [toolchain]
+"""
+
+
+def project(root: Path, *, version: str = "0.1.0", forced: bool = True, extra: str = "") -> Path:
+    """A project whose spec asks for the test sdist, served from ``links/``."""
+    make_sdist(root / "links", version=version, extra_nvcc=extra)
+    build_env = f'build-env: {{{FORCE}: "TRUE"}}\n' if forced else ""
+    write(root / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
+    write(
+        root / "envspecs" / "testext.yaml",
+        SPEC.format(package=f"{NAME}=={version}", build_env=build_env),
+    )
+    # A toolkit whose nvcc says 12.8 where the shell points: the build must not use it.
+    fake = write(root / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n")
+    fake.chmod(0o755)
+    return root
+
+
+def node(root: Path, store: str, remote: str = "off", push: bool = False) -> dict[str, str]:
+    """What a machine's shell gives cudaenv: its index (here also the find-links directory,
+    for uv and for pip), its store and registry, and a CUDA_HOME of another CUDA."""
+    links = str(root / "links")
+    return {
+        "UV_FIND_LINKS": links,
+        "PIP_FIND_LINKS": links,
+        "CUDA_HOME": str(root / "cuda-12.8"),
+        "CUDAENV_JIT_STORE": str(root / store),
+        "CUDAENV_JIT_REMOTE": remote,
+        "CUDAENV_JIT_PUSH": "1" if push else "0",
+    }
+
+
+def build(
+    root: Path, env_dir: str, environ: dict[str, str], check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return cudaenv(
+        "build", "envspecs/testext.yaml", "--env-dir", str(root / env_dir),
+        cwd=root, env=environ, check=check,
+    )  # fmt: skip
+
+
+def extension_of(env: Path) -> Path:
+    found = sorted(env.glob(f"lib/python3.12/site-packages/{MODULE}/_C*.so"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def imports(env: Path) -> str:
+    done = subprocess.run(
+        [env / "bin" / "python", "-c", f"import torch, {MODULE}._C as c; print(c.add_one)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One machine's store for the tests of this module: what one compiles, the next takes."""
+    return tmp_path_factory.mktemp("machine") / "store"
+
+
+def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
+    tmp_path: Path, registry: Registry, shared_store: Path
+) -> None:
+    root = project(tmp_path)
+    (root / "store-a").symlink_to(shared_store, target_is_directory=True)
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=node(root, "store-a"))
+    lock = (root / "envspecs" / "locks" / "pylock.testext-cu130.toml").read_text()
+    assert 'name = "cudaenv_testext-0.1.0.tar.gz"' in lock  # the lock records the sdist
+
+    first = build(root, "a1", node(root, "store-a", registry.url, push=True))
+    assert f"{NAME} 0.1.0: {COMPILING} with nvcc 13.0 for 12.0f" in first.stderr
+    assert "pushed " in first.stderr
+    env = root / "a1"
+    assert "add_one" in imports(env)
+    scan = fatbin.scan(extension_of(env))
+    assert {(c.kind, c.arch) for c in scan.codes} >= {
+        ("sass", Arch(major=12, minor=0, suffix=""))
+    }, scan
+    made = json.loads((env / "cudaenv.json").read_text())["source_builds"]
+    assert [row[:2] for row in made] == [[NAME, "0.1.0"]]
+
+    plan = cudaenv("plan", "envspecs/testext.yaml", cwd=root, env=node(root, "store-a")).stdout
+    assert f"{NAME} (source)" in plan and "compiled from its sdist at build" in plan
+    assert "the store holds a build of it that took" in plan
+
+    # A second env on the same machine: from the store, nothing compiled.
+    second = build(root, "a2", node(root, "store-a"))
+    assert COMPILING not in second.stderr
+    assert f"{NAME} 0.1.0: taken from the store" in second.stderr
+    assert json.loads((root / "a2" / "cudaenv.json").read_text())["source_builds"] == made
+    imports(root / "a2")
+
+    # A second node: an empty store of its own and the registry.
+    third = build(root, "b1", node(root, "store-b", registry.url))
+    assert COMPILING not in third.stderr
+    assert f"taken from the JIT remote {registry.url}" in third.stderr
+    assert extension_of(root / "b1").read_bytes() == extension_of(env).read_bytes()
+
+
+def test_cudaenv_add_of_an_sdist_package_builds_it_into_a_built_env(
+    tmp_path: Path, shared_store: Path
+) -> None:
+    """`cudaenv add` of a package that exists only as an sdist, on an env built without it;
+    the env's pip stand-in names that command."""
+    root = project(tmp_path)
+    spec = root / "envspecs" / "testext.yaml"
+    spec.write_text(spec.read_text().replace(f"packages: [{NAME}==0.1.0]", "packages: []"))
+    environ = {**node(root, "unused"), "CUDAENV_JIT_STORE": str(shared_store)}
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    build(root, ".envs/testext-cu130", environ)
+    env = root / ".envs" / "testext-cu130"
+    refused = subprocess.run(
+        [env / "bin" / "pip", "install", "--no-build-isolation", NAME],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "cudaenv add" in refused.stderr, refused.stderr
+    cudaenv("add", f"{NAME}==0.1.0", "--spec", "envspecs/testext.yaml", cwd=root, env=environ)
+    assert f"{NAME}==0.1.0" in spec.read_text()
+    assert "add_one" in imports(env)
+    # verify's imports check imports the package and its extension module by name.
+    cudaenv("verify", "envspecs/testext.yaml", "--checks", "imports", cwd=root, env=environ)
+    report = json.loads((env / "var" / "cudaenv" / "verify.json").read_text())
+    evidence = next(c["evidence"] for c in report["checks"] if c["name"] == "imports")
+    assert evidence[f"import {MODULE}._C"].startswith("ok"), evidence
+
+
+def test_a_build_that_downloads_fails_in_one_line_and_the_env_is_kept(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    environ = node(root, "store")
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    # Without its FORCE_BUILD switch the setup.py reaches for a prebuilt wheel first.
+    spec = root / "envspecs" / "testext.yaml"
+    spec.write_text(spec.read_text().replace(f'build-env: {{{FORCE}: "TRUE"}}\n', ""))
+    (root / "old").mkdir()
+    (root / "old" / "keep").write_text("the previous env")
+    done = build(root, "old", environ, check=False)
+    assert done.returncode == 4, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {NAME} 0.1.0: the source build with nvcc 13.0 failed: ")
+    assert "tried to reach the network" in last and "FORCE_BUILD" in last
+    assert "Traceback" not in done.stderr
+    assert (root / "old" / "keep").read_text() == "the previous env"
+    assert not any(root.glob("old/lib"))
+
+
+def test_a_release_that_passes_cxx17_is_refused_before_compiling(tmp_path: Path) -> None:
+    root = project(tmp_path, version="0.2.0", extra='"-std=c++17"')
+    environ = node(root, "store")
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    done = build(root, "env", environ, check=False)
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert COMPILING not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "passes -std=c++17" in last and "need C++20" in last and "line 9" in last, last
+    assert not (root / "env").exists()
