@@ -11,7 +11,7 @@ import pytest
 
 from builder import store as jit_store
 from builder.core.errors import SpecError
-from builder.env import recipes, sourcebuild
+from builder.env import buildlog, recipes, sourcebuild
 from builder.env.manifest import Manifest
 from builder.machine.archs import Arch
 from builder.spec import envspec
@@ -92,7 +92,7 @@ def test_the_sdists_setup_py_is_read_from_the_archive(tmp_path: Path) -> None:
     ],
 )  # fmt: skip
 def test_a_failed_build_is_said_by_its_first_actionable_line(log: list[str], said: str) -> None:
-    found = sourcebuild._first_problem(log)
+    found = buildlog.first_problem(log)
     assert found is not None and found.startswith(said), found
 
 
@@ -167,3 +167,13 @@ def test_the_manifest_keeps_what_was_built_from_source() -> None:
     doc = made.to_json()
     assert Manifest.from_json(json.loads(json.dumps(doc)), "m") == made
     assert "source_builds" not in a_manifest().to_json()
+
+
+def test_the_heartbeat_says_ninjas_step_and_an_estimate() -> None:
+    said: list[str] = []
+    watch = buildlog.Watch("x 1", said.append)
+    assert watch.said().startswith("x 1: compiling, 0s so far") and "ninja" not in watch.said()
+    watch.line("[3/4] /env/cuda-home/bin/nvcc -c a.cu")
+    assert "ninja [3/4], about " in watch.said() and watch.said().endswith(" left")
+    watch.line("[4/4] c++ -shared a.o -o x.so")
+    assert "left" not in watch.said()

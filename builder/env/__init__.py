@@ -15,6 +15,7 @@ MODULES = (
     "installproof",
     "place",
     "recipes",
+    "buildlog",
     "sourcebuild",
     "build",
     "export",

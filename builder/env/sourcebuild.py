@@ -18,7 +18,7 @@ and the start-up hook are written:
    spec's ``build-env``, passed as an environment, never through a shell. The network is
    closed to it (proxies at a port nothing serves: a ``setup.py`` that downloads fails and
    is named), no GPU is visible, and it runs under a deadline that kills its process group.
-   Progress comes every :data:`HEARTBEAT` seconds; a failure is one line with the first
+   Progress comes every :data:`buildlog.HEARTBEAT` seconds; a failure is one line with the first
    compiler error, the whole log kept.
 5. The wheel is published to the store and installed with uv (``--no-deps --offline``).
 """
@@ -29,9 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import re
 import shutil
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ from builder import store as jit_store
 from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError, CommandFailed, ToolMissing
 from builder.core.paths import jit_store_here
-from builder.env import recipes
+from builder.env import buildlog, recipes
 from builder.machine import archs as archs_mod
 from builder.machine import box
 from builder.spec.envspec import EnvSpec
@@ -56,7 +54,6 @@ WORK = Path("var") / "source-builds"
 # A flash-attn build is about an hour of nvcc on a small box: four hours is a build that hangs.
 BUILD_TIMEOUT = 4 * 3600.0
 FETCH_TIMEOUT = 1800.0
-HEARTBEAT = 30.0
 # A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
 _CLOSED = "http://127.0.0.1:9"
 _SETUP_LIMIT = 1 << 20
@@ -422,7 +419,7 @@ def _fetch(
         raise BuildError(f"{pkg.name} {pkg.version}: fetching its sdist took too long") from exc
     found = sorted(into.glob("*")) if into.is_dir() else []
     if done.returncode != 0 or len(found) != 1:
-        said = _first_problem(lines) or "no sdist"
+        said = buildlog.first_problem(lines) or "no sdist"
         raise BuildError(f"{pkg.name} {pkg.version}: pip could not fetch its sdist: {said}")
     sdist = found[0]
     if hashlib.sha256(sdist.read_bytes()).hexdigest() != pkg.sdist.sha256:
@@ -476,7 +473,7 @@ def _compile(
     log_path = work / "build.log"
     argv: list[str | Path] = [python, f"{pip}/pip", "wheel", "--verbose", "--no-deps", "--no-build-isolation",
             "--no-index", "-w", work / "wheel", sdist]  # fmt: skip
-    watch = _Watch(f"{pkg.name} {pkg.version}", progress)
+    watch = buildlog.Watch(f"{pkg.name} {pkg.version}", progress)
     with log_path.open("w", encoding="utf-8", errors="replace") as log:
 
         def seen(line: str) -> None:
@@ -499,7 +496,9 @@ def _compile(
     wheels = sorted((work / "wheel").glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
         kept = _keep_log(log_path, target, pkg)
-        first = _first_problem(log_path.read_text(encoding="utf-8", errors="replace").splitlines())
+        first = buildlog.first_problem(
+            log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        )
         raise BuildError(
             f"{pkg.name} {pkg.version}: the source build with nvcc {nvcc} failed: "
             f"{first or 'no wheel was made'}; the whole log: {kept}"
@@ -518,83 +517,6 @@ def _keep_log(log_path: Path, target: Path, pkg: LockedPackage) -> Path:
         shutil.copyfile(log_path, kept)
         return kept
     return log_path
-
-
-_COMPILER_ERROR = re.compile(r"(\bfatal error\b|\berror\b:|nvcc fatal\s*:|#error\b)", re.I)
-_NOT_COMPILER = re.compile(
-    r"^\s*(ERROR: |error: subprocess-exited-with-error|error: command .* failed|"
-    r"error: metadata-generation-failed|╰─>|note: )"
-)
-_EXCEPTION = re.compile(r"^\s*([A-Za-z_.]*(Error|Exception)): (.+)$")
-_NETWORK = ("urlopen error", "URLError", "Connection refused", "ProxyError", "Max retries")
-_GPU = ("No CUDA GPUs are available", "no CUDA-capable device")
-
-
-def _first_problem(lines: Sequence[str]) -> str | None:
-    """What a failed build's log says first that a user can act on: a build that reached for
-    the network or a GPU, else the first compiler error, else the last exception raised."""
-    text = "\n".join(lines)
-    if any(s in text for s in _NETWORK):
-        return (
-            "the build tried to reach the network, which a source build has closed (a "
-            "package that downloads a prebuilt wheel: set its FORCE_BUILD variable in the "
-            "spec's build-env)"
-        )
-    if any(s in text for s in _GPU):
-        return "the build asked for a GPU; a source build sees none (CUDA_VISIBLE_DEVICES='')"
-    for line in lines:
-        if _COMPILER_ERROR.search(line) and not _NOT_COMPILER.match(line):
-            return line.strip()[:300]
-    for line in reversed(lines):
-        found = _EXCEPTION.match(line)
-        if found:
-            return line.strip()[:300]
-    return None
-
-
-class _Watch:
-    """A build's heartbeat: every HEARTBEAT seconds one line with ninja's ``[done/total]``,
-    the time so far and an estimate of the rest."""
-
-    _STEP = re.compile(r"\[(\d+)/(\d+)\]")
-
-    def __init__(self, what: str, progress: Callable[[str], None]) -> None:
-        self.what, self.progress = what, progress
-        self.started = time.monotonic()
-        self.step: tuple[int, int] | None = None
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def line(self, line: str) -> None:
-        found = self._STEP.search(line)
-        if found:
-            self.step = (int(found.group(1)), int(found.group(2)))
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
-
-    def said(self) -> str:
-        elapsed = time.monotonic() - self.started
-        text = f"{self.what}: compiling, {_minutes(elapsed)} so far"
-        if self.step is not None:
-            done, total = self.step
-            text += f", ninja [{done}/{total}]"
-            if 0 < done < total:
-                text += f", about {_minutes(elapsed * (total - done) / done)} left"
-        return text
-
-    def _beat(self) -> None:
-        while not self.stopped.wait(HEARTBEAT):
-            self.progress(self.said())
-
-
-def _minutes(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
