@@ -547,7 +547,9 @@ def main(argv: Sequence[str]) -> int:
     started = time.monotonic()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_HOME": str(args.cuda_home),
-           "CUDAENV_GPU_PYTHON": args.python, "CUDAENV_GPU_CHECK": "1"}  # fmt: skip
+           "CUDAENV_GPU_PYTHON": args.python, "CUDAENV_GPU_CHECK": "1",
+           "OUT": str(args.out)}  # fmt: skip
+    # OUT: the gpu tests keep their evidence there too (source-build.json).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     with (
         (args.out / "gpu-check.log").open("w") as log,
