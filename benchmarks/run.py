@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from builder.commands import compat  # noqa: E402
 from builder.core import platforms, proc  # noqa: E402
 from builder.core.paths import matrix_dir  # noqa: E402
-from builder.env import hooks, installproof  # noqa: E402
+from builder.env import hooks, installproof, recordscan  # noqa: E402
 from builder.machine import interpreters  # noqa: E402
 from builder.spec import channels, lock  # noqa: E402
 from builder.spec import envspec as spec  # noqa: E402
@@ -368,6 +368,61 @@ class Bench:
                 f"(median ratio {ratio:.3f}); hashing every file too would take "
                 f"{hashed.median * 1000:.0f} ms ({hashed.median / builds.median:.2f} of the "
                 "build): files hard-linked from uv's cache are checked by size, not hashed"
+            ),
+        )
+
+    def record_proof_stack(self) -> Case:
+        """The proof on the default stack's env (74,000 RECORD entries, where the toolkit
+        spec's has 1,900): read by two processes (builder/env/recordscan.py, as every build
+        runs it where a second core is free) vs by one, alternated; beside it, the warm build
+        that made the env, for the proof's share of it."""
+        target = self.work / "proof-default"
+        cudaenv("build", "--force", DEFAULT, "--env-dir", target, env={"CUDAENV_NO_PREFETCH": "1"})
+        site = next(target.glob("lib/python3.*/site-packages"))
+        marker_env = platforms.get(platforms.host_name()).marker_environment(self.default.python)
+        packages = [
+            p
+            for p in self.lock.packages_on(platforms.host_name())
+            if installproof.applies(p, marker_env)
+        ]
+
+        def proof(split: bool) -> None:
+            kept = recordscan.SPLIT_BYTES
+            recordscan.SPLIT_BYTES = kept if split else 1 << 62
+            try:
+                problems = installproof.problems(site, target, packages, made_before=MADE_BY_BUILD)
+            finally:
+                recordscan.SPLIT_BYTES = kept
+            assert problems == [], problems[:5]
+
+        split, single = alternate(lambda: proof(True), lambda: proof(False), self.pairs)
+        builds = Timing()
+        for _ in range(self.runs):
+            builds.samples.append(timed(lambda: self.cudaenv_build(target)))
+        pairs = pair_ratios(split, single)
+        files = sum(1 for r in site.glob("*.dist-info/RECORD") for _ in r.open())
+        rm(target)
+        return Case(
+            name="proof of install, the default stack",
+            what="installproof.problems on a default env, its RECORDs read by two processes "
+            "(as a build does where a second core is free) vs by one; ratio: median of the "
+            "alternated pairs' ratios",
+            figures={
+                "two processes": split.to_json(),
+                "one process": single.to_json(),
+                "pair ratios": pairs,
+                "cudaenv build --force (warm, the proof included)": builds.to_json(),
+                "RECORD entries": files,
+                "cores": len(os.sched_getaffinity(0)),
+            },
+            ratio=pairs["median"],
+            anchor="one process",
+            goal="≤ 0.80 on 2 cores",
+            met=pairs["median"] <= 0.80,
+            note=(
+                f"proof {split.median * 1000:.0f} ms in two processes, "
+                f"{single.median * 1000:.0f} ms in one, of a {builds.median:.2f} s warm "
+                f"build of the default stack ({split.median / builds.median:.2f} of it)"
             ),
         )
 
@@ -1517,7 +1572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = args.cases.split(",")
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
-        "growth", "matrix", "audit", "store", "record-proof", "fleet", "warm-fleet",
+        "growth", "matrix", "audit", "store", "record-proof", "record-proof-stack", "fleet", "warm-fleet",
         "warm-default", "remote-cache", "verify-unchanged",
     }  # fmt: skip
     if set(wanted) - known:
@@ -1531,6 +1586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, fn in (
             ("build-warm", bench.build_warm),
             ("record-proof", bench.record_proof),
+            ("record-proof-stack", bench.record_proof_stack),
             ("build-cold", bench.build_cold),
             ("plan", bench.plan),
             ("relock", bench.relock),

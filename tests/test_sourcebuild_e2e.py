@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from builder import store as jit_store
 from builder.audit import fatbin
+from builder.env import export as exporting
 from builder.machine.archs import Arch
 from tests.conftest import Registry
 from tests.helpers import cudaenv, write
@@ -97,7 +99,7 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
-    tmp_path: Path, registry: Registry, shared_store: Path
+    tmp_path: Path, registry: Registry, shared_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = project(tmp_path)
     (root / "store-a").symlink_to(shared_store, target_is_directory=True)
@@ -133,6 +135,20 @@ def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
     assert COMPILING not in third.stderr
     assert f"taken from the JIT remote {registry.url}" in third.stderr
     assert extension_of(root / "b1").read_bytes() == extension_of(env).read_bytes()
+
+    # An air-gapped node: `export --with-jit` carries the built wheel with the env's other
+    # JIT results (each env lists the entry it was made with or from).
+    for made_in in ("a1", "a2"):
+        used = jit_store.used_entries(root / made_in)
+        assert len(used) == 1, used
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(root / "store-a"))
+    wheelhouse = root / "wheelhouse"
+    assert exporting.export_jit(root / "a2", wheelhouse) == 1
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(root / "store-c"))
+    assert exporting.import_jit(wheelhouse) == (1, None)
+    fourth = build(root, "c1", node(root, "store-c"))
+    assert COMPILING not in fourth.stderr
+    assert f"{NAME} 0.1.0: taken from the store" in fourth.stderr
 
 
 def test_cudaenv_add_of_an_sdist_package_builds_it_into_a_built_env(

@@ -55,6 +55,7 @@ class Settings:
     jit_store: str | None = None
     jit_store_max: int = 10 << 30
     jit_lock_timeout: float = 900.0
+    source_build_timeout: float = 14400.0  # one package's compile from its sdist
     jit_remote: str | None = None  # oci://HOST[:PORT]/REPO; None: no remote
     jit_push: bool = False
     no_prefetch: bool = False  # build and adopt place no warmed JIT entries

@@ -257,6 +257,11 @@ TABLE: tuple[Variable, ...] = (
              reader="cudaenv (seconds to wait for another builder of one key; default 900)",
              reserved=True, number=_SECONDS_OR_ZERO,
              setting=Setting(field="jit_lock_timeout", default="900")),
+    Variable(name="CUDAENV_SOURCE_BUILD_TIMEOUT", kind=Kind.CUDAENV,
+             reader="cudaenv (seconds one package's compile from its sdist may run before it "
+             "is stopped and the build fails; default 14400)",
+             reserved=True, number=_SECONDS,
+             setting=Setting(field="source_build_timeout", default="14400")),
     Variable(name="CUDAENV_JIT_REMOTE", kind=Kind.CUDAENV,
              reader="cudaenv (oci://HOST[:PORT]/REPO: the store's registry tier; `off`: none)",
              reserved=True,

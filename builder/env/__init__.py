@@ -12,6 +12,7 @@ MODULES = (
     "manifest",
     "toolchain",
     "hooks",
+    "recordscan",
     "installproof",
     "place",
     "recipes",

@@ -329,6 +329,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
         build_env=spec.build_env,
     )
     manifest.write(built, tmp)
+    sourcebuild.note_uses(tmp, made)
     stage("manifest and hook self-check", t)
     return built
 

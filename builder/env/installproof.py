@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import csv
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +19,11 @@ from packaging.markers import InvalidMarker, Marker, UndefinedComparison, Undefi
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.env import recordscan
+from builder.env.recordscan import record_rows
 from builder.spec.lock import LockedPackage
+
+__all__ = ["RECORD_ERRATA", "applies", "problems", "record_rows"]
 
 # Files above this many bytes in all are hashed by a pool of threads (hashlib releases the GIL
 # for large updates); below it, one thread is faster than starting a pool.
@@ -38,16 +41,6 @@ class _Recorded:
     algorithm: str | None
     digest: str | None  # urlsafe base64 without padding, as RECORD writes it
     size: int | None
-
-
-def record_rows(record: Path) -> Iterator[list[str]]:
-    """The rows of a RECORD that name a path: the one reader of RECORD files. PEP 376 writes
-    it as csv (a path with a comma is quoted, so splitting on ``,`` gives the wrong path) in
-    UTF-8; an undecodable byte is replaced, which makes that path one nothing finds (a
-    problem where the proof looks for it, never a traceback). The file is read at the call:
-    OSError there, not while iterating."""
-    text = record.read_text(encoding="utf-8", errors="replace")
-    return (row for row in csv.reader(text.splitlines()) if row and row[0])
 
 
 def _digest(path: str, algorithm: str) -> str:
@@ -98,14 +91,16 @@ def problems(
     errata = RECORD_ERRATA if errata is None else errata
     infos, problems = _installed(site, packages)
     site_text, inside = os.fspath(site), os.fspath(root) + os.sep
-    claims, shared, tops = _claims(site_text, infos.values(), problems)
-    problems += _unlisted(site, tops, {*made_before, *(i.name for _v, i in infos.values())})
-    file_problems, to_hash, differing = _check_claims(claims, inside, hash_linked=hash_linked)
+    found = recordscan.scan(site_text, list(infos.values()), inside, hash_linked=hash_linked)
+    problems += found.unreadable
+    problems += _unlisted(site, found.tops, {*made_before, *(i.name for _v, i in infos.values())})
+    file_problems, to_hash, differing = _judge(found.slow, inside, hash_linked=hash_linked)
     problems += file_problems
-    for entries in shared.values():
+    for path, claimants in sorted(found.shared.items()):
         # Two wheels ship one path (flashinfer-python 0.7.2 and torch-c-dlpack-ext 0.1.5
         # both install a top-level build_backend.py): the installer's last write stays,
         # so the file is as recorded when it is any one claimant's.
+        entries = [_entry(dist, row[0], path, row) for dist, row in sorted(claimants)]
         problem = _shared_entry_problem(entries, inside)
         if problem is not None:
             problems.append(problem)
@@ -133,32 +128,16 @@ def _installed(
     return infos, problems
 
 
-def _check_claims(
-    claims: Mapping[str, tuple[str, list[str]]], inside: str, *, hash_linked: bool
+def _judge(
+    slow: Sequence[recordscan.Slow], inside: str, *, hash_linked: bool
 ) -> tuple[list[str], list[_Recorded], list[tuple[_Recorded, str]]]:
-    """Each path one RECORD claims, against the file there: the problems found, the entries
+    """The claims the common case did not pass, each judged: the problems found, the entries
     whose hash is still to be checked, and those whose size differs from RECORD's (with the
     problem to say unless they are a known erratum)."""
     problems: list[str] = []
     to_hash: list[_Recorded] = []
     differing: list[tuple[_Recorded, str]] = []
-    lstat, is_reg = os.lstat, stat.S_ISREG
-    for path, (dist, row) in claims.items():
-        # The common case inline (74,000 files in a torch stack; a call and a dataclass per
-        # file were half the proof's time): inside, a regular file of the recorded size, one
-        # of uv's hard links. Anything else takes _check_entry's slow path, which says why.
-        try:
-            st = lstat(path)
-        except OSError:
-            st = None
-        if (
-            st is not None
-            and is_reg(st.st_mode)
-            and path.startswith(inside)
-            and (len(row) < 3 or not row[2] or row[2] == str(st.st_size))
-            and (len(row) < 2 or not row[1] or (st.st_nlink > 1 and not hash_linked))
-        ):
-            continue
+    for path, dist, row in slow:
         entry = _entry(dist, row[0], path, row)
         problem = _check_entry(entry, inside, to_hash, hash_linked=hash_linked)
         if problem is None:
@@ -205,42 +184,6 @@ def _as_erratum(entry: _Recorded, errata: Mapping[tuple[str, str, str], tuple[in
         )
     except OSError:
         return False
-
-
-def _claims(
-    site: str, infos: Iterable[tuple[str, Path]], problems: list[str]
-) -> tuple[dict[str, tuple[str, list[str]]], dict[str, list[_Recorded]], set[str]]:
-    """Every RECORD row below ``site``: the paths one RECORD names (with its dist-info and
-    row), those several name, and the top-level names of ``site`` they cover. A RECORD that
-    cannot be read is a problem."""
-    claims: dict[str, tuple[str, list[str]]] = {}
-    shared: dict[str, list[_Recorded]] = {}
-    tops: set[str] = set()
-    prefix = site + os.sep
-    for _version, info in infos:
-        try:
-            rows = record_rows(info / "RECORD")
-        except OSError as exc:
-            problems.append(f"{info.name}/RECORD: {exc.strerror or exc}")
-            continue
-        dist = info.name
-        for row in rows:
-            rel = row[0]
-            if rel[0] in "/." or "/." in rel or "//" in rel:
-                path = os.path.normpath(os.path.join(site, rel))  # noqa: PTH118 - see _Recorded
-                if path.startswith(prefix):
-                    tops.add(path[len(prefix) :].partition(os.sep)[0])
-            else:
-                path = prefix + rel  # already normal: normpath is a third of the proof's time
-                tops.add(rel.partition("/")[0])
-            if path in shared:
-                shared[path].append(_entry(dist, rel, path, row))
-            elif (first := claims.pop(path, None)) is not None:
-                shared[path] = [_entry(first[0], first[1][0], path, first[1]),
-                                _entry(dist, rel, path, row)]  # fmt: skip
-            else:
-                claims[path] = (dist, row)
-    return claims, shared, tops
 
 
 def _unlisted(site: Path, tops: set[str], known: set[str]) -> list[str]:

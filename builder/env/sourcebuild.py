@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 
 # Where a build's log and scratch live, inside the env being built.
 WORK = Path("var") / "source-builds"
-# A flash-attn build is about an hour of nvcc on a small box: four hours is a build that hangs.
-BUILD_TIMEOUT = 4 * 3600.0
 FETCH_TIMEOUT = 1800.0
 # A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
 _CLOSED = "http://127.0.0.1:9"
@@ -70,6 +68,7 @@ class SourceBuilt:
     key: str
     reused: bool
     seconds: float
+    entry: Path | None = None  # the store entry it came from or went into (none: store off)
 
 
 def source_packages(packages: Sequence[LockedPackage]) -> list[LockedPackage]:
@@ -166,6 +165,18 @@ def build_all(
     return tuple(done)
 
 
+def note_uses(env: Path, made: Sequence[SourceBuilt]) -> None:
+    """List the store entries of ``made`` among those the env at ``env`` uses (once its
+    manifest is written: only a cudaenv env keeps the list), so `export --with-jit` carries
+    the built wheels with the env's other JIT results."""
+    store = jit_store_here()
+    if store is None:
+        return
+    for built in made:
+        if built.entry is not None:
+            jit_store.note_use(store, built.entry, str(env))
+
+
 def _remote(spec: EnvSpec, progress: Callable[[str], None]) -> Remote | None:
     """The store's registry tier for the spec's project, as the JIT's (jit/share.py)."""
     from builder.jit import share as jit_share
@@ -216,17 +227,18 @@ def _one(
     (work / "wheel").mkdir(parents=True)
     started = time.monotonic()
     placed, where = _from_tiers(tiers, k, env, work / "wheel", pkg, progress)
+    entry: Path | None = None
     if placed is not None:
         progress(f"{pkg.name} {pkg.version}: taken from {where} (built once for this key)")
-        wheel = placed
+        wheel, entry = placed
     else:
         wheel = _compile(env, spec, lock, pkg, values, work, nvcc=nvcc, target=target,
                          progress=progress)  # fmt: skip
         if tiers.store is not None:
             seconds = time.monotonic() - started
-            kept = _publish(tiers.store, k, wheel, pkg, env, target, seconds, progress)
-            if kept is not None:
-                _push(tiers, k, kept, progress)
+            entry = _publish(tiers.store, k, wheel, pkg, env, target, seconds, progress)
+            if entry is not None:
+                _push(tiers, k, entry, progress)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     _install(env, wheel, pkg)
     shutil.rmtree(work, ignore_errors=True)
@@ -239,6 +251,7 @@ def _one(
         sha256=digest,
         key=k,
         reused=placed is not None,
+        entry=entry,
         seconds=round(time.monotonic() - started, 1),
     )
 
@@ -250,9 +263,10 @@ def _from_tiers(
     out: Path,
     pkg: LockedPackage,
     progress: Callable[[str], None],
-) -> tuple[Path | None, str]:
-    """The stored wheel of ``k`` placed into ``out``: from the machine's store, else pulled
-    from its registry tier (checked like any entry, signatures where the node asks)."""
+) -> tuple[tuple[Path, Path] | None, str]:
+    """The stored wheel of ``k`` placed into ``out`` and its entry: from the machine's store,
+    else pulled from its registry tier (checked like any entry, signatures where the node
+    asks)."""
     store = tiers.store
     if store is None:
         return None, ""
@@ -312,9 +326,9 @@ def _torch_input(env: Path) -> str | None:
 
 def _from_store(
     store: jit_store.Store, k: str, env: Path, out: Path, pkg: LockedPackage
-) -> Path | None:
-    """The stored wheel of key ``k`` placed into ``out`` (every byte checked), or None. An
-    entry whose wheel is not this package's is discarded."""
+) -> tuple[Path, Path] | None:
+    """The stored wheel of key ``k`` placed into ``out`` (every byte checked) and the entry
+    it came from, or None. An entry whose wheel is not this package's is discarded."""
     entry = None
     try:
         entry = store.find(k, str(env))
@@ -325,8 +339,7 @@ def _from_store(
             raise jit_store.EntryError(f"{name} is not a wheel of {pkg.name} {pkg.version}")
         dst = out / name
         store.place(entry, "wheel", dst)
-        jit_store.note_use(store, entry.path, str(env))
-        return dst
+        return dst, entry.path
     except jit_store.EntryError as exc:
         if entry is not None:
             store.discard(entry.path, str(exc))
@@ -480,16 +493,19 @@ def _compile(
             log.write(line + "\n")
             watch.line(line)
 
+        # A flash-attn build is about an hour of nvcc on a small box: the default four hours
+        # is a build that hangs (CUDAENV_SOURCE_BUILD_TIMEOUT moves it).
+        bound = settings.current().source_build_timeout
         watch.start()
         try:
             done = proc.run_lines(
-                argv, seen, env=_offline(environ), timeout=BUILD_TIMEOUT, merged=True, cwd=work
+                argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
             )
         except CommandFailed as exc:
             kept = _keep_log(log_path, target, pkg)
             raise BuildError(
-                f"{pkg.name} {pkg.version}: the source build ran past {BUILD_TIMEOUT:.0f} s and "
-                f"was stopped; the whole log: {kept}"
+                f"{pkg.name} {pkg.version}: the source build ran past {bound:.0f} s "
+                f"(CUDAENV_SOURCE_BUILD_TIMEOUT) and was stopped; the whole log: {kept}"
             ) from exc
         finally:
             watch.stop()
