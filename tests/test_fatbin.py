@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.audit.fatbin import DeviceCode, Scan, is_elf, scan
+from builder.audit.fatbin import DeviceCode, Needed, Scan, is_elf, needed, scan
 from builder.machine.archs import Arch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +65,33 @@ def test_a_shared_library_names_what_it_needs() -> None:
     assert found.needed[0] == "libcudart.so.13"
     assert "libc.so.6" in found.needed
     assert scan(FIXTURES / "mixed.o").needed == ()
+
+
+def test_the_dynamic_section_alone_reads_what_a_scan_reads(tmp_path: Path) -> None:
+    """``needed`` (the doctor's reader of hundreds of files) agrees with ``scan``, under the
+    same rules: no symlink followed, a damaged file an error, never an exception."""
+    for name in sorted(EXPECTED):
+        assert needed(FIXTURES / name) == Needed(
+            path=FIXTURES / name, elf=True, needed=scan(FIXTURES / name).needed, error=None
+        )
+    assert needed(FIXTURES / "libshared.so").needed[0] == "libcudart.so.13"
+    link = tmp_path / "libfoo.so"
+    link.symlink_to(FIXTURES / "libshared.so")
+    assert needed(link).error == "a symlink: not followed"
+    assert needed(tmp_path).error == "a directory, not a file"
+    write_to = tmp_path / "lib.so"
+    write_to.write_bytes(b"#!/bin/sh\n")
+    assert needed(write_to) == Needed(path=write_to, elf=False, needed=(), error="not an ELF file")
+    good = (FIXTURES / "libshared.so").read_bytes()
+    for end in range(0, len(good), 211):
+        write_to.write_bytes(good[:end])
+        assert isinstance(needed(write_to), Needed)
+    for at in range(0, len(good), 53):
+        damaged = bytearray(good)
+        damaged[at : at + 4] = b"\xff" * 4
+        write_to.write_bytes(bytes(damaged))
+        found = needed(write_to)
+        assert found.error is not None or all(isinstance(n, str) for n in found.needed)
 
 
 def test_device_code_reads_like_nvcc_spells_it() -> None:

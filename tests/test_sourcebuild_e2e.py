@@ -151,6 +151,44 @@ def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
     assert f"{NAME} 0.1.0: taken from the store" in fourth.stderr
 
 
+def test_warm_builds_an_sdist_ahead_under_the_key_an_env_of_that_arch_list_asks_for(
+    tmp_path: Path, shared_store: Path
+) -> None:
+    """`cudaenv warm --archs 9.0a` of an env with no FlashInfer compiles the spec's sdist
+    package for 9.0a into the store and leaves the env as it was; a second warm finds it, and
+    an env built from a spec of 9.0a installs it with no compile."""
+    root = project(tmp_path)
+    environ = {**node(root, "unused"), "CUDAENV_JIT_STORE": str(shared_store)}
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    build(root, "a1", environ)
+    before = extension_of(root / "a1").read_bytes()
+    argv = ["warm", "envspecs/testext.yaml", "--env-dir", str(root / "a1"), "--archs", "9.0a"]
+    warmed = cudaenv(*argv, cwd=root, env=environ)
+    assert f"{NAME} 0.1.0 (sdist) (9.0a): built in " in warmed.stderr, warmed.stderr[-2000:]
+    assert "1 built, 0 already warm, 0 failed" in warmed.stdout
+    assert extension_of(root / "a1").read_bytes() == before
+    assert not (root / "a1" / "var" / "source-builds").exists()
+    again = cudaenv(*argv, cwd=root, env=environ)
+    assert f"{NAME} 0.1.0 (sdist) (9.0a): already warm" in again.stderr
+    assert COMPILING not in again.stderr
+
+    spec = root / "envspecs" / "testext.yaml"
+    other = root / "envspecs" / "testext90.yaml"
+    other.write_text(
+        spec.read_text()
+        .replace("name: testext-cu130", "name: testext90-cu130")
+        .replace('archs: ["12.0f"]', 'archs: ["9.0a"]')
+    )
+    cudaenv("lock", "envspecs/testext90.yaml", cwd=root, env=environ)
+    done = cudaenv(
+        "build", "envspecs/testext90.yaml", "--env-dir", str(root / "h1"), cwd=root, env=environ
+    )
+    assert COMPILING not in done.stderr
+    assert f"{NAME} 0.1.0: taken from the store" in done.stderr
+    scan = fatbin.scan(extension_of(root / "h1"))
+    assert ("sass", Arch(major=9, minor=0, suffix="")) in {(c.kind, c.arch) for c in scan.codes}
+
+
 def test_cudaenv_add_of_an_sdist_package_builds_it_into_a_built_env(
     tmp_path: Path, shared_store: Path
 ) -> None:

@@ -224,7 +224,7 @@ NOT_SECONDS = ["nan", "inf", "-inf", "-1", "1e300", "thirty", "30s"]
 def test_every_numeric_variable_is_in_the_table() -> None:
     assert {v.name for v in NUMERIC} == {
         "CUDAENV_JIT_STORE_MAX", "CUDAENV_JIT_LOCK_TIMEOUT", "CUDAENV_JIT_REMOTE_TIMEOUT",
-        "CUDAENV_PROBE_TIMEOUT", "CUDAENV_HEARTBEAT_SECONDS",
+        "CUDAENV_PROBE_TIMEOUT", "CUDAENV_HEARTBEAT_SECONDS", "CUDAENV_SOURCE_BUILD_TIMEOUT",
     }  # fmt: skip
 
 

@@ -29,12 +29,14 @@ import errno
 import os
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from builder.machine.archs import Arch, CodeKind
 
-__all__ = ["CodeKind", "DeviceCode", "Scan", "is_elf", "scan"]
+__all__ = ["CodeKind", "DeviceCode", "Needed", "Scan", "is_elf", "needed", "scan"]
 
 ELF_MAGIC = b"\x7fELF"
 # Bumped whenever what a scan finds in the same file could change (cached scans are keyed by it).
@@ -69,6 +71,7 @@ MAX_SECTIONS = 1 << 18
 MAX_DYNAMIC_BYTES = 1 << 20
 MAX_SHSTRTAB_BYTES = 16 << 20
 MAX_SONAME = 4096
+NAMES_WINDOW = 64 << 10
 ZERO_CHUNK = 1 << 16
 
 
@@ -206,24 +209,88 @@ def scan(path: Path) -> Scan:
 
     ``path`` itself must be a regular file; a symlink is refused, not followed, so a scan of a
     tree never reads outside it."""
+    return _read(path, lambda reader: _scan_fd(path, reader), lambda error: _failed(path, error))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needed:
+    """What :func:`needed` read: the DT_NEEDED sonames, or why they could not be read."""
+
+    path: Path
+    elf: bool
+    needed: tuple[str, ...]  # in the dynamic section's order
+    error: str | None
+
+
+def needed(path: Path) -> Needed:
+    """Only the DT_NEEDED sonames of the ELF file at ``path``, under :func:`scan`'s rules (a
+    symlink is refused, every read bounded). It reads the ELF header, the section header table
+    and the dynamic section, never a fatbin: what links a library is asked of hundreds of
+    files where their device code is wanted of a few (a full scan of a 207-package env's 700
+    shared objects takes 1.5 s, this 20 ms)."""
+    return _read(
+        path,
+        lambda reader: _needed_fd(path, reader),
+        lambda error: Needed(path=path, elf=False, needed=(), error=error),
+    )
+
+
+_T = TypeVar("_T")
+
+
+def _read(path: Path, read: Callable[[_Reader], _T], failed: Callable[[str], _T]) -> _T:
+    """``read`` over the regular file at ``path``, opened without following a symlink; what
+    keeps it from being read becomes ``failed(why)``, never an exception."""
     try:
         # O_NONBLOCK: a FIFO planted in the tree must not hang the open.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return _failed(path, "a symlink: not followed")
-        return _failed(path, f"cannot open: {e.strerror or e}")
+            return failed("a symlink: not followed")
+        return failed(f"cannot open: {e.strerror or e}")
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            return _failed(path, "a directory, not a file")
+            return failed("a directory, not a file")
         if not stat.S_ISREG(st.st_mode):
-            return _failed(path, "not a regular file")
-        return _scan_fd(path, _Reader(fd, st.st_size))
+            return failed("not a regular file")
+        return read(_Reader(fd, st.st_size))
     except OSError as e:
-        return _failed(path, f"read failed: {e.strerror or e}")
+        return failed(f"read failed: {e.strerror or e}")
     finally:
         os.close(fd)
+
+
+def _needed_fd(path: Path, reader: _Reader) -> Needed:
+    if reader.size < 4 or reader.read(0, 4, "ELF magic") != ELF_MAGIC:
+        return Needed(path=path, elf=False, needed=(), error="not an ELF file")
+    try:
+        elf = _elf_header(reader)
+        if elf.shoff == 0:
+            raise _Corrupt("no section headers: the dynamic section cannot be located")
+        raw, count = _section_table(reader, elf)
+        # Only the dynamic section's header is made: building all of them (a library has up
+        # to ~100) cost two thirds of this reader's time.
+        dynamic = next(
+            (
+                _section_header(raw, i * elf.shentsize, elf)
+                for i in range(count)
+                if struct.unpack_from(elf.endian + "I", raw, i * elf.shentsize + 4)[0]
+                == SHT_DYNAMIC
+            ),
+            None,
+        )
+        names = []
+        if dynamic is not None:
+            if dynamic.link >= count:
+                raise _Corrupt(
+                    f"dynamic section links to section {dynamic.link}, which does not exist"
+                )
+            strtab = _section_header(raw, dynamic.link * elf.shentsize, elf)
+            names = _needed(reader, elf, dynamic, strtab)
+    except _Corrupt as e:
+        return Needed(path=path, elf=True, needed=(), error=str(e))
+    return Needed(path=path, elf=True, needed=tuple(names), error=None)
 
 
 def _failed(path: Path, error: str, *, elf: bool = False) -> Scan:
@@ -247,7 +314,11 @@ def _scan_fd(path: Path, reader: _Reader) -> Scan:
         named = list(zip(_section_names(reader, elf, sections), sections, strict=True))
         dynamic = next((s for _, s in named if s.type == SHT_DYNAMIC), None)
         if dynamic is not None:
-            needed = _needed(reader, elf, dynamic, sections)
+            if dynamic.link >= len(sections):
+                raise _Corrupt(
+                    f"dynamic section links to section {dynamic.link}, which does not exist"
+                )
+            needed = _needed(reader, elf, dynamic, sections[dynamic.link])
         wanted = {FATBIN_SECTION}
         if elf.type == ET_REL:
             wanted.add(RELOCATABLE_FATBIN_SECTION)
@@ -307,13 +378,18 @@ def _section_header(raw: bytes, at: int, elf: _Elf) -> _Section:
 def _section_headers(reader: _Reader, elf: _Elf) -> list[_Section]:
     if elf.shoff == 0:
         return []
+    raw, count = _section_table(reader, elf)
+    return [_section_header(raw, i * elf.shentsize, elf) for i in range(count)]
+
+
+def _section_table(reader: _Reader, elf: _Elf) -> tuple[bytes, int]:
+    """The section header table's bytes and its number of entries."""
     first = _section_header(reader.read(elf.shoff, elf.shentsize, "section header 0"), 0, elf)
     # ELF extended numbering: past 0xff00 sections the count lives in section 0's size.
     count = elf.shnum or first.size
     if not 0 < count <= MAX_SECTIONS:
         raise _Corrupt(f"section count {count} is out of range")
-    raw = reader.read(elf.shoff, count * elf.shentsize, "section header table")
-    return [_section_header(raw, i * elf.shentsize, elf) for i in range(count)]
+    return reader.read(elf.shoff, count * elf.shentsize, "section header table"), count
 
 
 def _section_names(reader: _Reader, elf: _Elf, sections: list[_Section]) -> list[str]:
@@ -335,25 +411,35 @@ def _section_names(reader: _Reader, elf: _Elf, sections: list[_Section]) -> list
     return names
 
 
-def _needed(reader: _Reader, elf: _Elf, dynamic: _Section, sections: list[_Section]) -> list[str]:
+def _needed(reader: _Reader, elf: _Elf, dynamic: _Section, strtab: _Section) -> list[str]:
     if dynamic.size > MAX_DYNAMIC_BYTES:
         raise _Corrupt(f"dynamic section of {dynamic.size} bytes is implausibly large")
-    if dynamic.link >= len(sections):
-        raise _Corrupt(f"dynamic section links to section {dynamic.link}, which does not exist")
-    strtab = sections[dynamic.link]
     raw = reader.read(dynamic.offset, dynamic.size, "dynamic section")
     fmt, step = (elf.endian + "qQ", 16) if elf.is64 else (elf.endian + "iI", 8)
-    needed = []
-    for at in range(0, len(raw) - step + 1, step):
-        tag, value = struct.unpack_from(fmt, raw, at)
+    offsets = []
+    for tag, value in struct.iter_unpack(fmt, raw[: len(raw) - len(raw) % step]):
         if tag == DT_NULL:
             break
         if tag != DT_NEEDED:
             continue
         if value >= strtab.size:
             raise _Corrupt(f"DT_NEEDED name offset {value} lies outside the string table")
-        length = min(MAX_SONAME, strtab.size - value)
-        text = reader.read(strtab.offset + value, length, "DT_NEEDED name")
+        offsets.append(value)
+    if not offsets:
+        return []
+    # One read for every name where they lie close together (in each library seen), not one
+    # per name: the doctor reads the names of hundreds of files.
+    low, high = min(offsets), min(max(offsets) + MAX_SONAME, strtab.size)
+    if high - low <= NAMES_WINDOW:
+        window = reader.read(strtab.offset + low, high - low, "DT_NEEDED names")
+        texts = [window[v - low : v - low + MAX_SONAME] for v in offsets]
+    else:
+        texts = [
+            reader.read(strtab.offset + v, min(MAX_SONAME, strtab.size - v), "DT_NEEDED name")
+            for v in offsets
+        ]
+    needed = []
+    for value, text in zip(offsets, texts, strict=True):
         end = text.find(b"\0")
         if end < 0:
             raise _Corrupt(f"DT_NEEDED name at {value} is not terminated")

@@ -403,7 +403,9 @@ COMMANDS: tuple[Sub, ...] = (
         "rope, page, sampling, cascade, quantization, top-k, the fused activations, batch "
         "prefill and decode attention of each --head-dim and --dtype) through the JIT store, "
         "and push them with the spec's warm list to CUDAENV_JIT_REMOTE when one is set; "
-        "`cudaenv build` on a node places them. Modules already in the store are not built "
+        "`cudaenv build` on a node places them. The spec's packages that compile from their "
+        "sdists are built for each arch list too, into the store only (the env is not "
+        "changed). Modules already in the store are not built "
         "again (a rerun resumes). Exit 4 when a module could not be built for an arch list: "
         "each is listed with FlashInfer's reason.",
         "cudaenv warm envspecs/default.yaml --modules 'batch_*' norm --head-dim 128",

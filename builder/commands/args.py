@@ -381,7 +381,8 @@ class WarmArgs(Command):
         nargs="+",
         action="extend",
         metavar="PATTERN",
-        help="only modules whose FlashInfer name matches one of these fnmatch patterns",
+        help="only modules whose FlashInfer name (or packages, compiled from their sdists, "
+        "whose name) matches one of these fnmatch patterns",
     )
     head_dim: tuple[int, ...] = many(
         "--head-dim",

@@ -38,6 +38,8 @@ from builder.machine import archs, box
 
 if TYPE_CHECKING:
     from builder.jit.oci import Remote
+    from builder.spec.envspec import EnvSpec
+    from builder.spec.lockmodel import Lock, LockedPackage
 
 # One module may compile for half an hour on a big box (flashinfer#4884's fused MoE): a whole
 # warm of one arch list is bounded, generously, by a day.
@@ -205,11 +207,18 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
     report.tag = index_tag_for(s) if remote is not None else None
     started = time.monotonic()
     own = archs.flashinfer_spelling(s.archs)
+    lk, sources, flashinfer = _what_compiles(s, env, req)
     for target in targets(s.archs, req.archs):
         planned: list[dict[str, Any]] = []
-        results, warnings = warm_target(env, store.root, target, req, remote, say, planned)
-        mine, notes = warm_own_kernel(env, target, req, s.env, say)
-        results, warnings = results + mine, warnings + notes
+        results: list[ModuleResult] = []
+        warnings: list[str] = []
+        if flashinfer:
+            results, warnings = warm_target(
+                env, store.root, target, req, remote, say, planned, sources=bool(sources)
+            )
+            mine, notes = warm_own_kernel(env, target, req, s.env, say)
+            results, warnings = results + mine, warnings + notes
+        results += warm_sources(env, s, lk, sources, target, store.root, say)
         if target == own:
             # What the env's own servers generate (its hook's arch list): the plan the next
             # env like this one is placed from without FlashInfer (builder/store/plans.py).
@@ -223,6 +232,65 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
             report.warnings += failed
     report.seconds = time.monotonic() - started
     return report
+
+
+def _what_compiles(
+    s: EnvSpec, env: Path, req: WarmRequest
+) -> tuple[Lock, list[LockedPackage], bool]:
+    """The spec's lock, the packages of it compiled from their sdists that ``req`` chose,
+    and whether the env has FlashInfer (an env without it warms its source builds alone)."""
+    from builder.commands.pipeline import lock_file
+    from builder.core import platforms
+    from builder.env import manifest, sourcebuild
+    from builder.spec import lock
+
+    lk = lock.read(lock_file(s), spec=s)
+    sources = sourcebuild.source_packages(lk.packages_on(platforms.host_name()))
+    if req.modules:
+        sources = [p for p in sources if any(fnmatch.fnmatchcase(p.name, m) for m in req.modules)]
+    found = manifest.try_read(env)
+    flashinfer = found is None or any(name == "flashinfer-python" for name, _ in found.packages)
+    if not flashinfer and req.modules and not sources:
+        raise UsageError(
+            f"--modules {' '.join(req.modules)}: {env} has no FlashInfer, and no package the "
+            "spec compiles from its sdist matches"
+        )
+    return lk, sources, flashinfer
+
+
+def warm_sources(
+    env: Path,
+    s: EnvSpec,
+    lk: Lock,
+    sources: list[LockedPackage],
+    target: str,
+    store_root: Path,
+    say: Reporter,
+) -> list[ModuleResult]:
+    """Each package of ``sources`` compiled for ``target`` into the store (builder/env/
+    sourcebuild.py ``build_ahead``), so an env of those archs installs it with no compile."""
+    from builder.env import manifest, sourcebuild
+
+    results = []
+    nvcc = manifest.read(env).nvcc
+    for pkg in sources:
+        name = f"{pkg.name} {pkg.version} (sdist)"
+        try:
+            ahead = sourcebuild.build_ahead(
+                env, s, lk, pkg, parse_archs(target), nvcc=nvcc, progress=say
+            )
+        except BuildError as exc:
+            result = ModuleResult(
+                target=target, module=name, status=FAILED, seconds=0.0, reason=str(exc)
+            )
+        else:
+            status = WARM if ahead.reused else BUILT if ahead.entry is not None else FAILED
+            entry = str(ahead.entry.relative_to(store_root)) if ahead.entry else None
+            result = ModuleResult(target=target, module=name, status=status,
+                                  seconds=ahead.seconds, reason=ahead.why, entry=entry)  # fmt: skip
+        results.append(result)
+        say(result.line())
+    return results
 
 
 def compile_slots(target: str) -> int:
@@ -259,8 +327,10 @@ def warm_target(
     remote: Remote | None,
     say: Reporter,
     planned: list[dict[str, Any]] | None = None,
+    sources: bool = False,
 ) -> tuple[list[ModuleResult], list[str]]:
-    """One probe process warming ``target`` (an arch list): its results and warnings."""
+    """One probe process warming ``target`` (an arch list): its results and warnings.
+    ``sources``: the patterns of ``req`` also chose packages compiled from their sdists."""
     script = prefetch.probe_script()
     progress = Progress(target, say)
     results: list[ModuleResult] = []
@@ -309,11 +379,11 @@ def warm_target(
         why = str(ended.get("error") or done.stderr.strip()[-2000:] or f"exit {done.returncode}")
         raise BuildError(f"warming {target} in {env} failed: {why}")
     mine = any(fnmatch.fnmatchcase(OWN_KERNEL, p) for p in req.modules)
-    if req.modules and not progress.total and not mine:
+    if req.modules and not progress.total and not mine and not sources:
         raise UsageError(
             f"--modules {' '.join(req.modules)}: no module of the default set matches "
-            f"(FlashInfer's names, like silu_and_mul, norm, batch_decode_*, or {OWN_KERNEL}: "
-            "cudaenv's own kernel)"
+            f"(FlashInfer's names, like silu_and_mul, norm, batch_decode_*, {OWN_KERNEL}: "
+            "cudaenv's own kernel, or a package the spec compiles from its sdist)"
         )
     return results, jit_share.summarised(list(dict.fromkeys(warnings)))
 

@@ -2,7 +2,8 @@
 
 Every rule is one function over :class:`~builder.doctor.facts.Facts` (the toolchain's in
 :mod:`builder.doctor.toolkit_rules`, the wheels' in :mod:`builder.doctor.wheel_rules`, the
-machine's and the env's state in :mod:`builder.doctor.env_rules`); :func:`diagnose` runs them
+compiled torch extensions' in :mod:`builder.doctor.extension_rules`, the machine's and the
+env's state in :mod:`builder.doctor.env_rules`); :func:`diagnose` runs them
 all, puts the root cause first and groups the symptoms it explains under it.
 """
 
@@ -22,6 +23,7 @@ from builder.doctor.env_rules import (
     rule_probe,
     rule_remote_cache,
 )
+from builder.doctor.extension_rules import rule_extension_cuda
 from builder.doctor.facts import ERROR, SEVERITY_ORDER, Facts, Finding
 from builder.doctor.toolkit_rules import (
     SM12_MIN_CUDA,
@@ -52,6 +54,7 @@ __all__ = [
     "rule_caches",
     "rule_drift",
     "rule_driver",
+    "rule_extension_cuda",
     "rule_glibc",
     "rule_gpu_archs",
     "rule_host_compiler",
@@ -73,6 +76,8 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
     rule_wheels,
     rule_bindings,
     rule_nvjitlink,
+    # Before rule_other_major_binary: its finding, when both fire, is this one's symptom.
+    rule_extension_cuda,
     rule_other_major_binary,
     rule_driver,
     rule_jit_cache,
@@ -89,6 +94,7 @@ RULES: tuple[Callable[[Facts], list[Finding]], ...] = (
 ROOT_FIRST = (
     "probe-failed",
     "cuda-binding-major",
+    "extension-built-for-other-cuda",
     "built-for-other-cuda-major",
     "torch-import-failed",
     "flashinfer-import-failed",
@@ -113,6 +119,7 @@ ROOT_FIRST = (
     "remote-cache-down",
     "gpu-arch-missing",
     "old-jit-cache",
+    "extension-ptx-newer-than-torch",
     "no-driver",
     "last-verify-failed",  # after every cause the doctor can name itself
     "rule-crashed",  # a doctor bug, not the env's: after every finding about the env
@@ -124,6 +131,14 @@ EXPLAINS = {
     "nvcc-broken": ("jit-toolkit-mismatch",),
     "mixed-toolkit-minors": ("jit-toolkit-mismatch",),
     "built-for-other-cuda-major": (
+        "flashinfer-import-failed",
+        "torch-import-failed",
+        "last-verify-failed",
+    ),
+    # The static reading of the same cause (the import error, read by --deep, and what it
+    # explains): listed whole, since a symptom's own symptoms are not kept once it is grouped.
+    "extension-built-for-other-cuda": (
+        "built-for-other-cuda-major",
         "flashinfer-import-failed",
         "torch-import-failed",
         "last-verify-failed",

@@ -165,6 +165,59 @@ def build_all(
     return tuple(done)
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """What `cudaenv warm` made of one package for one arch list."""
+
+    reused: bool  # the store held it: nothing compiled
+    seconds: float
+    entry: Path | None  # the store entry; None when it could not be kept (``why`` says)
+    why: str = ""
+
+
+def build_ahead(
+    env: Path,
+    spec: EnvSpec,
+    lock: Lock,
+    pkg: LockedPackage,
+    archs: tuple[archs_mod.Arch, ...],
+    *,
+    nvcc: str,
+    progress: Callable[[str], None],
+) -> Ahead:
+    """`cudaenv warm`: the wheel of ``pkg`` for the arch list ``archs`` compiled in the built
+    env at ``env`` and kept in the store under the key an env of those archs asks for, unless
+    the store holds it already; never installed (the env stays as it is). BuildError as a
+    build's, naming the package."""
+    store = jit_store_here()
+    if store is None:
+        raise BuildError(f"{pkg.name}: the JIT store is off, so nothing built ahead is kept")
+    aimed = dataclasses.replace(spec, archs=archs)
+    values = _values(aimed, pkg)
+    k = key(pkg, aimed, lock, env, values, store.hasher)
+    found = store.find(k, str(env))
+    if found is not None:
+        return Ahead(reused=True, seconds=0.0, entry=found.path)
+    if archs != spec.archs:
+        # The env's start-up hook gives a build the env's own list unless told another.
+        values = {**values, "CUDAENV_ARCH_LIST": archs_mod.flashinfer_spelling(archs)}
+    work = env / WORK / f"{pkg.name}-{pkg.version}-ahead"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "wheel").mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        wheel = _compile(env, aimed, lock, pkg, values, work, nvcc=nvcc, target=env,
+                         progress=progress)  # fmt: skip
+        seconds = time.monotonic() - started
+        kept = _publish(store, k, wheel, pkg, env, env, seconds, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (env / WORK).rmdir()
+    why = "" if kept is not None else "built, but not kept in the JIT store (the warning above)"
+    return Ahead(reused=False, seconds=round(seconds, 1), entry=kept, why=why)
+
+
 def note_uses(env: Path, made: Sequence[SourceBuilt]) -> None:
     """List the store entries of ``made`` among those the env at ``env`` uses (once its
     manifest is written: only a cudaenv env keeps the list), so `export --with-jit` carries
