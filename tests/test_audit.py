@@ -217,3 +217,47 @@ def test_a_recorded_path_with_a_comma_keeps_its_owner(tmp_path: Path) -> None:
     (info / "RECORD").write_text('"pkg/lib,v2.so",sha256=x,3\npkg/plain.so,,\n')
     owners = audit._owners(site)
     assert owners == {"pkg/lib,v2.so": "pkg", "pkg/plain.so": "pkg"}
+
+
+def test_what_the_env_built_from_an_sdist_is_required_and_its_cubins_checked(
+    tmp_path: Path,
+) -> None:
+    """A package cudaenv compiled from its sdist was built for the env's archs alone: each of
+    its binaries with device code is required on every target (the audit fails an H100 for a
+    build of 12.0 only), and the cubin check lists it among what it inspects."""
+    from dataclasses import replace
+
+    from builder.env import manifest
+    from builder.verify import cubin
+    from tests.test_doctor import a_manifest
+
+    env = fake_env(tmp_path / "env")
+    site = env / SITE
+    (site / "testext").mkdir()
+    shutil.copy(DATA / "libshared.so", site / "testext" / "_C.so")  # sm_120 only
+    true = shutil.which("true")
+    assert true is not None
+    shutil.copy(true, site / "testext" / "host.so")  # an ELF of host code only
+    info = site / "cudaenv_testext-0.1.0.dist-info"
+    info.mkdir()
+    outside = tmp_path / "elsewhere.so"
+    shutil.copy(DATA / "libshared.so", outside)
+    (site / "testext" / "linked.so").symlink_to(outside)
+    (info / "RECORD").write_text("testext/_C.so,,\ntestext/host.so,,\ntestext/linked.so,,\n")
+
+    def failures() -> list[str]:
+        cache = audit.ScanCache(tmp_path / "scans.json")
+        done = audit.run(env, [Arch.parse("9.0a")], driver_cuda=None, cache=cache, major=13)
+        return [f for f in done.failures if "testext" in f]
+
+    assert failures() == []  # not cudaenv's build: listed, not required
+    assert cubin.built_extensions(env) == []
+    made = replace(a_manifest(), source_builds=(("cudaenv-testext", "0.1.0", "s" * 64, "k" * 16),))
+    manifest.write(made, env)
+    assert failures() == [
+        f"cudaenv-testext: {SITE}/testext/_C.so holds sm_120: no code for 9.0a (needed there: "
+        f"{audit.BUILT_HERE})"
+    ]
+    assert cubin.built_extensions(env) == [
+        ("cudaenv-testext testext/_C.so", site / "testext" / "_C.so")
+    ]

@@ -281,9 +281,17 @@ def _site_relative(binary: Binary) -> str | None:
     return None
 
 
-def required_on(found: Sequence[Binary], cc: tuple[int, int]) -> dict[Path, str]:
-    """The binaries the stack loads on a GPU of ``cc``: the loaders' choices, then whatever
-    they link, followed through the env by soname."""
+# Why a binary of a package the env built from its sdist is required (builder/env/
+# sourcebuild.py): it was compiled for this env's archs alone, which is what is judged.
+BUILT_HERE = "built from its sdist for this env's archs (cudaenv.json source_builds)"
+
+
+def required_on(
+    found: Sequence[Binary], cc: tuple[int, int], built: frozenset[str] = frozenset()
+) -> dict[Path, str]:
+    """The binaries the stack loads on a GPU of ``cc``: the loaders' choices and every binary
+    of the packages ``built`` from their sdists (canonical names), then whatever they link,
+    followed through the env by soname."""
     by_name: dict[str, list[Binary]] = {}
     for b in found:
         by_name.setdefault(b.path.name, []).append(b)
@@ -293,6 +301,9 @@ def required_on(found: Sequence[Binary], cc: tuple[int, int]) -> dict[Path, str]
         rel = _site_relative(b)
         if rel is None:
             continue
+        if canonicalize_name(b.package) in built:
+            need.setdefault(b.path, BUILT_HERE)
+            queue.append(b)
         for loader in LOADERS:
             if loader.when(cc) and fnmatch.fnmatch(rel, loader.pattern):
                 need.setdefault(b.path, loader.why)
@@ -313,11 +324,14 @@ def required_on(found: Sequence[Binary], cc: tuple[int, int]) -> dict[Path, str]
 
 
 def judge(
-    found: Sequence[Binary], archs: Sequence[Arch], driver_cuda: CudaVersion | None
+    found: Sequence[Binary],
+    archs: Sequence[Arch],
+    driver_cuda: CudaVersion | None,
+    built: frozenset[str] = frozenset(),
 ) -> list[Judgement]:
     out: list[Judgement] = []
     for arch in archs:
-        need = required_on(found, arch.capability)
+        need = required_on(found, arch.capability, built)
         for b in found:
             if not b.scan.codes and b.scan.error is None:
                 continue  # host code only: nothing to judge for a GPU
@@ -502,13 +516,24 @@ def run(
         archs=tuple(archs),
         driver_cuda=driver_cuda,
         binaries=tuple(found),
-        judgements=tuple(judge(found, archs, driver_cuda)),
+        judgements=tuple(judge(found, archs, driver_cuda, built_from_source(env))),
         linked=tuple(linked),
         other_majors=tuple(other_majors(env, major)) if major is not None else (),
         major=major,
         mapped=mapped,
         seconds=time.monotonic() - started,
     )
+
+
+def built_from_source(env: Path) -> frozenset[str]:
+    """The packages the env at ``env`` built from their sdists (its manifest), by canonical
+    name; none for an env cudaenv did not build."""
+    from builder.env import manifest
+
+    found = manifest.try_read(env)
+    if found is None:
+        return frozenset()
+    return frozenset(canonicalize_name(row[0]) for row in found.source_builds)
 
 
 def render(audit: Audit) -> str:

@@ -1,4 +1,6 @@
-"""`cubin`: `cuobjdump --list-elf` on what was built lists an sm_XX cubin for each arch.
+"""`cubin`: `cuobjdump --list-elf` on what was built lists an sm_XX cubin for each arch: our
+kernel, FlashInfer's sampling module, and every extension module with device code of the
+packages the env built from their sdists (builder/env/sourcebuild.py).
 
 cuobjdump comes from CUDA_HOME when the toolkit has it, else from the
 `nvidia-cuda-cuobjdump` wheel (published from CUDA 13.2 on; a newer cuobjdump reads older
@@ -79,6 +81,38 @@ def _described(tool_dir: Path) -> str:
     return f"{tool_dir / _EXE} (nvidia-cuda-cuobjdump {version})"
 
 
+def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
+    """(label, path) of each shared object with device code that a package the env built
+    from its sdist installed (its RECORD's, inside site-packages, no link followed): built
+    for the env's archs alone, so each must hold them."""
+    if env is None:
+        return []
+    from packaging.utils import canonicalize_name
+
+    from builder.audit import fatbin
+    from builder.audit.scan import built_from_source
+    from builder.env.recordscan import record_rows
+
+    built = built_from_source(env)
+    found: list[tuple[str, Path]] = []
+    for site in sorted(env.glob("lib/python3*/site-packages")) if built else []:
+        for info in sorted(site.glob("*.dist-info")):
+            name = canonicalize_name(info.name.removesuffix(".dist-info").partition("-")[0])
+            if name not in built or info.is_symlink():
+                continue
+            try:
+                rows = list(record_rows(info / "RECORD"))
+            except OSError:
+                continue
+            for rel in (row[0] for row in rows if row[0].endswith(".so")):
+                path = site / rel
+                if rel.startswith("/") or ".." in rel.split("/") or path.is_symlink():
+                    continue
+                if path.is_file() and fatbin.scan(path).codes:
+                    found.append((f"{name} {rel}", path))
+    return found
+
+
 def list_elf(cuobjdump: Path, artifact: Path) -> list[str]:
     """The sm_XX names of the cubins embedded in ``artifact``."""
     done = proc.run([cuobjdump, "--list-elf", artifact], check=False, timeout=300)
@@ -107,6 +141,8 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     library = facts.jit.library
     if library and Path(library).exists():
         artifacts.append(("flashinfer sampling", Path(library), target.archs))
+    for label, path in built_extensions(target.env_dir):
+        artifacts.append((label, path, target.archs))
     if not artifacts:
         return CheckResult(
             name="cubin",
