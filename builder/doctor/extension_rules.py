@@ -16,11 +16,9 @@ passed over (the install proof and ``cudaenv audit`` name those), never a traceb
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import shlex
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from builder.audit.scan import ScanCache
 from builder.core.cudaversion import CudaVersion
 from builder.doctor.facts import ERROR, INFO, Facts, Finding
 from builder.doctor.toolkit_rules import install_command
-from builder.env import manifest
+from builder.env import manifest, recordscan
 from builder.machine import driver
 from builder.machine.archs import PTX_ISA_CUDA
 
@@ -113,49 +111,11 @@ def _shared_objects(site: Path, first: Sequence[str]) -> Iterator[tuple[str, str
         if dash and package not in _NOT_EXTENSIONS and not package.startswith(_NVIDIA):
             records.append((package not in first, package, version, record))
     for _, dist, dist_version, record in sorted(records):
-        for row in _shared_object_rows(record):
+        for row in recordscan.shared_objects(record, MAX_RECORD_BYTES):
             rel = os.path.normpath(row)
             # Absolute, or climbing out (a RECORD names the env's scripts as ../../../bin/x).
             if rel != os.pardir and not rel.startswith((os.sep, os.pardir + os.sep)):
                 yield dist, dist_version, rel
-
-
-def _shared_object_rows(record: Path) -> list[str]:
-    """The paths a RECORD names that are shared objects. Only the lines naming one are
-    decoded and read as csv: every row of flashinfer's and tilelang's 10,000-row RECORDs (as
-    builder.env.installproof.record_rows reads them) cost the doctor 30 ms. Read bounded and
-    without following a symlink, unlike record_rows: any file of the env may be planted."""
-    try:
-        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:  # a symlink, gone, unreadable: names nothing to judge
-        return []
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD_BYTES:
-            return []
-        data = os.read(fd, MAX_RECORD_BYTES)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    lines = []
-    at = data.find(b".so")
-    while at >= 0:
-        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
-        end = len(data) if end < 0 else end
-        lines.append(data[start:end].decode("utf-8", "replace"))
-        at = data.find(b".so", end)
-    try:
-        rows = list(csv.reader(lines))
-    except csv.Error:  # a RECORD csv cannot read names nothing to judge
-        return []
-    # A NUL names no file (and os.open would raise ValueError for it).
-    return [row[0] for row in rows if row and _is_shared_object(row[0]) and "\0" not in row[0]]
-
-
-def _is_shared_object(path: str) -> bool:
-    name = path.rpartition("/")[2]
-    return name.endswith(".so") or ".so." in name
 
 
 def _cuda_major(soname: str) -> int | None:

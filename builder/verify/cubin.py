@@ -24,6 +24,8 @@ from builder.verify.kernel_compile import build_kernel, nvcc_of
 from builder.verify.model import CheckResult, EnvFacts, Target, env_of
 
 TOOL_REQUIREMENT = "nvidia-cuda-cuobjdump>=13.2,<14"
+# A RECORD larger than this is not read for the extensions it names (torch's is 1.3 MiB).
+RECORD_LIMIT = 64 << 20
 
 
 def find_cuobjdump(facts: EnvFacts) -> tuple[Path | None, str]:
@@ -91,7 +93,7 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
 
     from builder.audit import fatbin
     from builder.audit.scan import built_from_source
-    from builder.env.recordscan import record_rows
+    from builder.env.recordscan import shared_objects
 
     built = built_from_source(env)
     found: list[tuple[str, Path]] = []
@@ -100,11 +102,7 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
             name = canonicalize_name(info.name.removesuffix(".dist-info").partition("-")[0])
             if name not in built or info.is_symlink():
                 continue
-            try:
-                rows = list(record_rows(info / "RECORD"))
-            except OSError:
-                continue
-            for rel in (row[0] for row in rows if row[0].endswith(".so")):
+            for rel in shared_objects(info / "RECORD", RECORD_LIMIT):
                 path = site / rel
                 if rel.startswith("/") or ".." in rel.split("/") or path.is_symlink():
                     continue
