@@ -11,7 +11,7 @@ import pytest
 
 from builder import store as jit_store
 from builder.core.errors import SpecError
-from builder.env import buildlog, recipes, sourcebuild
+from builder.env import buildlog, recipes, setuppy, sourcebuild
 from builder.env.manifest import Manifest
 from builder.machine.archs import Arch
 from builder.spec import envspec
@@ -60,9 +60,10 @@ def test_cxx17_against_a_torch_that_needs_cxx20_is_refused_before_compiling() ->
 
 def test_the_sdists_setup_py_is_read_from_the_archive(tmp_path: Path) -> None:
     sdist = make_sdist(tmp_path, extra_nvcc='"-std=c++17"')
-    text = sourcebuild.setup_py_text(sdist)
+    text, members = setuppy.from_sdist(sdist)
     assert "CUDAExtension" in text and '"-std=c++17"' in text
-    assert sourcebuild.setup_py_text(write(tmp_path / "x.tar.gz", "not a tar")) == ""
+    assert "setup.py" in members and "PKG-INFO" in members
+    assert setuppy.from_sdist(write(tmp_path / "x.tar.gz", "not a tar")) == ("", frozenset())
 
 
 @pytest.mark.parametrize(

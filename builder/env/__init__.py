@@ -15,6 +15,7 @@ MODULES = (
     "recordscan",
     "installproof",
     "place",
+    "setuppy",
     "recipes",
     "buildlog",
     "sourcebuild",

@@ -11,13 +11,13 @@ shows it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.env import setuppy
 from builder.machine.archs import Arch, torch_spelling
 
 # Bump when a row or the generic variables change what a build makes: it is part of the
@@ -117,28 +117,60 @@ def key_variables(values: dict[str, str]) -> dict[str, str]:
 # torch's headers need C++20 from 2.13 on: a release that passes -std=c++17 fails inside them
 # (flash-attn 2.8.3.post2, flash-attention#2899; nixpkgs patches its setup.py to c++20).
 TORCH_CXX20_FROM = Version("2.13")
-_STD_RE = re.compile(r"-std=c\+\+(1[147])\b")
+_OLD_STANDARDS = ("11", "14", "17")
 
 
-def before_compiling(name: str, version: str, setup_py: str, torch: str | None) -> str | None:
-    """Why ``name`` ``version`` cannot build against torch ``torch``, known from its
-    ``setup.py`` text before anything compiles; None when nothing shows it. Only an
-    unconditional demand counts: a file that names C++20 anywhere may choose between them."""
-    if torch is None or "c++20" in setup_py or "c++2a" in setup_py:
+def before_compiling(
+    name: str,
+    version: str,
+    setup_py: str,
+    torch: str | None,
+    *,
+    nvcc: str | None = None,
+    members: frozenset[str] | None = None,
+) -> str | None:
+    """Why ``name`` ``version`` cannot build against torch ``torch`` with nvcc ``nvcc``, known
+    from its ``setup.py`` text (and the sdist's file names ``members``, relative to its top
+    directory) before anything compiles; None when nothing shows it. Only what the file
+    surely does for a CUDA build counts (:mod:`builder.env.setuppy`): a flag under ``if
+    HIP_BUILD:`` or an arch under a version test this nvcc fails is not held against it."""
+    demands = setuppy.read(setup_py, nvcc)
+    if demands is None:
+        return None
+    prefix = f"{name} {version} cannot build"
+    if members is not None:
+        for line, source in demands.sources:
+            if source.removeprefix("./") not in members:
+                return (
+                    f"{prefix}: its sdist lacks {source}, which its setup.py (line {line}) "
+                    "compiles; the release ships its CUDA sources elsewhere (a prebuilt wheel "
+                    "or its repository), so pin a release whose sdist holds them"
+                )
+    oldest = setuppy.oldest_arch(nvcc) if nvcc else None
+    for line, arch in demands.archs:
+        if oldest is not None and arch < oldest:
+            return (
+                f"{prefix} with nvcc {nvcc}: its setup.py (line {line}) asks for "
+                f"compute_{arch}, and nvcc {nvcc} compiles for compute_{oldest} and newer; "
+                "use a release that asks for no older arch, or a toolkit that still has it"
+            )
+    return _standard(prefix, demands, torch)
+
+
+def _standard(prefix: str, demands: setuppy.Demands, torch: str | None) -> str | None:
+    """The C++ standard rule: a sure ``-std=c++17`` against a torch whose headers need 20.
+    A file that names C++20 anywhere may choose between them: not refused."""
+    if torch is None or demands.any_standards & {"20", "2a"}:
         return None
     try:
         needs_20 = Version(torch).release >= TORCH_CXX20_FROM.release
     except InvalidVersion:
         return None
-    if not needs_20:
-        return None
-    for number, line in enumerate(setup_py.splitlines(), 1):
-        found = _STD_RE.search(line)
-        if found:
+    for line, std in demands.standards if needs_20 else ():
+        if std in _OLD_STANDARDS:
             return (
-                f"{name} {version} cannot build against torch {torch}: its setup.py (line "
-                f"{number}) passes -std=c++{found.group(1)}, and torch's headers need C++20 "
-                f"from {TORCH_CXX20_FROM} on; use a release that builds with C++20 or a torch "
-                "before 2.13"
+                f"{prefix} against torch {torch}: its setup.py (line {line}) passes "
+                f"-std=c++{std}, and torch's headers need C++20 from {TORCH_CXX20_FROM} on; "
+                "use a release that builds with C++20 or a torch before 2.13"
             )
     return None

@@ -40,7 +40,7 @@ from builder import store as jit_store
 from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError, CommandFailed, ToolMissing
 from builder.core.paths import jit_store_here
-from builder.env import buildlog, recipes
+from builder.env import buildlog, recipes, setuppy
 from builder.machine import archs as archs_mod
 from builder.machine import box
 from builder.spec.envspec import EnvSpec
@@ -54,7 +54,6 @@ WORK = Path("var") / "source-builds"
 FETCH_TIMEOUT = 1800.0
 # A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
 _CLOSED = "http://127.0.0.1:9"
-_SETUP_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,23 +492,6 @@ def _fetch(
     return sdist
 
 
-def setup_py_text(sdist: Path) -> str:
-    """The sdist's top-level ``setup.py`` (read from the archive, nothing extracted), or ''."""
-    import tarfile  # only where something compiles: every build imports this module
-
-    with (
-        contextlib.suppress(OSError, tarfile.TarError, UnicodeDecodeError),
-        tarfile.open(sdist) as tar,
-    ):
-        for member in tar:
-            parts = member.name.split("/")
-            if len(parts) == 2 and parts[1] == "setup.py" and member.isfile():
-                fh = tar.extractfile(member)
-                if fh is not None and member.size <= _SETUP_LIMIT:
-                    return fh.read().decode("utf-8")
-    return ""
-
-
 def _compile(
     env: Path,
     spec: EnvSpec,
@@ -528,7 +510,10 @@ def _compile(
     (work / "tmp").mkdir()
     environ["TMPDIR"] = str(work / "tmp")
     sdist = _fetch(python, pip, pkg, environ, work)
-    why = recipes.before_compiling(pkg.name, pkg.version, setup_py_text(sdist), lock.torch)
+    text, members = setuppy.from_sdist(sdist)
+    why = recipes.before_compiling(
+        pkg.name, pkg.version, text, lock.torch, nvcc=nvcc, members=members
+    )
     if why is not None:
         raise BuildError(why)
     archs = archs_mod.flashinfer_spelling(spec.archs)

@@ -17,6 +17,7 @@ MODULES = (
     "channels",
     "project",
     "policy",
+    "uvconfig",
     "uvcompile",
     "relock",
     "resolve",

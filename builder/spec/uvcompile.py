@@ -23,6 +23,7 @@ from builder.core import cachefiles, indexview, platforms, proc
 from builder.core.errors import ResolveError, ToolMissing
 from builder.core.paths import cache_dir
 from builder.machine import interpreters
+from builder.spec import uvconfig
 from builder.spec.envspec import EnvSpec
 from builder.spec.lock import (
     LockedPackage,
@@ -102,8 +103,12 @@ def uv_compile(
             python=python,
             view=view,
         )
+        # A package whose metadata only its setup.py computes is told to uv from its recipe
+        # row: resolving never runs a release's build (which imports torch in an isolated
+        # env, installing the newest torch there first).
+        cwd = uvconfig.supplied_config(d, spec)
         try:
-            proc.run(argv, env=proc.uv_env(), timeout=1800)
+            proc.run(argv, env=proc.uv_env(), timeout=1800, cwd=cwd)
         except proc.CommandFailed as exc:
             raise _compile_error(spec, requirements, view, exc.output) from exc
         raw = out.read_bytes()
