@@ -98,10 +98,10 @@ def _pip(python: Path) -> list[str]:
     """The pip that cudaenv's source build runs (the one the interpreter's ensurepip
     bundles), else the interpreter's own ``-m pip`` (a cudaenv env has only a stand-in)."""
     from builder.core.errors import ToolMissing
-    from builder.env import sourcebuild
+    from builder.env import sdistbuild
 
     try:
-        return [str(python), str(sourcebuild.bundled_pip(python) / "pip")]
+        return [str(python), str(sdistbuild.bundled_pip(python) / "pip")]
     except ToolMissing:
         return [str(python), "-m", "pip"]
 

@@ -169,3 +169,17 @@ def test_the_projects_own_metadata_for_a_package_wins(tmp_path: Path) -> None:
         {"name": "Causal_Conv1d", "requires-dist": ["torch"]},
         {"name": "fast-hadamard-transform", "requires-dist": ["torch", "packaging", "ninja"]},
     ]
+
+
+def test_the_progress_line_names_a_setup_pys_own_gencode_list() -> None:
+    from builder.env import sdistbuild
+
+    own = (
+        'cc_flag = ["-gencode", "arch=compute_75,code=sm_75"]\n'
+        'if bare_metal_version >= Version("13.0"):\n'
+        '    cc_flag += ["-gencode", "arch=compute_121,code=sm_121"]\n'
+    )
+    said = sdistbuild._archs_said(own, "13.0", "12.0f")
+    assert said == "its setup.py's own list (7.5, 12.1; the spec's 12.0f does not narrow it)"
+    assert "12.1" not in sdistbuild._archs_said(own, "12.8", "12.0f")
+    assert sdistbuild._archs_said("setup()\n", "13.0", "12.0f") == "12.0f"

@@ -18,6 +18,7 @@ MODULES = (
     "setuppy",
     "recipes",
     "buildlog",
+    "sdistbuild",
     "sourcebuild",
     "build",
     "export",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -37,23 +36,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import store as jit_store
-from builder.core import platforms, proc, settings
-from builder.core.errors import BuildError, CommandFailed, ToolMissing
+from builder.core import platforms, proc
+from builder.core.errors import BuildError
 from builder.core.paths import jit_store_here
-from builder.env import buildlog, recipes, setuppy
+from builder.env import recipes
+from builder.env.sdistbuild import WORK, build_environ, compile_sdist, fetch_sdist, values_for
 from builder.machine import archs as archs_mod
-from builder.machine import box
 from builder.spec.envspec import EnvSpec
 from builder.spec.lockmodel import Lock, LockedPackage
 
 if TYPE_CHECKING:
     from builder.jit.oci import Remote
-
-# Where a build's log and scratch live, inside the env being built.
-WORK = Path("var") / "source-builds"
-FETCH_TIMEOUT = 1800.0
-# A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
-_CLOSED = "http://127.0.0.1:9"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,30 +71,6 @@ def source_packages(packages: Sequence[LockedPackage]) -> list[LockedPackage]:
 def wheels_only(lock: Lock) -> Lock:
     """``lock`` without its source-built packages: what uv installs from the index."""
     return dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.wheels))
-
-
-def build_environ(env: Path, spec: EnvSpec, variables: dict[str, str]) -> dict[str, str]:
-    """What a source build runs with: ours, with the env's toolkit and bin first on PATH, the
-    spec's ``env:`` and the build's ``variables``; no network, no GPU."""
-    base = settings.child_environ(CUDAENV_JIT_SHARE=None, CUDAENV_ARCH_LIST=None)
-    cuda_home = env / "cuda-home"
-    rest = [p for p in base.get("PATH", "").split(os.pathsep) if p]
-    base.update(
-        CUDA_HOME=str(cuda_home),
-        CUDA_PATH=str(cuda_home),
-        PATH=os.pathsep.join([str(cuda_home / "bin"), str(env / "bin"), *rest]),
-        CUDA_VISIBLE_DEVICES="",
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-        PIP_NO_INPUT="1",
-    )
-    base.update(dict(spec.env))
-    base.update(variables)
-    return base
-
-
-def _offline(environ: dict[str, str]) -> dict[str, str]:
-    closed = {k: _CLOSED for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
-    return {**environ, **closed, "ALL_PROXY": _CLOSED, "no_proxy": "", "NO_PROXY": ""}
 
 
 def key(
@@ -192,7 +161,7 @@ def build_ahead(
     if store is None:
         raise BuildError(f"{pkg.name}: the JIT store is off, so nothing built ahead is kept")
     aimed = dataclasses.replace(spec, archs=archs)
-    values = _values(aimed, pkg)
+    values = values_for(aimed, pkg.name)
     k = key(pkg, aimed, lock, env, values, store.hasher)
     found = store.find(k, str(env))
     if found is not None:
@@ -250,17 +219,6 @@ class _Tiers:
     hasher: jit_store.Hasher
 
 
-def _values(spec: EnvSpec, pkg: LockedPackage) -> dict[str, str]:
-    threads = archs_mod.nvcc_threads(archs_mod.flashinfer_spelling(spec.archs))
-    return recipes.variables(
-        recipes.recipe_for(pkg.name),
-        spec.archs,
-        jobs=box.compile_jobs(threads),
-        nvcc_threads=threads,
-        build_env=spec.build_env,
-    )
-
-
 def _one(
     env: Path,
     spec: EnvSpec,
@@ -272,7 +230,7 @@ def _one(
     target: Path,
     progress: Callable[[str], None],
 ) -> SourceBuilt:
-    values = _values(spec, pkg)
+    values = values_for(spec, pkg.name)
     k = key(pkg, spec, lock, env, values, tiers.hasher)
     work = env / WORK / f"{pkg.name}-{pkg.version}"
     shutil.rmtree(work, ignore_errors=True)
@@ -438,60 +396,6 @@ def _publish(
         return None
 
 
-def bundled_pip(python: Path) -> Path:
-    """The pip wheel the interpreter's ``ensurepip`` bundles (pip runs from its wheel), held
-    to the rules of what cudaenv runs: a regular file in a directory no other user could
-    have written to. ToolMissing when there is none."""
-    done = proc.run(
-        [python, "-I", "-c", "import ensurepip, os; print(os.path.dirname(ensurepip.__file__))"],
-        check=False,
-        timeout=60,
-    )
-    where = Path(done.stdout.strip() or "/nonexistent") / "_bundled"
-    wheels = sorted(where.glob("pip-*.whl")) if done.returncode == 0 else []
-    if not wheels:
-        raise ToolMissing(
-            f"{python}: its standard library bundles no pip (ensurepip), which builds a "
-            "package from its sdist; install the interpreter's venv/ensurepip package",
-            tool="pip",
-        )
-    for path in (where, wheels[-1]):
-        st = os.lstat(path)
-        if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022 or path.is_symlink():
-            raise ToolMissing(
-                f"{path}: another user could have written it; cudaenv runs no such program",
-                tool="pip",
-            )
-    return wheels[-1]
-
-
-def _fetch(
-    python: Path, pip: Path, pkg: LockedPackage, environ: dict[str, str], work: Path
-) -> Path:
-    """The sdist, downloaded by pip through the machine's index configuration with the lock's
-    hash required, and checked against it again here."""
-    assert pkg.sdist is not None
-    req = work / "requirement.txt"
-    req.write_text(f"{pkg.name}=={pkg.version} --hash=sha256:{pkg.sdist.sha256}\n")
-    into = work / "sdist"
-    argv: list[str | Path] = [python, f"{pip}/pip", "download", "--no-deps", "--no-build-isolation",
-            "--require-hashes", f"--no-binary={pkg.name}", "--progress-bar", "off",
-            "-d", into, "-r", req]  # fmt: skip
-    lines: list[str] = []
-    try:
-        done = proc.run_lines(argv, lines.append, env=environ, timeout=FETCH_TIMEOUT, merged=True)
-    except CommandFailed as exc:
-        raise BuildError(f"{pkg.name} {pkg.version}: fetching its sdist took too long") from exc
-    found = sorted(into.glob("*")) if into.is_dir() else []
-    if done.returncode != 0 or len(found) != 1:
-        said = buildlog.first_problem(lines) or "no sdist"
-        raise BuildError(f"{pkg.name} {pkg.version}: pip could not fetch its sdist: {said}")
-    sdist = found[0]
-    if hashlib.sha256(sdist.read_bytes()).hexdigest() != pkg.sdist.sha256:
-        raise BuildError(f"{pkg.name} {pkg.version}: {sdist.name} differs from the lock's sha256")
-    return sdist
-
-
 def _compile(
     env: Path,
     spec: EnvSpec,
@@ -504,73 +408,12 @@ def _compile(
     target: Path,
     progress: Callable[[str], None],
 ) -> Path:
+    assert pkg.sdist is not None
     python = env / "bin" / "python"
-    pip = bundled_pip(python)
-    environ = build_environ(env, spec, values)
-    (work / "tmp").mkdir()
-    environ["TMPDIR"] = str(work / "tmp")
-    sdist = _fetch(python, pip, pkg, environ, work)
-    text, members = setuppy.from_sdist(sdist)
-    why = recipes.before_compiling(
-        pkg.name, pkg.version, text, lock.torch, nvcc=nvcc, members=members
-    )
-    if why is not None:
-        raise BuildError(why)
-    archs = archs_mod.flashinfer_spelling(spec.archs)
-    progress(
-        f"{pkg.name} {pkg.version}: compiling from its sdist with nvcc {nvcc} for {archs} "
-        f"(MAX_JOBS={values['MAX_JOBS']}, NVCC_THREADS={values['NVCC_THREADS']})"
-    )
-    log_path = work / "build.log"
-    argv: list[str | Path] = [python, f"{pip}/pip", "wheel", "--verbose", "--no-deps", "--no-build-isolation",
-            "--no-index", "-w", work / "wheel", sdist]  # fmt: skip
-    watch = buildlog.Watch(f"{pkg.name} {pkg.version}", progress)
-    with log_path.open("w", encoding="utf-8", errors="replace") as log:
-
-        def seen(line: str) -> None:
-            log.write(line + "\n")
-            watch.line(line)
-
-        # A flash-attn build is about an hour of nvcc on a small box: the default four hours
-        # is a build that hangs (CUDAENV_SOURCE_BUILD_TIMEOUT moves it).
-        bound = settings.current().source_build_timeout
-        watch.start()
-        try:
-            done = proc.run_lines(
-                argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
-            )
-        except CommandFailed as exc:
-            kept = _keep_log(log_path, target, pkg)
-            raise BuildError(
-                f"{pkg.name} {pkg.version}: the source build ran past {bound:.0f} s "
-                f"(CUDAENV_SOURCE_BUILD_TIMEOUT) and was stopped; the whole log: {kept}"
-            ) from exc
-        finally:
-            watch.stop()
-    wheels = sorted((work / "wheel").glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        kept = _keep_log(log_path, target, pkg)
-        first = buildlog.first_problem(
-            log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        )
-        raise BuildError(
-            f"{pkg.name} {pkg.version}: the source build with nvcc {nvcc} failed: "
-            f"{first or 'no wheel was made'}; the whole log: {kept}"
-        )
-    return wheels[0]
-
-
-def _keep_log(log_path: Path, target: Path, pkg: LockedPackage) -> Path:
-    """The failed build's log copied where it outlives the env being built: the previous
-    env's ``var/source-builds/`` when there is one (nothing else of it changes), else beside
-    where the env would have been."""
-    where = target / WORK if (target / "var").is_dir() else target.parent / f".{target.name}.logs"
-    kept = where / f"{pkg.name}-{pkg.version}.log"
-    with contextlib.suppress(OSError):
-        where.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log_path, kept)
-        return kept
-    return log_path
+    sdist = fetch_sdist(python, pkg.name, pkg.version, pkg.sdist.sha256,
+                        build_environ(env, spec, values), work)  # fmt: skip
+    return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, torch=lock.torch,
+                         nvcc=nvcc, target=target, progress=progress)  # fmt: skip
 
 
 def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:

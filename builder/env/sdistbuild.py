@@ -1,0 +1,231 @@
+"""One sdist compiled into a wheel in an env, by the env's own interpreter, against the env's
+torch and its matched toolkit: what a build's source packages (:mod:`builder.env.sourcebuild`)
+and adopt's rebuilds (:mod:`builder.adopt.rebuild`) both run.
+
+``pip wheel --no-build-isolation --no-index`` runs with the env's ``CUDA_HOME``/``PATH``, the
+recipe's variables (:mod:`builder.env.recipes`) and the spec's ``build-env``, passed as an
+environment, never through a shell. The network is closed to it (proxies at a port nothing
+serves: a ``setup.py`` that downloads fails and is named), no GPU is visible, and it runs
+under a deadline that kills its process group. Progress comes every
+:data:`buildlog.HEARTBEAT` seconds; a failure is one line with the first compiler error, the
+whole log kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from builder.core import proc, settings
+from builder.core.errors import BuildError, CommandFailed, ToolMissing
+from builder.env import buildlog, recipes, setuppy
+from builder.machine import archs as archs_mod
+from builder.machine import box
+from builder.spec.envspec import EnvSpec
+
+# Where a build's log and scratch live, inside the env being built.
+WORK = Path("var") / "source-builds"
+FETCH_TIMEOUT = 1800.0
+# A proxy nobody serves (the discard port): a build's download fails at once, offline or not.
+_CLOSED = "http://127.0.0.1:9"
+
+
+def build_environ(env: Path, spec: EnvSpec, variables: dict[str, str]) -> dict[str, str]:
+    """What a source build runs with: ours, with the env's toolkit and bin first on PATH, the
+    spec's ``env:`` and the build's ``variables``; no network, no GPU."""
+    base = settings.child_environ(CUDAENV_JIT_SHARE=None, CUDAENV_ARCH_LIST=None)
+    cuda_home = env / "cuda-home"
+    rest = [p for p in base.get("PATH", "").split(os.pathsep) if p]
+    base.update(
+        CUDA_HOME=str(cuda_home),
+        CUDA_PATH=str(cuda_home),
+        PATH=os.pathsep.join([str(cuda_home / "bin"), str(env / "bin"), *rest]),
+        CUDA_VISIBLE_DEVICES="",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+    )
+    base.update(dict(spec.env))
+    base.update(variables)
+    return base
+
+
+def _offline(environ: dict[str, str]) -> dict[str, str]:
+    closed = {k: _CLOSED for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+    return {**environ, **closed, "ALL_PROXY": _CLOSED, "no_proxy": "", "NO_PROXY": ""}
+
+
+def bundled_pip(python: Path) -> Path:
+    """The pip wheel the interpreter's ``ensurepip`` bundles (pip runs from its wheel), held
+    to the rules of what cudaenv runs: a regular file in a directory no other user could
+    have written to. ToolMissing when there is none."""
+    done = proc.run(
+        [python, "-I", "-c", "import ensurepip, os; print(os.path.dirname(ensurepip.__file__))"],
+        check=False,
+        timeout=60,
+    )
+    where = Path(done.stdout.strip() or "/nonexistent") / "_bundled"
+    wheels = sorted(where.glob("pip-*.whl")) if done.returncode == 0 else []
+    if not wheels:
+        raise ToolMissing(
+            f"{python}: its standard library bundles no pip (ensurepip), which builds a "
+            "package from its sdist; install the interpreter's venv/ensurepip package",
+            tool="pip",
+        )
+    for path in (where, wheels[-1]):
+        st = os.lstat(path)
+        if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022 or path.is_symlink():
+            raise ToolMissing(
+                f"{path}: another user could have written it; cudaenv runs no such program",
+                tool="pip",
+            )
+    return wheels[-1]
+
+
+def values_for(spec: EnvSpec, name: str) -> dict[str, str]:
+    """The variables a source build of ``name`` gets in an env of ``spec``: its recipe's, the
+    jobs and nvcc threads this machine holds for the spec's arch list, the spec's
+    ``build-env``."""
+    threads = archs_mod.nvcc_threads(archs_mod.flashinfer_spelling(spec.archs))
+    return recipes.variables(
+        recipes.recipe_for(name),
+        spec.archs,
+        jobs=box.compile_jobs(threads),
+        nvcc_threads=threads,
+        build_env=spec.build_env,
+    )
+
+
+def fetch_sdist(
+    python: Path,
+    name: str,
+    version: str,
+    sha256: str | None,
+    environ: dict[str, str],
+    work: Path,
+) -> Path:
+    """The sdist of ``name`` ``version``, downloaded into ``work/sdist`` by the interpreter's
+    bundled pip through the machine's index configuration: with ``sha256`` required and
+    checked again here where a lock names it, else as the index vouches for it (pip checks
+    the hash the index page gives)."""
+    pip = bundled_pip(python)
+    req = work / "requirement.txt"
+    pinned = f"{name}=={version}"
+    req.write_text(f"{pinned} --hash=sha256:{sha256}\n" if sha256 else f"{pinned}\n")
+    into = work / "sdist"
+    argv: list[str | Path] = [python, f"{pip}/pip", "download", "--no-deps", "--no-build-isolation",
+            f"--no-binary={name}", "--progress-bar", "off", "-d", into, "-r", req]  # fmt: skip
+    if sha256:
+        argv.insert(5, "--require-hashes")
+    lines: list[str] = []
+    try:
+        done = proc.run_lines(argv, lines.append, env=environ, timeout=FETCH_TIMEOUT, merged=True)
+    except CommandFailed as exc:
+        raise BuildError(f"{name} {version}: fetching its sdist took too long") from exc
+    found = sorted(into.glob("*")) if into.is_dir() else []
+    if done.returncode != 0 or len(found) != 1:
+        said = buildlog.first_problem(lines) or "no sdist"
+        raise BuildError(f"{name} {version}: pip could not fetch its sdist: {said}")
+    sdist = found[0]
+    if sha256 and hashlib.sha256(sdist.read_bytes()).hexdigest() != sha256:
+        raise BuildError(f"{name} {version}: {sdist.name} differs from the lock's sha256")
+    return sdist
+
+
+def compile_sdist(
+    env: Path,
+    spec: EnvSpec,
+    name: str,
+    version: str,
+    sdist: Path,
+    values: dict[str, str],
+    work: Path,
+    *,
+    torch: str | None,
+    nvcc: str,
+    target: Path,
+    progress: Callable[[str], None],
+) -> Path:
+    """The wheel ``sdist`` (of ``name`` ``version``, its hash checked by the caller) builds in
+    the env at ``env`` with the build's ``values``, written below ``work``; BuildError with
+    one line where :func:`recipes.before_compiling` or the compiler says it cannot."""
+    python = env / "bin" / "python"
+    pip = bundled_pip(python)
+    environ = build_environ(env, spec, values)
+    (work / "tmp").mkdir(exist_ok=True)
+    (work / "wheel").mkdir(exist_ok=True)
+    environ["TMPDIR"] = str(work / "tmp")
+    text, members = setuppy.from_sdist(sdist)
+    why = recipes.before_compiling(name, version, text, torch, nvcc=nvcc, members=members)
+    if why is not None:
+        raise BuildError(why)
+    archs = _archs_said(text, nvcc, archs_mod.flashinfer_spelling(spec.archs))
+    progress(
+        f"{name} {version}: compiling from its sdist with nvcc {nvcc} for {archs} "
+        f"(MAX_JOBS={values['MAX_JOBS']}, NVCC_THREADS={values['NVCC_THREADS']})"
+    )
+    log_path = work / "build.log"
+    argv: list[str | Path] = [python, f"{pip}/pip", "wheel", "--verbose", "--no-deps", "--no-build-isolation",
+            "--no-index", "-w", work / "wheel", sdist]  # fmt: skip
+    watch = buildlog.Watch(f"{name} {version}", progress)
+    with log_path.open("w", encoding="utf-8", errors="replace") as log:
+
+        def seen(line: str) -> None:
+            log.write(line + "\n")
+            watch.line(line)
+
+        # A flash-attn build is about an hour of nvcc on a small box: the default four hours
+        # is a build that hangs (CUDAENV_SOURCE_BUILD_TIMEOUT moves it).
+        bound = settings.current().source_build_timeout
+        watch.start()
+        try:
+            done = proc.run_lines(
+                argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
+            )
+        except CommandFailed as exc:
+            kept = _keep_log(log_path, target, name, version)
+            raise BuildError(
+                f"{name} {version}: the source build ran past {bound:.0f} s "
+                f"(CUDAENV_SOURCE_BUILD_TIMEOUT) and was stopped; the whole log: {kept}"
+            ) from exc
+        finally:
+            watch.stop()
+    wheels = sorted((work / "wheel").glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        kept = _keep_log(log_path, target, name, version)
+        first = buildlog.first_problem(
+            log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        )
+        raise BuildError(
+            f"{name} {version}: the source build with nvcc {nvcc} failed: "
+            f"{first or 'no wheel was made'}; the whole log: {kept}"
+        )
+    return wheels[0]
+
+
+def _archs_said(setup_py: str, nvcc: str, spec_archs: str) -> str:
+    """The archs a build compiles for, as the progress line says them: the spec's, unless
+    the setup.py surely passes its own ``-gencode`` list (causal-conv1d 1.7.0 on nvcc 13.0:
+    75 to 121), which torch's arch variables do not narrow."""
+    demands = setuppy.read(setup_py, nvcc)
+    own = sorted({arch for _, arch in demands.archs}) if demands is not None else []
+    if not own:
+        return spec_archs
+    listed = ", ".join(f"{a // 10}.{a % 10}" for a in own)
+    return f"its setup.py's own list ({listed}; the spec's {spec_archs} does not narrow it)"
+
+
+def _keep_log(log_path: Path, target: Path, name: str, version: str) -> Path:
+    """The failed build's log copied where it outlives the env being built: the previous
+    env's ``var/source-builds/`` when there is one (nothing else of it changes), else beside
+    where the env would have been."""
+    where = target / WORK if (target / "var").is_dir() else target.parent / f".{target.name}.logs"
+    kept = where / f"{name}-{version}.log"
+    with contextlib.suppress(OSError):
+        where.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, kept)
+        return kept
+    return log_path
