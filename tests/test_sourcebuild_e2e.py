@@ -245,3 +245,38 @@ def test_a_release_that_passes_cxx17_is_refused_before_compiling(tmp_path: Path)
     last = done.stderr.strip().splitlines()[-1]
     assert "passes -std=c++17" in last and "need C++20" in last and "line 9" in last, last
     assert not (root / "env").exists()
+
+
+REAL_SPEC = """\
+name: causal-conv1d-cu130
+python: "3.12"
+cuda: "13.0"
+torch: "2.14.1"
+packages: [causal-conv1d==1.5.2]
+archs: ["12.0f"]
+build-env: {CAUSAL_CONV1D_FORCE_BUILD: "TRUE"}
+verify: [toolchain]
+"""
+
+
+def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """causal-conv1d 1.5.2 from PyPI: locked without building it (its PKG-INFO is 2.1, so uv
+    would run its setup.py, which imports torch: cudaenv hands uv its metadata), then refused
+    before compiling, since its setup.py (line 177) asks for compute_53, which nvcc 13.0 lacks."""
+    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
+    write(tmp_path / "envspecs" / "cc.yaml", REAL_SPEC)
+    uv_cache = tmp_path / "uv-cache"
+    cudaenv("lock", "envspecs/cc.yaml", cwd=tmp_path, env={"UV_CACHE_DIR": str(uv_cache)})
+    assert not list(uv_cache.glob("builds-v*")) or not any(uv_cache.glob("builds-v*/*"))
+    locked = (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").read_text()
+    assert 'name = "causal-conv1d"' in locked and "causal_conv1d-1.5.2.tar.gz" in locked
+    done = cudaenv("build", "envspecs/cc.yaml", "--env-dir", str(tmp_path / "env"),
+                   cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert COMPILING not in done.stderr and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "causal-conv1d 1.5.2 cannot build with nvcc 13.0" in last, last
+    assert "(line 177) asks for compute_53" in last and "compute_75 and newer" in last, last
+    assert not (tmp_path / "env").exists()
