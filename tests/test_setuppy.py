@@ -183,3 +183,18 @@ def test_the_progress_line_names_a_setup_pys_own_gencode_list() -> None:
     assert said == "its setup.py's own list (7.5, 12.1; the spec's 12.0f does not narrow it)"
     assert "12.1" not in sdistbuild._archs_said(own, "12.8", "12.0f")
     assert sdistbuild._archs_said("setup()\n", "13.0", "12.0f") == "12.0f"
+
+
+def test_the_projects_uv_settings_are_written_as_toml_reads_them(tmp_path: Path) -> None:
+    # A TOML date-time stays one (not its str() as a string), a quoted key stays quoted.
+    write(
+        tmp_path / "pyproject.toml",
+        "[tool.cudaenv]\n\n[tool.uv]\nexclude-newer = 2026-12-01T00:00:00Z\n"
+        '"odd key" = "a \\"quoted\\" value"\n',
+    )
+    (tmp_path / "d").mkdir()
+    where = uvconfig.supplied_config(tmp_path / "d", spec_of(tmp_path, "causal-conv1d==1.7.0"))
+    assert where is not None
+    written = tomllib.loads((where / "uv.toml").read_text())
+    table = tomllib.loads((tmp_path / "pyproject.toml").read_text())["tool"]["uv"]
+    assert {k: v for k, v in written.items() if k != "dependency-metadata"} == table

@@ -1,6 +1,7 @@
 """One sdist compiled into a wheel in an env, by the env's own interpreter, against the env's
-torch and its matched toolkit: what a build's source packages (:mod:`builder.env.sourcebuild`)
-and adopt's rebuilds (:mod:`builder.adopt.rebuild`) both run.
+torch and its matched toolkit: the steps of a build's source packages
+(:mod:`builder.env.sourcebuild`) that need no lock or store: the variables, the sdist's fetch and
+the compile.
 
 ``pip wheel --no-build-isolation --no-index`` runs with the env's ``CUDA_HOME``/``PATH``, the
 recipe's variables (:mod:`builder.env.recipes`) and the spec's ``build-env``, passed as an
@@ -101,25 +102,22 @@ def values_for(spec: EnvSpec, name: str) -> dict[str, str]:
 
 def fetch_sdist(
     python: Path,
+    pip: Path,
     name: str,
     version: str,
-    sha256: str | None,
+    sha256: str,
     environ: dict[str, str],
     work: Path,
 ) -> Path:
     """The sdist of ``name`` ``version``, downloaded into ``work/sdist`` by the interpreter's
-    bundled pip through the machine's index configuration: with ``sha256`` required and
-    checked again here where a lock names it, else as the index vouches for it (pip checks
-    the hash the index page gives)."""
-    pip = bundled_pip(python)
+    bundled ``pip`` through the machine's index configuration, ``--require-hashes`` against
+    ``sha256`` (the lock's), and checked against it again here."""
     req = work / "requirement.txt"
-    pinned = f"{name}=={version}"
-    req.write_text(f"{pinned} --hash=sha256:{sha256}\n" if sha256 else f"{pinned}\n")
+    req.write_text(f"{name}=={version} --hash=sha256:{sha256}\n")
     into = work / "sdist"
     argv: list[str | Path] = [python, f"{pip}/pip", "download", "--no-deps", "--no-build-isolation",
-            f"--no-binary={name}", "--progress-bar", "off", "-d", into, "-r", req]  # fmt: skip
-    if sha256:
-        argv.insert(5, "--require-hashes")
+            "--require-hashes", f"--no-binary={name}", "--progress-bar", "off",
+            "-d", into, "-r", req]  # fmt: skip
     lines: list[str] = []
     try:
         done = proc.run_lines(argv, lines.append, env=environ, timeout=FETCH_TIMEOUT, merged=True)
@@ -130,7 +128,7 @@ def fetch_sdist(
         said = buildlog.first_problem(lines) or "no sdist"
         raise BuildError(f"{name} {version}: pip could not fetch its sdist: {said}")
     sdist = found[0]
-    if sha256 and hashlib.sha256(sdist.read_bytes()).hexdigest() != sha256:
+    if hashlib.sha256(sdist.read_bytes()).hexdigest() != sha256:
         raise BuildError(f"{name} {version}: {sdist.name} differs from the lock's sha256")
     return sdist
 
@@ -144,16 +142,17 @@ def compile_sdist(
     values: dict[str, str],
     work: Path,
     *,
+    pip: Path,
     torch: str | None,
     nvcc: str,
     target: Path,
     progress: Callable[[str], None],
 ) -> Path:
     """The wheel ``sdist`` (of ``name`` ``version``, its hash checked by the caller) builds in
-    the env at ``env`` with the build's ``values``, written below ``work``; BuildError with
-    one line where :func:`recipes.before_compiling` or the compiler says it cannot."""
+    the env at ``env`` with the build's ``values`` and ``pip`` (:func:`bundled_pip`), written
+    below ``work``; BuildError with one line where :func:`recipes.before_compiling` or the
+    compiler says it cannot."""
     python = env / "bin" / "python"
-    pip = bundled_pip(python)
     environ = build_environ(env, spec, values)
     (work / "tmp").mkdir(exist_ok=True)
     (work / "wheel").mkdir(exist_ok=True)

@@ -40,7 +40,14 @@ from builder.core import platforms, proc
 from builder.core.errors import BuildError
 from builder.core.paths import jit_store_here
 from builder.env import recipes
-from builder.env.sdistbuild import WORK, build_environ, compile_sdist, fetch_sdist, values_for
+from builder.env.sdistbuild import (
+    WORK,
+    build_environ,
+    bundled_pip,
+    compile_sdist,
+    fetch_sdist,
+    values_for,
+)
 from builder.machine import archs as archs_mod
 from builder.spec.envspec import EnvSpec
 from builder.spec.lockmodel import Lock, LockedPackage
@@ -410,10 +417,11 @@ def _compile(
 ) -> Path:
     assert pkg.sdist is not None
     python = env / "bin" / "python"
-    sdist = fetch_sdist(python, pkg.name, pkg.version, pkg.sdist.sha256,
+    pip = bundled_pip(python)
+    sdist = fetch_sdist(python, pip, pkg.name, pkg.version, pkg.sdist.sha256,
                         build_environ(env, spec, values), work)  # fmt: skip
-    return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, torch=lock.torch,
-                         nvcc=nvcc, target=target, progress=progress)  # fmt: skip
+    return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, pip=pip,
+                         torch=lock.torch, nvcc=nvcc, target=target, progress=progress)  # fmt: skip
 
 
 def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:

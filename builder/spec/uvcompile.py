@@ -103,9 +103,9 @@ def uv_compile(
             python=python,
             view=view,
         )
-        # A package whose metadata only its setup.py computes is told to uv from its recipe
-        # row: resolving never runs a release's build (which imports torch in an isolated
-        # env, installing the newest torch there first).
+        # A package whose metadata only its setup.py computes is told to uv from
+        # uvconfig.SUPPLIED: resolving never runs a release's build (which imports torch in an
+        # isolated env, installing the newest torch there first).
         cwd = uvconfig.supplied_config(d, spec)
         try:
             proc.run(argv, env=proc.uv_env(), timeout=1800, cwd=cwd)

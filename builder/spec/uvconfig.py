@@ -14,7 +14,6 @@ project's own settings rather than add to them, so uv runs in a directory of our
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder.core import paths
+from builder.core.errors import ResolveError
+from builder.formats import tomlwriter
 from builder.spec import project
 from builder.spec.envspec import EnvSpec
 
@@ -75,8 +76,8 @@ def supplied_config(d: Path, spec: EnvSpec) -> Path | None:
         if name in theirs:
             continue
         parts.append(
-            f"[[dependency-metadata]]\nname = {json.dumps(name)}\n"
-            f"requires-dist = {json.dumps(list(requires))}\n"
+            "[[dependency-metadata]]\n"
+            f"{tomlwriter.pair('name', name)}\n{tomlwriter.pair('requires-dist', list(requires))}\n"
         )
     where = d / "uv-config"
     where.mkdir()
@@ -102,43 +103,35 @@ def _project_uv_config(spec: EnvSpec) -> str:
         table = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("uv")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         return ""
-    return _toml_table(table, ()) if isinstance(table, dict) else ""
+    if not isinstance(table, dict):
+        return ""
+    try:
+        return _toml_table(table, ())
+    except (TypeError, ValueError) as exc:
+        raise ResolveError(
+            f"{pyproject}: [tool.uv] holds a value cudaenv cannot hand to uv ({exc})"
+        ) from exc
 
 
 def _toml_table(table: dict[str, object], at: tuple[str, ...]) -> str:
     """``table`` as TOML text: its plain keys first, then its sub-tables and arrays of them."""
-    head = f"[{'.'.join(json.dumps(k) for k in at)}]\n" if at else ""
-    plain = [
-        f"{json.dumps(k)} = {_toml_value(v)}\n"
+    head = f"[{'.'.join(tomlwriter.key(k) for k in at)}]\n" if at else ""
+    out = head + "".join(
+        tomlwriter.pair(k, v) + "\n"
         for k, v in table.items()
         if not isinstance(v, dict) and not _tables(v)
-    ]
-    out = head + "".join(plain)
+    )
     for k, v in table.items():
         if isinstance(v, dict):
             out += "\n" + _toml_table(v, (*at, k))
-        elif _tables(v):
-            assert isinstance(v, list)
+        elif isinstance(v, list) and _tables(v):
+            name = ".".join(tomlwriter.key(p) for p in (*at, k))
             for item in v:
-                name = ".".join(json.dumps(p) for p in (*at, k))
-                body = "".join(f"{json.dumps(a)} = {_toml_value(b)}\n" for a, b in item.items())
-                out += f"\n[[{name}]]\n{body}"
+                out += f"\n[[{name}]]\n" + "".join(
+                    tomlwriter.pair(a, b) + "\n" for a, b in item.items()
+                )
     return out
 
 
 def _tables(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(x, dict) for x in value)
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(x) for x in value) + "]"
-    if isinstance(value, dict):
-        return (
-            "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-        )
-    return json.dumps(str(value))
