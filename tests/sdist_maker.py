@@ -23,6 +23,7 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 FORCE_BUILD = os.getenv("{FORCE}", "FALSE") == "TRUE"
 EXTRA = [{{extra}}]
+{{prelude}}
 
 
 class CachedWheels(BuildExtension):
@@ -70,12 +71,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("add_one", &add_one); }
 INIT = "from . import _C  # noqa: F401\n"
 
 
-def make_sdist(where: Path, *, version: str = "0.1.0", extra_nvcc: str = "") -> Path:
+def make_sdist(
+    where: Path, *, version: str = "0.1.0", extra_nvcc: str = "", prelude: str = ""
+) -> Path:
     """The sdist ``cudaenv_testext-VERSION.tar.gz`` written into ``where``; ``extra_nvcc``: more
-    nvcc arguments as Python list items (``'"-std=c++17"'`` to make one that cannot build)."""
+    nvcc arguments as Python list items (``'"-std=c++17"'`` to make one that cannot build);
+    ``prelude``: statements its setup.py runs before ``setup()``."""
     base = f"{MODULE}-{version}"
     files = {
-        "setup.py": SETUP_PY.format(version=version, extra=extra_nvcc),
+        "setup.py": SETUP_PY.format(version=version, extra=extra_nvcc, prelude=prelude),
         "PKG-INFO": f"Metadata-Version: 2.4\nName: {NAME}\nVersion: {version}\nRequires-Dist: torch\n",
         "pyproject.toml": '[build-system]\nrequires = ["setuptools>=70"]\n'
         'build-backend = "setuptools.build_meta"\n',

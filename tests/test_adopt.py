@@ -4,12 +4,14 @@ real venv holding the default lock's packages (e2e: real uv, real NVIDIA wheels)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -458,3 +460,74 @@ def test_a_journal_that_is_not_json_is_an_error_not_no_journal(tmp_path: Path) -
     path = write(tmp_path / adopt_journal.JOURNAL, '{"state": "do')
     with pytest.raises(ReportError, match=f"^{path}: the adopt journal is not JSON"):
         adopt_journal.read_journal(tmp_path)
+
+
+def users_build(where: Path) -> Path:
+    """The test package as a user's own compile left it (a wheel of the same name and version
+    whose extension is another toolkit's build: here bytes no loader opens)."""
+    from tests.sdist_maker import INIT, MODULE
+
+    info = f"{MODULE}-0.1.0.dist-info"
+    files = {
+        f"{MODULE}/__init__.py": INIT,
+        f"{MODULE}/_C.cpython-312-x86_64-linux-gnu.so": "built by another CUDA\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: cudaenv-testext\nVersion: 0.1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp312-cp312-linux_x86_64\n",
+    }
+    where.mkdir(parents=True)
+    wheel = where / f"{MODULE}-0.1.0-cp312-cp312-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+        zf.writestr(f"{info}/RECORD", "".join(f"{rel},,\n" for rel in [*files, f"{info}/RECORD"]))
+    return wheel
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+def test_adopt_rebuilds_a_users_compiled_package_and_undo_puts_the_users_build_back(
+    plain_venv: Path, cuda_128: Path, tmp_path: Path
+) -> None:
+    """A package the user compiled at install with another toolkit: `adopt --rebuild` builds
+    it again from its sdist with the env's matched nvcc 13.0 (CUDA_HOME at a 12.8 one), its
+    extension imports and holds sm_120, verify's imports check covers it; --undo gives back
+    the user's own files, byte for byte, and the same freeze."""
+    from builder.audit import fatbin
+    from builder.machine.archs import Arch
+    from tests.sdist_maker import FORCE, MODULE, NAME, make_sdist
+
+    python = plain_venv / "bin" / "python"
+    # The sdist on an index page with its sha256 (PEP 503), as a mirror serves it: a
+    # find-links directory gives no hash to fetch it against, and adopt has no lock.
+    sdist = make_sdist(tmp_path / "simple" / NAME)
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    write(sdist.parent / "index.html", f'<a href="{sdist.name}#sha256={digest}">{sdist.name}</a>\n')
+    index = (tmp_path / "simple").as_uri()
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--python", str(python),
+              str(users_build(tmp_path / "users"))], env=proc.uv_env())  # fmt: skip
+    ext = next((plain_venv / "lib" / "python3.12" / "site-packages" / MODULE).glob("_C*.so"))
+    users, before = ext.read_bytes(), freeze(python)
+    env = {"CUDA_HOME": str(cuda_128), "UV_EXTRA_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": index}
+    done = cudaenv("adopt", "--python", str(python), "--rebuild", NAME, "--build-env",
+                   f"{FORCE}=TRUE", "--no-verify", cwd=tmp_path, env=env)  # fmt: skip
+    assert f"{NAME} 0.1.0: compiling from its sdist with nvcc 13.0 for 12.0f" in done.stderr
+    assert f"{NAME} 0.1.0: rebuilt with nvcc 13.0 and installed" in done.stderr
+    assert ext.read_bytes() != users
+    got = subprocess.run([python, "-c", f"import torch, {MODULE}._C as c; print(c.add_one)"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    codes = {(c.kind, c.arch) for c in fatbin.scan(ext).codes}
+    assert ("sass", Arch(major=12, minor=0, suffix="")) in codes, codes
+    made = json.loads((plain_venv / "cudaenv.json").read_text())["source_builds"]
+    assert [row[:2] for row in made] == [[NAME, "0.1.0"]]
+    journal = adopt_journal.read_journal(plain_venv)
+    assert journal is not None and [r[:2] for r in journal.rebuilt] == [(NAME, "0.1.0")]
+    checks = cudaenv("verify", "--python", str(python), "--checks", "imports", cwd=tmp_path,
+                     env=env)  # fmt: skip
+    assert "imports  PASSED" in checks.stdout, checks.stdout
+    report = json.loads((plain_venv / "var" / "cudaenv" / "verify.json").read_text())
+    evidence = next(c["evidence"] for c in report["checks"] if c["name"] == "imports")
+    assert evidence[f"import {MODULE}._C"].startswith("ok"), evidence  # by the manifest's row
+    cudaenv("adopt", "--undo", "--python", str(python), cwd=tmp_path, env=env)
+    assert ext.read_bytes() == users and freeze(python) == before
+    assert not (plain_venv / "var").exists()

@@ -148,12 +148,13 @@ def test_an_extension_linking_another_cuda_runtime_is_an_error(
         f"{FLASH}: links libcudart.so.12 (CUDA 12)",
         "torch 2.14.1+cu130 (CUDA 13.0)",
     )
-    # Not a cudaenv env: adopt it, then rebuild the package with the matched nvcc.
+    # Not a cudaenv env: adopt it and rebuild the package with the matched nvcc in one step.
     assert finding.fix == (
-        "give this env torch's matched nvcc: `cudaenv adopt --python /e/bin/python`, then "
-        "rebuild it against that: `uv pip install --no-build-isolation --no-deps "
-        "--reinstall-package flash-attn --no-binary flash-attn --python /e/bin/python "
-        "flash-attn==2.8.3`",
+        "give this env torch's matched nvcc and rebuild it against that: `cudaenv adopt "
+        "--python /e/bin/python --rebuild flash-attn`",
+        "or adopt first, then rebuild it by hand: `uv pip install --no-build-isolation "
+        "--no-deps --reinstall-package flash-attn --no-binary flash-attn --python "
+        "/e/bin/python flash-attn==2.8.3`",
         "what this is and why: docs/troubleshooting/cuda-version-mismatch.md",
     )
     # The whole diagnosis puts it first.
@@ -257,9 +258,11 @@ def test_in_a_cudaenv_env_the_fix_is_cudaenv_add_and_source_builds_come_first(
     assert second.cause.startswith("aaa-ext 1.0: aaa_ext/_C.so is a torch extension")
     adopted = replace(a_manifest(), spec=manifest.ADOPTED_SPEC)
     [*_, last] = found(facts_of(prefix, adopted))
-    assert last.fix[0].startswith(
-        "rebuild it with the toolkit cudaenv adopt gave this env: `uv pip install "
+    assert last.fix[0] == (
+        "rebuild it from its sdist with the toolkit cudaenv adopt gave this env: `cudaenv "
+        f"adopt --python {facts_of(prefix, adopted).python} --rebuild zzz-ext`"
     )
+    assert last.fix[1].startswith("or by hand (not undone by `cudaenv adopt --undo`): `uv pip")
 
 
 def test_the_import_error_of_deep_is_grouped_under_the_static_finding(
@@ -369,9 +372,7 @@ def test_the_real_probe_of_a_venv_finds_it(
     assert time.monotonic() - started < 5  # static: no torch import, no compile
     assert findings[0].code == CODE
     assert (
-        findings[0]
-        .fix[0]
-        .startswith(f"give this env torch's matched nvcc: `cudaenv adopt --python {env.python}`")
+        findings[0].fix[0].endswith(f"`cudaenv adopt --python {env.python} --rebuild flash-attn`")
     )
     text = doctor.render(env.python, _facts, findings)
     assert (

@@ -37,9 +37,11 @@ archs: ["12.0f"]
 """
 
 
-def project(root: Path, *, version: str = "0.1.0", forced: bool = True, extra: str = "") -> Path:
+def project(
+    root: Path, *, version: str = "0.1.0", forced: bool = True, extra: str = "", prelude: str = ""
+) -> Path:
     """A project whose spec asks for the test sdist, served from ``links/``."""
-    make_sdist(root / "links", version=version, extra_nvcc=extra)
+    make_sdist(root / "links", version=version, extra_nvcc=extra, prelude=prelude)
     build_env = f'build-env: {{{FORCE}: "TRUE"}}\n' if forced else ""
     write(root / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
     write(
@@ -247,6 +249,43 @@ def test_a_release_that_passes_cxx17_is_refused_before_compiling(tmp_path: Path)
     assert not (root / "env").exists()
 
 
+# What a hostile or careless setup.py does, when pip first runs it (for its metadata, as the
+# sdist is fetched) or only when it builds the wheel: one file in its home (the build's own
+# tree: allowed), one planted in torch's package (the env: never), then it stops.
+PLANTS = """
+import pathlib, sys
+if {when}:
+    pathlib.Path("~/.cache/testext").expanduser().mkdir(parents=True, exist_ok=True)
+    pathlib.Path(torch.__file__).with_name("planted_by_setup.py").write_text("x = 1\\n")
+    sys.exit("stopped after planting")
+"""
+
+
+@pytest.mark.parametrize("when", ["True", "'bdist_wheel' in sys.argv"], ids=["fetch", "build"])
+def test_a_build_that_writes_into_the_env_fails_in_one_line_and_nothing_is_kept(
+    tmp_path: Path, when: str
+) -> None:
+    """The write is found by comparing the env before and after each step that runs setup.py
+    (pip's metadata step as it fetches the sdist, and the build) and named, not the step's
+    own exit; no env is made, nothing goes into the store. A write into the build's HOME (its
+    own tree) is no fault."""
+    root = project(tmp_path, version="0.3.0", prelude=PLANTS.format(when=when))
+    environ = node(root, "store")
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    done = build(root, "env", environ, check=False)
+    assert done.returncode == 4, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"{NAME} 0.3.0: its build wrote outside its own tree, into the env" in last, last
+    planted = "lib/python3.12/site-packages/torch/planted_by_setup.py (added)"
+    assert f"into the env: {planted}; nothing of it is installed or stored" in last, last
+    assert ".cache" not in last and "Traceback" not in done.stderr
+    assert not (root / "env").exists()
+    assert not (root / "store").exists() or not list((root / "store").rglob("*.whl"))
+    if when != "True":  # the build's log is kept, with what setup.py said
+        log = Path(last.rpartition("; the whole log: ")[2])
+        assert "stopped after planting" in log.read_text(), log
+
+
 REAL_SPEC = """\
 name: causal-conv1d-cu130
 python: "3.12"
@@ -259,6 +298,11 @@ verify: [toolchain]
 """
 
 
+# The index as it stood on this day: the releases these tests name, and what they depend on,
+# resolve the same whatever is published later.
+VIEW = ("--exclude-newer", "2026-12-01T00:00:00Z")
+
+
 def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
@@ -268,7 +312,7 @@ def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
     write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
     write(tmp_path / "envspecs" / "cc.yaml", REAL_SPEC)
     uv_cache = tmp_path / "uv-cache"
-    cudaenv("lock", "envspecs/cc.yaml", cwd=tmp_path, env={"UV_CACHE_DIR": str(uv_cache)})
+    cudaenv("lock", "envspecs/cc.yaml", *VIEW, cwd=tmp_path, env={"UV_CACHE_DIR": str(uv_cache)})
     assert not list(uv_cache.glob("builds-v*")) or not any(uv_cache.glob("builds-v*/*"))
     locked = (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").read_text()
     assert 'name = "causal-conv1d"' in locked and "causal_conv1d-1.5.2.tar.gz" in locked
@@ -280,3 +324,54 @@ def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
     assert "causal-conv1d 1.5.2 cannot build with nvcc 13.0" in last, last
     assert "(line 177) asks for compute_53" in last and "compute_75 and newer" in last, last
     assert not (tmp_path / "env").exists()
+
+
+CAUSAL_CONV1D = "causal_conv1d_cuda"
+
+
+def test_a_real_release_from_pypi_builds_with_the_envs_nvcc_and_once_per_machine(
+    tmp_path: Path,
+) -> None:
+    """causal-conv1d 1.7.0, an sdist-only release whose setup.py imports torch, downloads a
+    prebuilt wheel unless forced and passes its own nine -gencode flags (about 17 minutes of
+    nvcc on 2 cores): locked without building, compiled with the env's nvcc 13.0 while the
+    shell's CUDA_HOME names a 12.8 toolkit, its extension imports after torch and holds
+    sm_120 code, verify's imports check covers it, and a second env takes it from the store
+    with no compile."""
+    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
+    write(tmp_path / "envspecs" / "cc.yaml", REAL_SPEC.replace("1.5.2", "1.7.0"))
+    fake = write(
+        tmp_path / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n"
+    )
+    fake.chmod(0o755)
+    environ = {
+        "CUDA_HOME": str(tmp_path / "cuda-12.8"),
+        "CUDAENV_JIT_STORE": str(tmp_path / "store"),
+    }
+    cudaenv("lock", "envspecs/cc.yaml", *VIEW, cwd=tmp_path, env=environ)
+    locked = (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").read_text()
+    assert "causal_conv1d-1.7.0.tar.gz" in locked
+    first = cudaenv("build", "envspecs/cc.yaml", "--env-dir", str(tmp_path / "a"),
+                    cwd=tmp_path, env=environ)  # fmt: skip
+    assert (
+        "causal-conv1d 1.7.0: compiling from its sdist with nvcc 13.0 for its setup.py's own "
+        "list (7.5, 8.0, 8.7, 9.0, 10.0, 10.3, 11.0, 12.0, 12.1; the spec's 12.0f does not "
+        "narrow it)"
+    ) in first.stderr, first.stderr[-3000:]
+    [ext] = (tmp_path / "a").glob(f"lib/python3.12/site-packages/{CAUSAL_CONV1D}*.so")
+    codes = {(c.kind, c.arch) for c in fatbin.scan(ext).codes}
+    assert ("sass", Arch(major=12, minor=0, suffix="")) in codes, codes
+    assert ("sass", Arch(major=9, minor=0, suffix="")) in codes, codes  # its own list, whole
+    checks = cudaenv("verify", "envspecs/cc.yaml", "--env-dir", str(tmp_path / "a"),
+                     "--checks", "imports", cwd=tmp_path, env=environ, check=False)  # fmt: skip
+    assert checks.returncode == 0, checks.stdout[-3000:] + checks.stderr[-3000:]
+    report = json.loads((tmp_path / "a" / "var" / "cudaenv" / "verify.json").read_text())
+    evidence = next(c["evidence"] for c in report["checks"] if c["name"] == "imports")
+    assert evidence[f"import {CAUSAL_CONV1D}"].startswith("ok"), evidence
+
+    second = cudaenv("build", "envspecs/cc.yaml", "--env-dir", str(tmp_path / "b"),
+                     cwd=tmp_path, env=environ)  # fmt: skip
+    assert COMPILING not in second.stderr
+    assert "causal-conv1d 1.7.0: taken from the store" in second.stderr, second.stderr[-3000:]
+    [again] = (tmp_path / "b").glob(f"lib/python3.12/site-packages/{CAUSAL_CONV1D}*.so")
+    assert again.read_bytes() == ext.read_bytes()

@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from builder.adopt import saved as saving
 from builder.core import proc
 from builder.core.errors import BuildError, CommandFailed, CudaenvError
 from builder.env import hooks, manifest, toolchain
@@ -187,6 +188,14 @@ class Journal:
     # yet is told apart by it. None in a journal from before it was kept (undo then removes
     # no unnamed file).
     nvidia_before: tuple[str, ...] | None = None
+    # Each package `adopt --rebuild` built again, as it was installed before: undo reinstalls
+    # the saved wheel (builder/adopt/saved.py) after checking its sha256.
+    rebuilt: tuple[tuple[str, str, str, str, str], ...] = field(
+        default=(),
+        metadata=codec.meta(
+            shape="[name, version, saved wheel below the env, its sha256, direct_url.json]"
+        ),
+    )
 
     # No key is required: a journal written by an older cudaenv may lack any of them, and
     # undo does what the keys present allow; one not marked done is an unfinished adopt.
@@ -195,6 +204,7 @@ class Journal:
         what="adopt journal",
         absent={"state": "started", "changes": (), "activation": (), "var_before": (),
                 "var_existed": False},
+        sparse=("rebuilt",),  # absent until `adopt --rebuild` rebuilds a package
     )  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
@@ -444,6 +454,7 @@ def _undo(prefix: Path, python: Path, journal: Journal, progress: Progress) -> l
             f"{prefix}: undo could not put back {'; '.join(left)} (the journal is kept: "
             f"`cudaenv adopt --undo --python {python}` tries again)"
         )
+    shutil.rmtree(prefix / saving.SAVED, ignore_errors=True)  # put back, checked just above
     var = prefix / "var"
     kept = set(journal.var_before)
     if var.is_dir():
@@ -485,7 +496,11 @@ def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progr
     added = sorted(n for n in now.dists if n not in before)
     # A half-removed distribution of a package the env had may have shared its files with the
     # version there now: reinstalled whole.
-    changed = sorted(n for n in before if now.dists.get(n) != before[n] or n in touched)
+    rebuilt = [saving.Saved(*row) for row in journal.rebuilt]
+    own = {r.name for r in rebuilt}
+    changed = sorted(
+        n for n in before if (now.dists.get(n) != before[n] or n in touched) and n not in own
+    )
     uv = proc.uv_bin()
     # A failed uv leaves its packages where they are; the check after says which.
     if added:
@@ -501,6 +516,7 @@ def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progr
             proc.run([*argv, *(f"{n}=={before[n]}" for n in changed)], env=proc.uv_env(),
                      timeout=3600)  # fmt: skip
             done += [f"reinstalled {n}=={before[n]}" for n in changed]
+    done += _put_back_saved(prefix, python, now.purelib, rebuilt, progress)
     fault_point("undo-sweep", progress)
     if journal.nvidia_before is not None:
         swept = _sweep_unnamed(now.purelib, set(journal.nvidia_before))
@@ -512,6 +528,23 @@ def _undo_packages(prefix: Path, python: Path, journal: Journal, progress: Progr
             if tree.is_dir() and not _holds_files(tree):
                 shutil.rmtree(tree)
                 done.append(f"removed the empty {rel}/")
+    return done
+
+
+def _put_back_saved(
+    prefix: Path, python: Path, site: Path, rebuilt: list[saving.Saved], progress: Progress
+) -> list[str]:
+    """Each package ``adopt --rebuild`` replaced, reinstalled from the wheel saved before."""
+    done: list[str] = []
+    for old in rebuilt:
+        wheel = saving.checked(prefix, old)
+        progress(f"reinstalling {old.name} {old.version} as it was before adopt --rebuild")
+        argv = [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--offline",
+                "--reinstall-package", old.name, "--python", str(python), str(wheel)]  # fmt: skip
+        with contextlib.suppress(CommandFailed):  # the check after says what is not back
+            proc.run(argv, env=proc.uv_env(), timeout=1800)
+            saving.put_back_origin(site, old)
+            done.append(f"reinstalled {old.name} {old.version} from {old.wheel}")
     return done
 
 
@@ -542,6 +575,11 @@ def _left_over(prefix: Path, python: Path, journal: Journal) -> list[str]:
         half = [Path(b).name for b in now.broken if b not in journal.broken_before]
         if half:
             left.append(f"half-removed: {', '.join(half)}")
+        for old in (saving.Saved(*row) for row in journal.rebuilt):
+            wheel = prefix / old.wheel
+            wrong = saving.differs(now.purelib, wheel) if wheel.is_file() else ["its saved wheel"]
+            if wrong:
+                left.append(f"{old.name} {old.version} not as saved: {', '.join(wrong[:3])}")
     if now is not None and journal.site_before is not None:
         new = sorted(set(site_tree(now.purelib)) - set(journal.site_before))
         # The outermost of them: nvidia/cu13/ says what nvidia/cu13/include/ would again.

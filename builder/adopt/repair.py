@@ -29,6 +29,7 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from builder import __version__
 from builder.adopt.journal import (
@@ -462,6 +463,9 @@ class AdoptRequest:
     dry_run: bool = False
     force: bool = False
     driver_check: bool = True
+    # --rebuild: packages compiled at install to build again against the matched toolkit.
+    rebuild: tuple[str, ...] = ()
+    build_env: tuple[tuple[str, str], ...] = ()  # --build-env: variables for those compiles
 
 
 def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest | None:
@@ -477,6 +481,8 @@ def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest
         if not request.dry_run:
             found = inspect(python)  # as it is now that no other adopt changes it
         journal = read_journal(found.prefix)
+        if journal is not None and journal.state == "done" and request.rebuild:
+            return _rebuild(request, found, journal, progress, show)
         if journal is not None and journal.state == "done":
             progress(
                 f"{found.prefix} is adopted already; `cudaenv adopt --undo --python "
@@ -503,10 +509,16 @@ def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest
             )
         for line in planned.lines():
             show(line)
+        for name in request.rebuild:
+            show(f"  rebuild {name} from its sdist with the matched nvcc")
         if request.dry_run:
             show("(dry run: nothing changed)")
             return None
         built = apply(planned, progress)
+        if request.rebuild:
+            journal = read_journal(found.prefix)
+            assert journal is not None  # apply wrote it, marked done
+            built = _rebuild(request, inspect(python), journal, progress, show) or built
     progress(
         f"adopted {found.prefix}: nvcc {built.nvcc} in cuda-home/, archs "
         f"{archs.flashinfer_spelling(built.archs)}; `cudaenv adopt --undo` reverts"
@@ -517,6 +529,29 @@ def adopt(request: AdoptRequest, progress: Progress, show: Progress) -> Manifest
         # From this machine's store only: an adopted env has no lock to name a warm list by.
         done = prefetch.prefetch(python, flashinfer=found.dists["flashinfer-python"])
         prefetch.say_prefetched(done, progress)
+    return built
+
+
+def _rebuild(
+    request: AdoptRequest, env: Env, journal: Journal, progress: Progress, show: Progress
+) -> Manifest | None:
+    """``--rebuild`` on an adopted env (its lock held): each package built again and the
+    manifest's ``source_builds`` updated; None for a dry run."""
+    from builder.adopt import rebuild
+
+    if request.dry_run:
+        for name in request.rebuild:
+            show(f"rebuild {name} {env.dists.get(name, '(not installed)')} from its sdist")
+        show("(dry run: nothing changed)")
+        return None
+    _journal_now, rows = rebuild.rebuild(
+        env, journal, request.rebuild, progress, build_env=request.build_env
+    )
+    built = manifest.read(env.prefix)
+    mine = {r[0] for r in rows}
+    kept = tuple(r for r in built.source_builds if canonicalize_name(r[0]) not in mine)
+    built = dataclasses.replace(built, source_builds=(*kept, *rows))
+    manifest.write(built, env.prefix)
     return built
 
 

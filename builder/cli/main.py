@@ -137,12 +137,14 @@ def cmd_doctor(args: ca.DoctorArgs, say: Reporter) -> int:
 
 
 def cmd_adopt(args: ca.AdoptArgs, say: Reporter) -> int:
+    from builder.adopt import rebuild
     from builder.adopt import repair as adopt
 
-    python = interpreters.python_arg(args.python)
+    wanted, build_env = rebuild.arguments(args.rebuild, args.build_env, undo=args.undo)
     if args.undo:
-        adopt.undo_adopt(python, say)
+        adopt.undo_adopt(interpreters.python_arg(args.python), say)
         return 0
+    python = interpreters.python_arg(args.python)
     request = adopt.AdoptRequest(
         python=python,
         given=args.python,
@@ -150,6 +152,8 @@ def cmd_adopt(args: ca.AdoptArgs, say: Reporter) -> int:
         dry_run=args.dry_run,
         force=args.force,
         driver_check=not args.no_driver_check,
+        rebuild=wanted,
+        build_env=build_env,
     )
     if adopt.adopt(request, say, show=print) is not None and not args.no_verify:
         _verify(verifyrun.VerifyRequest(python=str(python)), say)

@@ -228,6 +228,17 @@ class AdoptArgs(Command):
     )
     dry_run: bool = flag("--dry-run", help="print the plan, change nothing")
     undo: bool = flag("--undo", help="put the env back as before adopt")
+    rebuild: str | None = option(
+        "--rebuild",
+        metavar="PKG[,PKG]",
+        help="also build these installed packages again from their sdists with the matched "
+        "nvcc (undone by --undo)",
+    )
+    build_env: tuple[str, ...] = many(
+        "--build-env",
+        metavar="KEY=VALUE",
+        help="a variable for the --rebuild compiles (a package's own switch)",
+    )
     force: bool = flag("--force", help="also adopt a system or distro Python")
     no_verify: bool = flag("--no-verify", help="skip the verify that follows")
     no_driver_check: bool = flag("--no-driver-check", help=NO_DRIVER_CHECK_HELP)

@@ -192,12 +192,16 @@ def _rebuild_fixes(facts: Facts, package: str, version: str) -> tuple[str, ...]:
         )
         again = f"`{install_command(facts, verb, pinned)}`"
         python = shlex.quote(facts.python or "ENV/bin/python")
-        first = (
-            f"rebuild it with the toolkit cudaenv adopt gave this env: {again}"
-            if built is not None
-            else f"give this env torch's matched nvcc: `cudaenv adopt --python {python}`, then "
-            f"rebuild it against that: {again}"
-        )
+        rebuild = f"`cudaenv adopt --python {python} --rebuild {name}`"
+        if built is not None:
+            first = (
+                f"rebuild it from its sdist with the toolkit cudaenv adopt gave this env: {rebuild}"
+            )
+            by_hand = f"or by hand (not undone by `cudaenv adopt --undo`): {again}"
+        else:
+            first = f"give this env torch's matched nvcc and rebuild it against that: {rebuild}"
+            by_hand = f"or adopt first, then rebuild it by hand: {again}"
+        return first, by_hand, f"what this is and why: {PAGE}"
     return first, f"what this is and why: {PAGE}"
 
 

@@ -18,6 +18,7 @@ MODULES = (
     "setuppy",
     "recipes",
     "buildlog",
+    "treeguard",
     "sdistbuild",
     "sourcebuild",
     "build",

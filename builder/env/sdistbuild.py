@@ -18,12 +18,12 @@ import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from builder.core import proc, settings
 from builder.core.errors import BuildError, CommandFailed, ToolMissing
-from builder.env import buildlog, recipes, setuppy
+from builder.env import buildlog, recipes, setuppy, treeguard
 from builder.machine import archs as archs_mod
 from builder.machine import box
 from builder.spec.envspec import EnvSpec
@@ -52,6 +52,39 @@ def build_environ(env: Path, spec: EnvSpec, variables: dict[str, str]) -> dict[s
     base.update(dict(spec.env))
     base.update(variables)
     return base
+
+
+def own_tree(environ: dict[str, str], work: Path) -> dict[str, str]:
+    """``environ`` with what a build writes for itself kept in its own tree ``work``: its
+    ``TMPDIR``, ``HOME`` and caches (pip's, a home-dir config); and no bytecode, since the
+    imports of the env's torch would leave some in the env, which :func:`guarded` rightly
+    counts as a change to it."""
+    for sub in ("tmp", "home"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    return {**environ, "TMPDIR": str(work / "tmp"), "HOME": str(work / "home"),
+            "XDG_CACHE_HOME": str(work / "home" / ".cache"), "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def guarded(env: Path, work: Path, what: str, log: Path | None = None) -> Iterator[None]:
+    """Run the body (a step that runs the sdist's own code) and fail with one line naming
+    what it changed in ``env`` outside ``work`` (:mod:`treeguard`), whether or not the body
+    itself failed: such a write is the first thing to know."""
+    before = treeguard.record(env, skip=work)
+    failed: BaseException | None = None
+    try:
+        yield
+    except (BuildError, CommandFailed) as exc:
+        failed = exc
+    wrote = treeguard.changes(before, treeguard.record(env, skip=work))
+    if wrote:
+        tail = f"; the whole log: {log}" if log is not None else ""
+        raise BuildError(
+            f"{what}: its build wrote outside its own tree, into the env: "
+            f"{treeguard.said(wrote)}; nothing of it is installed or stored{tail}"
+        ) from failed
+    if failed is not None:
+        raise failed
 
 
 def _offline(environ: dict[str, str]) -> dict[str, str]:
@@ -101,26 +134,33 @@ def values_for(spec: EnvSpec, name: str) -> dict[str, str]:
 
 
 def fetch_sdist(
-    python: Path,
+    env: Path,
     pip: Path,
     name: str,
     version: str,
-    sha256: str,
+    hashes: Sequence[str],
     environ: dict[str, str],
     work: Path,
 ) -> Path:
     """The sdist of ``name`` ``version``, downloaded into ``work/sdist`` by the interpreter's
     bundled ``pip`` through the machine's index configuration, ``--require-hashes`` against
-    ``sha256`` (the lock's), and checked against it again here."""
+    ``hashes`` (the lock's sha256, or those the index gives), and checked against them again
+    here. pip prepares the sdist's metadata as it fetches it, which runs its ``setup.py``
+    (once the hash is checked): that is held to its own tree like the build."""
+    python = env / "bin" / "python"
+    if not hashes:
+        raise BuildError(f"{name} {version}: no sha256 to fetch its sdist against")
     req = work / "requirement.txt"
-    req.write_text(f"{name}=={version} --hash=sha256:{sha256}\n")
+    req.write_text(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in hashes) + "\n")
     into = work / "sdist"
     argv: list[str | Path] = [python, f"{pip}/pip", "download", "--no-deps", "--no-build-isolation",
             "--require-hashes", f"--no-binary={name}", "--progress-bar", "off",
             "-d", into, "-r", req]  # fmt: skip
     lines: list[str] = []
     try:
-        done = proc.run_lines(argv, lines.append, env=environ, timeout=FETCH_TIMEOUT, merged=True)
+        with guarded(env, work, f"{name} {version}"):
+            done = proc.run_lines(argv, lines.append, env=own_tree(environ, work),
+                                  timeout=FETCH_TIMEOUT, merged=True, cwd=work)  # fmt: skip
     except CommandFailed as exc:
         raise BuildError(f"{name} {version}: fetching its sdist took too long") from exc
     found = sorted(into.glob("*")) if into.is_dir() else []
@@ -128,8 +168,8 @@ def fetch_sdist(
         said = buildlog.first_problem(lines) or "no sdist"
         raise BuildError(f"{name} {version}: pip could not fetch its sdist: {said}")
     sdist = found[0]
-    if hashlib.sha256(sdist.read_bytes()).hexdigest() != sha256:
-        raise BuildError(f"{name} {version}: {sdist.name} differs from the lock's sha256")
+    if hashlib.sha256(sdist.read_bytes()).hexdigest() not in hashes:
+        raise BuildError(f"{name} {version}: {sdist.name} differs from the sha256 it was locked by")
     return sdist
 
 
@@ -154,9 +194,8 @@ def compile_sdist(
     compiler says it cannot."""
     python = env / "bin" / "python"
     environ = build_environ(env, spec, values)
-    (work / "tmp").mkdir(exist_ok=True)
     (work / "wheel").mkdir(exist_ok=True)
-    environ["TMPDIR"] = str(work / "tmp")
+    environ = own_tree(environ, work)
     text, members = setuppy.from_sdist(sdist)
     why = recipes.before_compiling(name, version, text, torch, nvcc=nvcc, members=members)
     if why is not None:
@@ -181,9 +220,14 @@ def compile_sdist(
         bound = settings.current().source_build_timeout
         watch.start()
         try:
-            done = proc.run_lines(
-                argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
-            )
+            with guarded(env, work, f"{name} {version}", log=_kept_path(target, name, version)):
+                done = proc.run_lines(
+                    argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
+                )
+        except BuildError:
+            log.flush()
+            _keep_log(log_path, target, name, version)
+            raise
         except CommandFailed as exc:
             kept = _keep_log(log_path, target, name, version)
             raise BuildError(
@@ -217,14 +261,19 @@ def _archs_said(setup_py: str, nvcc: str, spec_archs: str) -> str:
     return f"its setup.py's own list ({listed}; the spec's {spec_archs} does not narrow it)"
 
 
+def _kept_path(target: Path, name: str, version: str) -> Path:
+    """Where :func:`_keep_log` keeps a failed build's log."""
+    where = target / WORK if (target / "var").is_dir() else target.parent / f".{target.name}.logs"
+    return where / f"{name}-{version}.log"
+
+
 def _keep_log(log_path: Path, target: Path, name: str, version: str) -> Path:
     """The failed build's log copied where it outlives the env being built: the previous
     env's ``var/source-builds/`` when there is one (nothing else of it changes), else beside
     where the env would have been."""
-    where = target / WORK if (target / "var").is_dir() else target.parent / f".{target.name}.logs"
-    kept = where / f"{name}-{version}.log"
+    kept = _kept_path(target, name, version)
     with contextlib.suppress(OSError):
-        where.mkdir(parents=True, exist_ok=True)
+        kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log_path, kept)
         return kept
     return log_path

@@ -439,6 +439,10 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     script = str(resources.files("builder.probe").joinpath("imports_probe.py"))
     started = time.monotonic()
     extensions = source_extensions(target.python)
+    # What the env built from an sdist is asked for even where no spec names it (an adopted
+    # env's `adopt --rebuild`): its manifest says it is there and was compiled for it.
+    named = {a.name for a in names}
+    names += [Asked(name=d, required=True) for d in extensions if d not in named]
     argv: list[str | os.PathLike[str]] = [
         target.python, script, json.dumps(request(names, extensions)),
     ]  # fmt: skip
