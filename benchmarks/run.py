@@ -10,7 +10,7 @@ ratio is the least disturbed figure a shared machine gives.
 Writes benchmarks/results.json, benchmarks/results.md and benchmarks/results.png; with
 --merge, only the cases run replace theirs and the others keep their figures and date.
 Cases: build-warm, build-cold, plan, relock, platforms, second-env, verify, doctor, growth,
-matrix, audit, store, record-proof, warm-fleet, warm-default, remote-cache.
+matrix, audit, store, record-proof, warm-fleet, warm-default, remote-cache, source-build.
 Usage: python benchmarks/run.py [--quick] [--merge] [--cases build-warm,relock,...]
 """
 
@@ -58,6 +58,18 @@ TOOLCHAIN = REPO / "envspecs" / "toolchain-cu130.yaml"
 # each on 2 cores), and a load of each that prints how many ninja compiled (its log changed).
 WARM_ACTS = ("gelu", "silu")
 WARM_MODULES = tuple(f"{act}_and_mul" for act in WARM_ACTS)
+# source-build: the test sdist's spec (tests/sdist_maker.py), forced to build.
+SOURCE_SPEC = """\
+name: testext-cu130
+python: "3.12"
+cuda: "13.0"
+torch: "2.14.1"
+packages: [cudaenv-testext==0.1.0]
+toolchain: {source: wheels, components: [nvcc, cudart, crt, nvvm, cccl]}
+archs: ["12.0f"]
+build-env: {CUDAENV_TESTEXT_FORCE_BUILD: "TRUE"}
+verify: [toolchain]
+"""
 # FlashInfer's topk module built alone on this machine (2 cores), the longest of the default
 # set: the warm-default row's bound when modules are built together.
 LONGEST_MODULE_ALONE_S = 1014.0
@@ -677,6 +689,190 @@ class Bench:
             goal="≤ 0.1",
             met=pairs["median"] <= 0.1,
         )
+
+    def source_build(self) -> list[Case]:
+        """Packages that compile at install, with the test sdist (tests/sdist_maker.py: a
+        setup.py that imports torch and builds one CUDAExtension, for 12.0f): the first build
+        against the same `pip install --no-build-isolation` done by hand with the variables
+        cudaenv passes; a second env, and a second node through a registry, taking the built
+        wheel, against installing that wheel as a prebuilt one."""
+        from builder.env import sdistbuild, sourcebuild
+        from builder.env.sdistbuild import bundled_pip
+        from tests.sdist_maker import NAME, make_sdist
+
+        root = self.work / "source-build"
+        rm(root)
+        sdist = make_sdist(root / "links")
+        (root / "pyproject.toml").write_text('[tool.cudaenv]\nlocks = "urls"\n')
+        spec_path = root / "envspecs" / "testext.yaml"
+        spec_path.parent.mkdir(parents=True)
+        spec_path.write_text(SOURCE_SPEC)
+        links = str(root / "links")
+        base = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
+                "PYTHONPATH": str(REPO)}  # fmt: skip
+
+        def ce(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            return sh([sys.executable, "-m", "builder.cli", *args], env={**base, **env}, cwd=root)
+
+        ce("lock", spec_path, env={})
+        made = spec.load(spec_path)
+        locked = lock.read(lock.lock_path(spec_path, made.name))
+        wheels_req = root / "wheels.txt"
+        wheels_req.write_text(
+            sourcebuild.wheels_only(locked).requirements_txt(platforms.host_name())
+        )
+        compiling = "compiling from its sdist"
+
+        def raw_env(target: Path) -> None:
+            sh([self.uv, "venv", "--quiet", "--python", self.python, target])
+            sh([self.uv, "pip", "sync", "--quiet", "--require-hashes", "--python",
+                target / "bin" / "python", wheels_req], env=base)  # fmt: skip
+
+        # First build: an empty store each run, against the hand-run build in an env uv made
+        # from the same lock, pointed at a cudaenv env's cuda-home/ (the same toolkit files:
+        # the NVIDIA wheels alone are no CUDA_HOME) with the variables cudaenv passes.
+        ref = root / "ref"
+        ce("build", spec_path, "--env-dir", ref, env={"CUDAENV_JIT_STORE": "off"})
+        values = sdistbuild.values_for(made, NAME)
+        pip = bundled_pip(ref / "bin" / "python")
+        a_dir, b_dir, empty = root / "first", root / "by-hand", root / "store-empty"
+        cpu: list[float] = []
+
+        def fresh() -> None:
+            rm_all(a_dir, b_dir, empty)
+            os.sync()
+
+        def first() -> None:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            done = ce("build", spec_path, "--env-dir", a_dir,
+                      env={"CUDAENV_JIT_STORE": str(empty)})  # fmt: skip
+            wall = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if compiling not in done.stderr:
+                raise RuntimeError(f"the first build compiled nothing:\n{done.stderr[-2000:]}")
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu.append(used / wall)
+
+        def by_hand() -> None:
+            raw_env(b_dir)
+            cuda_home = ref / "cuda-home"
+            hand = {**values, "CUDA_HOME": str(cuda_home),
+                    "PATH": f"{cuda_home / 'bin'}:{b_dir / 'bin'}:{os.environ['PATH']}"}  # fmt: skip
+            sh([b_dir / "bin" / "python", f"{pip}/pip", "install", "--quiet", "--no-deps",
+                "--no-build-isolation", "--no-index", sdist], env=hand, cwd=root)  # fmt: skip
+
+        first_pairs = 2 if self.quick else 3
+        ta, tb = alternate(first, by_hand, first_pairs, before=fresh, warmup=False)
+        first_ratio = pair_ratios(ta, tb)
+
+        # The built wheel as a prebuilt one: a store that holds it, the wheel itself.
+        store = root / "store"
+        ce("build", spec_path, "--env-dir", root / "seed", env={"CUDAENV_JIT_STORE": str(store)})
+        # The store keeps the wheel under its own file name (its entry's files/).
+        [wheel] = [w for w in store.rglob(f"{NAME.replace('-', '_')}-*.whl") if w.is_file()]
+        prebuilt = root / "wheelhouse" / wheel.name
+        prebuilt.parent.mkdir()
+        shutil.copyfile(wheel, prebuilt)
+        c_dir, d_dir = root / "second", root / "prebuilt"
+        said: list[str] = []
+
+        def fresh2() -> None:
+            rm_all(c_dir, d_dir)
+            os.sync()
+
+        def second() -> None:
+            done = ce("build", spec_path, "--env-dir", c_dir, env={"CUDAENV_JIT_STORE": str(store)})
+            said.append(next(ln for ln in done.stderr.splitlines() if NAME in ln))
+            if compiling in done.stderr:
+                raise RuntimeError(f"the second env compiled:\n{done.stderr[-2000:]}")
+
+        def installed_prebuilt() -> None:
+            raw_env(d_dir)
+            sh([self.uv, "pip", "install", "--quiet", "--no-deps", "--offline", "--python",
+                d_dir / "bin" / "python", prebuilt])  # fmt: skip
+
+        tc, td = alternate(second, installed_prebuilt, self.pairs, before=fresh2)
+        second_pairs = pair_ratios(tc, td)
+
+        with registry_server(root / "registry") as url:
+            ce("build", spec_path, "--env-dir", root / "pusher",
+               env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": url,
+                    "CUDAENV_JIT_PUSH": "1"})  # fmt: skip
+            node = root / "store-node"
+
+            def fresh3() -> None:
+                rm_all(c_dir, d_dir, node)
+                os.sync()
+
+            def second_node() -> None:
+                done = ce("build", spec_path, "--env-dir", c_dir,
+                          env={"CUDAENV_JIT_STORE": str(node), "CUDAENV_JIT_REMOTE": url})  # fmt: skip
+                said.append(next(ln for ln in done.stderr.splitlines() if NAME in ln))
+                if compiling in done.stderr:
+                    raise RuntimeError(f"the second node compiled:\n{done.stderr[-2000:]}")
+
+            te, tf = alternate(second_node, installed_prebuilt, self.pairs, before=fresh3)
+            node_pairs = pair_ratios(te, tf)
+        rm(root)
+        what = "a test sdist (setup.py imports torch, one CUDAExtension .cu) in an env of torch 2.14.1 + nvcc 13.0, archs 12.0f"
+        return [
+            Case(
+                name="source build, first",
+                what=f"cudaenv build of {what} with an empty store (the env and the compile) vs "
+                "the same env made by uv from the lock, then pip install --no-build-isolation "
+                "of the sdist by hand with the variables cudaenv passes and the same toolkit; "
+                "ratio: median of alternated pairs",
+                figures={
+                    "cudaenv build (compiles)": ta.to_json(),
+                    "by hand": tb.to_json(),
+                    "pair ratios": first_ratio,
+                    "variables": {k: v for k, v in values.items()},
+                    "cores busy while cudaenv built (cpu s / wall s)": [round(c, 2) for c in cpu],
+                    "cores": os.cpu_count(),
+                },
+                ratio=first_ratio["median"],
+                anchor="pip install --no-build-isolation by hand",
+                goal="≤ 1.1",
+                met=first_ratio["median"] <= 1.1,
+                note="the test sdist compiles one .cu object, which one nvcc process builds: "
+                "a second core has nothing to do there, whoever runs the build",
+            ),
+            Case(
+                name="source build, second env from the store",
+                what=f"cudaenv build of {what}, the store holding the built wheel, into a new "
+                "env vs uv venv + uv pip sync of the lock's wheels + uv pip install of the "
+                "same wheel as a prebuilt one; ratio: median of alternated pairs",
+                figures={
+                    "cudaenv build": tc.to_json(),
+                    "prebuilt wheel": td.to_json(),
+                    "pair ratios": second_pairs,
+                    "compiles": 0,
+                    "said": said[0] if said else "",
+                },
+                ratio=second_pairs["median"],
+                anchor="installing the same wheel as a prebuilt one",
+                goal="≤ 1.2, 0 compiles",
+                met=second_pairs["median"] <= 1.2,
+            ),
+            Case(
+                name="source build, second node from the registry",
+                what=f"cudaenv build of {what}, an empty local store and a registry "
+                "(docker-registry on loopback) holding the built wheel, vs installing the same "
+                "wheel as a prebuilt one; ratio: median of alternated pairs",
+                figures={
+                    "cudaenv build": te.to_json(),
+                    "prebuilt wheel": tf.to_json(),
+                    "pair ratios": node_pairs,
+                    "compiles": 0,
+                    "said": said[-1] if said else "",
+                },
+                ratio=node_pairs["median"],
+                anchor="installing the same wheel as a prebuilt one",
+                goal="≤ 1.2, 0 compiles",
+                met=node_pairs["median"] <= 1.2,
+            ),
+        ]
 
     def store(self) -> list[Case]:
         """The store's trust and its registry tier, each against the same work without it:
@@ -1573,7 +1769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
         "growth", "matrix", "audit", "store", "record-proof", "record-proof-stack", "fleet", "warm-fleet",
-        "warm-default", "remote-cache", "verify-unchanged",
+        "warm-default", "remote-cache", "verify-unchanged", "source-build",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -1603,6 +1799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("warm-fleet", bench.warm_fleet),
             ("warm-default", bench.warm_default),
             ("remote-cache", bench.remote_cache),
+            ("source-build", bench.source_build),
         ):
             if key not in wanted:
                 continue

@@ -49,11 +49,11 @@ def test_each_kind_of_write_into_the_env_is_named(tmp_path: Path) -> None:
         "lib/site-packages/planted.pth (added)",
         "lib/site-packages/torch/__init__.py (removed)",
     ]
-    # Rewritten in place with the same size and its mtime put back: the ctime still moves.
+    # Rewritten in place with the same size: its mtime moves.
     before = treeguard.record(env, skip=work)
     stat = header.stat()
     header.write_text("#pragma onc3\n")
-    os.utime(header, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.utime(header, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert header.stat().st_size == stat.st_size
     assert found(env, work, before) == ["lib/site-packages/torch/include/ATen.h (changed)"]
     # Replaced by another file (a new inode).
@@ -62,6 +62,19 @@ def test_each_kind_of_write_into_the_env_is_named(tmp_path: Path) -> None:
     tmp.write_text("#pragma once\n")
     os.replace(tmp, header)
     assert found(env, work, before) == ["lib/site-packages/torch/include/ATen.h (changed)"]
+
+
+def test_another_env_linking_the_same_cached_files_is_no_finding(tmp_path: Path) -> None:
+    """The env's files are hard links into uv's cache: another env built or removed beside
+    this build links and unlinks the same inodes, which moves their ctime and link count."""
+    env, work = an_env(tmp_path)
+    header = env / "lib" / "site-packages" / "torch" / "include" / "ATen.h"
+    before = treeguard.record(env, skip=work)
+    other = tmp_path / "other-env-ATen.h"
+    os.link(header, other)
+    assert found(env, work, before) == []
+    other.unlink()
+    assert found(env, work, before) == []
 
 
 def test_a_link_is_recorded_as_a_link_and_never_followed(tmp_path: Path) -> None:
@@ -89,3 +102,30 @@ def test_the_phrase_names_a_few_and_counts_the_rest() -> None:
     paths = [f"f{i} (added)" for i in range(5)]
     assert treeguard.said(paths, most=2) == "f0 (added), f1 (added) and 3 more"
     assert treeguard.said(paths[:1]) == "f0 (added)"
+
+
+def test_an_env_in_use_leaves_out_what_its_processes_write_and_a_new_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """Building ahead in an env a server runs from: its JIT caches (var/) and bytecode move
+    meanwhile, which is no finding there; in an env cudaenv is building, nothing runs, so
+    the same writes are named."""
+    env, work = an_env(tmp_path)
+    site = env / "lib" / "site-packages"
+    live = treeguard.record(env, skip=work, live=True)
+    new = treeguard.record(env, skip=work)
+    write(env / "var" / "flashinfer" / "cached_ops" / "norm" / "norm.so", "jit")
+    write(site / "torch" / "__pycache__" / "__init__.cpython-312.pyc", "bytecode")
+    write(site / "torch" / "planted.py", "x = 1\n")
+    assert treeguard.changes(live, treeguard.record(env, skip=work, live=True)) == [
+        "lib/site-packages/torch/planted.py (added)"
+    ]
+    assert found(env, work, new) == [
+        "lib/site-packages/torch/__pycache__ (added)",
+        "lib/site-packages/torch/__pycache__/__init__.cpython-312.pyc (added)",
+        "lib/site-packages/torch/planted.py (added)",
+        "var/flashinfer (added)",
+        "var/flashinfer/cached_ops (added)",
+        "var/flashinfer/cached_ops/norm (added)",
+        "var/flashinfer/cached_ops/norm/norm.so (added)",
+    ]

@@ -198,7 +198,8 @@ def _one(
         pip = bundled_pip(python)
         hashes = index_hashes(env.python, name, version, work)
         sdist = fetch_sdist(env.prefix, pip, name, version, hashes,
-                            build_environ(env.prefix, spec, values), work)  # fmt: skip
+                            build_environ(env.prefix, spec, values), work,
+                            live=True)  # fmt: skip
         wheel = compile_sdist(env.prefix, spec, name, version, sdist, values, work, pip=pip,
                               torch=env.torch, nvcc=built.nvcc, target=env.prefix,
                               progress=progress)  # fmt: skip

@@ -66,17 +66,19 @@ def own_tree(environ: dict[str, str], work: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def guarded(env: Path, work: Path, what: str, log: Path | None = None) -> Iterator[None]:
+def guarded(
+    env: Path, work: Path, what: str, *, live: bool, log: Path | None = None
+) -> Iterator[None]:
     """Run the body (a step that runs the sdist's own code) and fail with one line naming
-    what it changed in ``env`` outside ``work`` (:mod:`treeguard`), whether or not the body
-    itself failed: such a write is the first thing to know."""
-    before = treeguard.record(env, skip=work)
+    what it changed in ``env`` outside ``work`` (:mod:`treeguard`; ``live``: an env in use),
+    whether or not the body itself failed: such a write is the first thing to know."""
+    before = treeguard.record(env, skip=work, live=live)
     failed: BaseException | None = None
     try:
         yield
     except (BuildError, CommandFailed) as exc:
         failed = exc
-    wrote = treeguard.changes(before, treeguard.record(env, skip=work))
+    wrote = treeguard.changes(before, treeguard.record(env, skip=work, live=live))
     if wrote:
         tail = f"; the whole log: {log}" if log is not None else ""
         raise BuildError(
@@ -141,6 +143,8 @@ def fetch_sdist(
     hashes: Sequence[str],
     environ: dict[str, str],
     work: Path,
+    *,
+    live: bool,
 ) -> Path:
     """The sdist of ``name`` ``version``, downloaded into ``work/sdist`` by the interpreter's
     bundled ``pip`` through the machine's index configuration, ``--require-hashes`` against
@@ -158,7 +162,7 @@ def fetch_sdist(
             "-d", into, "-r", req]  # fmt: skip
     lines: list[str] = []
     try:
-        with guarded(env, work, f"{name} {version}"):
+        with guarded(env, work, f"{name} {version}", live=live):
             done = proc.run_lines(argv, lines.append, env=own_tree(environ, work),
                                   timeout=FETCH_TIMEOUT, merged=True, cwd=work)  # fmt: skip
     except CommandFailed as exc:
@@ -220,7 +224,11 @@ def compile_sdist(
         bound = settings.current().source_build_timeout
         watch.start()
         try:
-            with guarded(env, work, f"{name} {version}", log=_kept_path(target, name, version)):
+            # The env being built is a new tree; building ahead or rebuilding in place
+            # (target is env) happens in one that may be in use.
+            live = target.resolve() == env.resolve()
+            with guarded(env, work, f"{name} {version}", live=live,
+                         log=_kept_path(target, name, version)):  # fmt: skip
                 done = proc.run_lines(
                     argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
                 )

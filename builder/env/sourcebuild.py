@@ -419,7 +419,8 @@ def _compile(
     python = env / "bin" / "python"
     pip = bundled_pip(python)
     sdist = fetch_sdist(env, pip, pkg.name, pkg.version, (pkg.sdist.sha256,),
-                        build_environ(env, spec, values), work)  # fmt: skip
+                        build_environ(env, spec, values), work,
+                        live=target.resolve() == env.resolve())  # fmt: skip
     return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, pip=pip,
                          torch=lock.torch, nvcc=nvcc, target=target, progress=progress)  # fmt: skip
 

@@ -9,7 +9,9 @@ import and compile of that env runs, with no RECORD to say so. The env is record
 the build (every entry's type, size, mtime and inode, no link followed) and compared after;
 any difference fails the build, naming the paths, before its wheel is installed or stored.
 
-This sees the env, which is what the build could spoil for cudaenv; a write elsewhere on the
+In an env in use (``warm`` building ahead, ``adopt --rebuild``), what its running processes
+write (the JIT caches under ``var/``, bytecode in ``__pycache__``) is left out of the
+comparison. This sees the env, which is what the build could spoil for cudaenv; a write elsewhere on the
 machine is outside what an unprivileged check can see (``HOME`` and ``TMPDIR`` point into the
 build's tree, so the usual places a build writes to are its own).
 """
@@ -19,18 +21,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# mode (type and permissions), size, mtime and ctime in ns, inode: a rewrite in place (even
-# one that puts the mtime back: the ctime cannot be put back), a replacement, a chmod or a new
-# link each changes one of them.
-Entry = tuple[int, int, int, int, int]
+# mode (type and permissions), size, mtime in ns, inode: a rewrite (its mtime), a replacement
+# (its inode), a chmod or a new link each changes one of them. Not the ctime or the link
+# count: the env's files are hard links into uv's cache, which every other env built from it
+# links and unlinks again (measured: a build beside another one saw 17,666 ctimes move).
+Entry = tuple[int, int, int, int]
 _DIR = 0o040000
 
 
-def record(root: Path, *, skip: Path) -> dict[str, Entry]:
+# What an env in use writes while it runs: its JIT caches and reports (var/) and the bytecode
+# of what its processes import. In an env cudaenv is building nothing runs; in one that is
+# in use (warm building ahead, adopt --rebuild) a server may be writing these meanwhile.
+RUNTIME = ("var", "__pycache__")
+
+
+def record(root: Path, *, skip: Path, live: bool = False) -> dict[str, Entry]:
     """Each entry below ``root`` (its path relative to ``root``) but ``skip`` and what is
-    below it; links are recorded as links, never followed."""
+    below it; links are recorded as links, never followed. ``live``: an env in use, whose
+    :data:`RUNTIME` trees are left out (its processes write them)."""
     out: dict[str, Entry] = {}
-    skipped = os.fspath(skip)
+    skipped = {os.fspath(skip)}
+    if live:
+        skipped.add(os.fspath(root / "var"))
     stack = [os.fspath(root)]
     while stack:
         top = stack.pop()
@@ -39,14 +51,14 @@ def record(root: Path, *, skip: Path) -> dict[str, Entry]:
         except OSError:
             continue  # gone or unreadable: what is found after says the difference
         for item in listing:
-            if item.path == skipped:
+            if item.path in skipped or (live and item.name == "__pycache__"):
                 continue
             try:
                 st = item.stat(follow_symlinks=False)
             except OSError:
                 continue
             rel = os.path.relpath(item.path, root)
-            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
             if item.is_dir(follow_symlinks=False):
                 stack.append(item.path)
     return out
@@ -64,7 +76,7 @@ def _differ(old: Entry, new: Entry) -> bool:
     if old[0] & 0o170000 == new[0] & 0o170000 == _DIR:
         # A directory's size and mtime move with what is added to or removed from it, which
         # those paths say themselves; its mode and inode are its own.
-        return (old[0], old[4]) != (new[0], new[4])
+        return (old[0], old[3]) != (new[0], new[3])
     return old != new
 
 

@@ -4,6 +4,7 @@ compdb`` and ``ninja --version`` say."""
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import subprocess
@@ -187,6 +188,9 @@ def compdb(ninja: str, build_dir: Path) -> list[dict[str, str]]:
     return [e for e in json.loads(done.stdout) if e.get("output") and e.get("command")]
 
 
+@functools.lru_cache(maxsize=8)
 def ninja_version(ninja: str) -> str:
+    """``ninja --version``, asked once per binary in a process (a prefetch asks for each
+    module it places)."""
     done = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=60)
     return done.stdout.strip()
