@@ -762,18 +762,21 @@ class Bench:
             sh([b_dir / "bin" / "python", f"{pip}/pip", "install", "--quiet", "--no-deps",
                 "--no-build-isolation", "--no-index", sdist], env=hand, cwd=root)  # fmt: skip
 
-        first_pairs = 2 if self.quick else 3
+        first_pairs = 2  # each run is a ~100 s compile on 2 cores
         ta, tb = alternate(first, by_hand, first_pairs, before=fresh, warmup=False)
         first_ratio = pair_ratios(ta, tb)
 
         # The built wheel as a prebuilt one: a store that holds it, the wheel itself.
         store = root / "store"
         ce("build", spec_path, "--env-dir", root / "seed", env={"CUDAENV_JIT_STORE": str(store)})
-        # The store keeps the wheel under its own file name (its entry's files/).
-        [wheel] = [w for w in store.rglob(f"{NAME.replace('-', '_')}-*.whl") if w.is_file()]
-        prebuilt = root / "wheelhouse" / wheel.name
+        # The store keeps the wheel as its entry's files/wheel, its name in entry.json.
+        [entry] = [
+            e for e in store.rglob("entry.json")
+            if json.loads(e.read_text()).get("package") == NAME
+        ]  # fmt: skip
+        prebuilt = root / "wheelhouse" / json.loads(entry.read_text())["wheel_name"]
         prebuilt.parent.mkdir()
-        shutil.copyfile(wheel, prebuilt)
+        shutil.copyfile(entry.parent / "files" / "wheel", prebuilt)
         c_dir, d_dir = root / "second", root / "prebuilt"
         said: list[str] = []
 
@@ -796,9 +799,9 @@ class Bench:
         second_pairs = pair_ratios(tc, td)
 
         with registry_server(root / "registry") as url:
-            ce("build", spec_path, "--env-dir", root / "pusher",
-               env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": url,
-                    "CUDAENV_JIT_PUSH": "1"})  # fmt: skip
+            # Node A pushes what its env used (the build pushes only what it compiled).
+            ce("store", "push", spec_path, "--env-dir", root / "seed",
+               env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": url})  # fmt: skip
             node = root / "store-node"
 
             def fresh3() -> None:
@@ -810,7 +813,7 @@ class Bench:
                           env={"CUDAENV_JIT_STORE": str(node), "CUDAENV_JIT_REMOTE": url})  # fmt: skip
                 said.append(next(ln for ln in done.stderr.splitlines() if NAME in ln))
                 if compiling in done.stderr:
-                    raise RuntimeError(f"the second node compiled:\n{done.stderr[-2000:]}")
+                    raise RuntimeError(f"the second node compiled:\n{done.stderr[-6000:]}")
 
             te, tf = alternate(second_node, installed_prebuilt, self.pairs, before=fresh3)
             node_pairs = pair_ratios(te, tf)
