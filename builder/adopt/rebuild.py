@@ -35,7 +35,7 @@ from builder.adopt import saved as saving
 from builder.adopt.journal import Env, Journal, Progress, Refused, write_journal
 from builder.core import proc
 from builder.core.errors import BuildError, UsageError
-from builder.env import manifest
+from builder.env import manifest, recordscan
 from builder.env.manifest import Manifest
 from builder.env.sdistbuild import (
     WORK,
@@ -140,15 +140,16 @@ def index_hashes(python: Path, name: str, version: str, work: Path) -> tuple[str
     return found
 
 
+# A RECORD is the user's file: read bounded, as the doctor reads one (recordscan).
+_MAX_RECORD_BYTES = 64 << 20
+
+
 def _compiled(site: Path, name: str, version: str) -> bool:
-    """Whether the installed distribution holds a compiled extension (a ``.so``)."""
+    """Whether the installed distribution holds a compiled extension (a shared object)."""
     info = saving.dist_info(site, name, version)
-    record = info / "RECORD" if info is not None else None
-    if record is None or not record.is_file():
+    if info is None:
         return False
-    return any(
-        ".so" in Path(line.split(",")[0]).suffixes for line in record.read_text().splitlines()
-    )
+    return bool(recordscan.shared_objects(info / "RECORD", _MAX_RECORD_BYTES))
 
 
 def rebuild(

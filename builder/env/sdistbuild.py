@@ -65,6 +65,12 @@ def own_tree(environ: dict[str, str], work: Path) -> dict[str, str]:
             "XDG_CACHE_HOME": str(work / "home" / ".cache"), "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
 
 
+def in_use(env: Path, target: Path) -> bool:
+    """Whether a build in ``env`` for ``target`` runs in an env that may be in use: building
+    ahead or rebuilding in place (target is env), not a new tree being built."""
+    return target.resolve() == env.resolve()
+
+
 @contextlib.contextmanager
 def guarded(
     env: Path, work: Path, what: str, *, live: bool, log: Path | None = None
@@ -224,10 +230,7 @@ def compile_sdist(
         bound = settings.current().source_build_timeout
         watch.start()
         try:
-            # The env being built is a new tree; building ahead or rebuilding in place
-            # (target is env) happens in one that may be in use.
-            live = target.resolve() == env.resolve()
-            with guarded(env, work, f"{name} {version}", live=live,
+            with guarded(env, work, f"{name} {version}", live=in_use(env, target),
                          log=_kept_path(target, name, version)):  # fmt: skip
                 done = proc.run_lines(
                     argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work

@@ -46,6 +46,7 @@ from builder.env.sdistbuild import (
     bundled_pip,
     compile_sdist,
     fetch_sdist,
+    in_use,
     values_for,
 )
 from builder.machine import archs as archs_mod
@@ -420,7 +421,7 @@ def _compile(
     pip = bundled_pip(python)
     sdist = fetch_sdist(env, pip, pkg.name, pkg.version, (pkg.sdist.sha256,),
                         build_environ(env, spec, values), work,
-                        live=target.resolve() == env.resolve())  # fmt: skip
+                        live=in_use(env, target))  # fmt: skip
     return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, pip=pip,
                          torch=lock.torch, nvcc=nvcc, target=target, progress=progress)  # fmt: skip
 
