@@ -798,6 +798,37 @@ class Bench:
         tc, td = alternate(second, installed_prebuilt, self.pairs, before=fresh2)
         second_pairs = pair_ratios(tc, td)
 
+        # The same wheel as a prebuilt one in cudaenv itself: a project whose only link is
+        # the wheel, so its lock lists it like any other wheel; its build has nothing to
+        # compile or take from the store (what the source build adds, and nothing else).
+        plain = root / "prebuilt-project"
+        (plain / "links").mkdir(parents=True)
+        shutil.copyfile(prebuilt, plain / "links" / prebuilt.name)
+        (plain / "pyproject.toml").write_text((root / "pyproject.toml").read_text())
+        (plain / "envspecs").mkdir()
+        plain_spec = plain / "envspecs" / spec_path.name
+        # A wheel built here is this platform's alone.
+        plain_spec.write_text(f"{SOURCE_SPEC}platforms: [{platforms.host_name()}]\n")
+        plain_links = {"UV_FIND_LINKS": str(plain / "links"), "PIP_FIND_LINKS": str(plain / "links"),
+                       "CUDAENV_JIT_STORE": str(root / "store-plain")}  # fmt: skip
+        sh([sys.executable, "-m", "builder.cli", "lock", plain_spec], env={**base, **plain_links},
+           cwd=plain)  # fmt: skip
+        plain_lock = lock.read(lock.lock_path(plain_spec, made.name))
+        if sourcebuild.source_packages(plain_lock.packages_on(platforms.host_name())):
+            raise RuntimeError("the prebuilt project's lock compiles at install")
+        e_dir = root / "prebuilt-cudaenv"
+
+        def fresh_plain() -> None:
+            rm_all(c_dir, e_dir)
+            os.sync()
+
+        def prebuilt_in_cudaenv() -> None:
+            sh([sys.executable, "-m", "builder.cli", "build", plain_spec, "--env-dir", e_dir],
+               env={**base, **plain_links}, cwd=plain)  # fmt: skip
+
+        tg, th = alternate(second, prebuilt_in_cudaenv, self.pairs, before=fresh_plain)
+        in_cudaenv_pairs = pair_ratios(tg, th)
+
         with registry_server(root / "registry") as url:
             # Node A pushes what its env used (the build pushes only what it compiled).
             ce("store", "push", spec_path, "--env-dir", root / "seed",
@@ -817,6 +848,13 @@ class Bench:
 
             te, tf = alternate(second_node, installed_prebuilt, self.pairs, before=fresh3)
             node_pairs = pair_ratios(te, tf)
+
+            def fresh4() -> None:
+                rm_all(c_dir, e_dir, node)
+                os.sync()
+
+            ti, tj = alternate(second_node, prebuilt_in_cudaenv, self.pairs, before=fresh4)
+            node_in_cudaenv = pair_ratios(ti, tj)
         rm(root)
         what = "a test sdist (setup.py imports torch, one CUDAExtension .cu) in an env of torch 2.14.1 + nvcc 13.0, archs 12.0f"
         return [
@@ -874,6 +912,42 @@ class Bench:
                 anchor="installing the same wheel as a prebuilt one",
                 goal="≤ 1.2, 0 compiles",
                 met=node_pairs["median"] <= 1.2,
+            ),
+            Case(
+                name="source build, second env from the store, vs the wheel prebuilt in cudaenv",
+                what=f"cudaenv build of {what}, the store holding the built wheel, vs cudaenv "
+                "build of the same spec in a project whose lock lists that wheel as a prebuilt "
+                "one (no sdist, nothing taken from a store); ratio: median of alternated pairs",
+                figures={
+                    "cudaenv build, from the store": tg.to_json(),
+                    "cudaenv build, the wheel prebuilt": th.to_json(),
+                    "pair ratios": in_cudaenv_pairs,
+                    "compiles": 0,
+                },
+                ratio=in_cudaenv_pairs["median"],
+                anchor="cudaenv installing the same wheel as a prebuilt one",
+                goal="≤ 1.2, 0 compiles",
+                met=in_cudaenv_pairs["median"] <= 1.2,
+                note="what taking a package that compiles at install from the store adds to a "
+                "build: its key, the placed wheel's check, one more uv install",
+            ),
+            Case(
+                name="source build, second node from the registry, vs the wheel prebuilt in cudaenv",
+                what=f"cudaenv build of {what}, an empty local store and a registry holding the "
+                "built wheel, vs cudaenv build of the same spec whose lock lists that wheel as "
+                "a prebuilt one; ratio: median of alternated pairs",
+                figures={
+                    "cudaenv build, from the registry": ti.to_json(),
+                    "cudaenv build, the wheel prebuilt": tj.to_json(),
+                    "pair ratios": node_in_cudaenv,
+                    "compiles": 0,
+                },
+                ratio=node_in_cudaenv["median"],
+                anchor="cudaenv installing the same wheel as a prebuilt one",
+                goal="≤ 1.2, 0 compiles",
+                met=node_in_cudaenv["median"] <= 1.2,
+                note="an empty store hashes the toolkit's binaries for the key once (the node's "
+                "first build), then pulls the entry",
             ),
         ]
 

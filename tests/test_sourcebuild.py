@@ -170,11 +170,57 @@ def test_the_manifest_keeps_what_was_built_from_source() -> None:
     assert "source_builds" not in a_manifest().to_json()
 
 
-def test_the_heartbeat_says_ninjas_step_and_an_estimate() -> None:
+def test_the_heartbeat_says_ninjas_step_and_an_estimate_that_falls_as_it_waits() -> None:
     said: list[str] = []
-    watch = buildlog.Watch("x 1", said.append)
+    now = [100.0]
+    watch = buildlog.Watch("x 1", said.append, clock=lambda: now[0])
     assert watch.said().startswith("x 1: compiling, 0s so far") and "ninja" not in watch.said()
-    watch.line("[3/4] /env/cuda-home/bin/nvcc -c a.cu")
-    assert "ninja [3/4], about " in watch.said() and watch.said().endswith(" left")
+    now[0] += 90
+    watch.line("[3/4] /env/cuda-home/bin/nvcc -c a.cu")  # 3 steps in 90 s: 30 s a step
+    assert watch.said().endswith("ninja [3/4], about 30s left")
+    now[0] += 20
+    watch.line("[3/4] again")  # the same step said again moves nothing
+    assert watch.said().endswith("ninja [3/4], about 10s left")
+    now[0] += 40  # the last step takes longer than the others did: no estimate that grows
+    assert watch.said().endswith("ninja [3/4], the last 1 step(s) taking longer than the others")
     watch.line("[4/4] c++ -shared a.o -o x.so")
-    assert "left" not in watch.said()
+    assert watch.said() == "x 1: compiling, 2m30s so far, ninja [4/4]"
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_the_lock_is_proven_before_anything_runs_in_the_env_and_once_on_a_store_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stored: bool
+) -> None:
+    """A store hit runs nothing of the package in the env, so the build proves the lock's
+    wheels and the placed wheel in one read of the RECORDs (build.py's _Proof); a miss
+    proves the lock before the sdist's setup.py (which imports torch) runs."""
+    sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)
+    pkg = LockedPackage(name="b", version="1", sdist=sdist)
+    said: list[str] = []
+    wheel = write(tmp_path / "b-1-py3-none-any.whl", "w")
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr(sourcebuild, "key", lambda *a, **k: "k" * 64)
+    monkeypatch.setattr(sourcebuild, "values_for", lambda *a, **k: {})
+    monkeypatch.setattr(
+        sourcebuild,
+        "_from_tiers",
+        lambda *a, **k: ((wheel, tmp_path / "entry"), "the store") if stored else (None, ""),
+    )
+
+    def compile_(*_a: object, **_k: object) -> Path:
+        said.append("compile")
+        return wheel
+
+    monkeypatch.setattr(sourcebuild, "_compile", compile_)
+    monkeypatch.setattr(sourcebuild, "_publish", lambda *a, **k: None)
+    monkeypatch.setattr(sourcebuild, "_install", lambda *a, **k: said.append("install"))
+    spec = envspec.load(tmp_path / "t.yaml", GOOD)
+    made = sourcebuild.build_all(
+        tmp_path / "env", spec, None, [pkg], nvcc="13.0", target=tmp_path / "env",  # type: ignore[arg-type]
+        progress=said.append, before_running=lambda: said.append("prove the lock"),
+    )  # fmt: skip
+    assert made[0].reused is stored
+    if stored:
+        assert said == ["b 1: taken from the store (built once for this key)", "install"]
+    else:
+        assert said == ["prove the lock", "compile", "install"]

@@ -9,6 +9,7 @@ passes -std=c++17 each fail in one line, the previous env kept."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -111,6 +112,10 @@ def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
 
     first = build(root, "a1", node(root, "store-a", registry.url, push=True))
     assert f"{NAME} 0.1.0: {COMPILING} with nvcc 13.0 for 12.0f" in first.stderr
+    # The lock's wheels are proven before the sdist's setup.py runs in the env.
+    proofs = re.findall(r"every file of (\d+) packages' RECORD in place", first.stderr)
+    assert len(proofs) == 1, first.stderr
+    assert first.stderr.index("RECORD in place") < first.stderr.index(COMPILING)
     assert "pushed " in first.stderr
     env = root / "a1"
     assert "add_one" in imports(env)
@@ -129,6 +134,9 @@ def test_an_sdist_builds_with_the_envs_nvcc_once_for_the_store_and_the_registry(
     second = build(root, "a2", node(root, "store-a"))
     assert COMPILING not in second.stderr
     assert f"{NAME} 0.1.0: taken from the store" in second.stderr
+    # Nothing ran in the env: one proof of every RECORD, the placed wheel's with the lock's.
+    again = re.findall(r"every file of (\d+) packages' RECORD in place", second.stderr)
+    assert again == [str(int(proofs[0]) + 1)], second.stderr
     assert json.loads((root / "a2" / "cudaenv.json").read_text())["source_builds"] == made
     imports(root / "a2")
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from builder.env import treeguard
+import pytest
+
+from builder.core.errors import BuildError
+from builder.env import sdistbuild, treeguard
 from tests.helpers import write
 
 
@@ -129,3 +133,27 @@ def test_an_env_in_use_leaves_out_what_its_processes_write_and_a_new_one_does_no
         "var/flashinfer/cached_ops/norm (added)",
         "var/flashinfer/cached_ops/norm/norm.so (added)",
     ]
+
+
+def test_a_builds_steps_share_one_record_and_a_write_in_either_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch's closing record of the env is the compile's opening one (three walks for
+    two steps), and a write in the second step is still found."""
+    env, work = an_env(tmp_path)
+    walks: list[Path] = []
+    real = treeguard.record
+
+    def counted(root: Path, **kw: Any) -> dict[str, treeguard.Entry]:
+        walks.append(root)
+        return real(root, **kw)
+
+    monkeypatch.setattr(treeguard, "record", counted)
+    guard = sdistbuild.Guard(env, work, live=False)
+    with sdistbuild.guarded(guard, "pkg 1.0"):
+        write(work / "sdist" / "pkg-1.0.tar.gz", "sdist")  # its own tree
+    assert len(walks) == 2 and guard.seen is not None
+    said = r"pkg 1\.0: its build wrote .*torch/planted\.py"
+    with pytest.raises(BuildError, match=said), sdistbuild.guarded(guard, "pkg 1.0"):
+        write(env / "lib" / "site-packages" / "torch" / "planted.py", "")
+    assert len(walks) == 3 and guard.seen is None  # nothing is handed on from a failed step

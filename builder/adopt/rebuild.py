@@ -39,6 +39,7 @@ from builder.env import manifest, recordscan
 from builder.env.manifest import Manifest
 from builder.env.sdistbuild import (
     WORK,
+    Guard,
     build_environ,
     bundled_pip,
     compile_sdist,
@@ -198,12 +199,13 @@ def _one(
         values = values_for(spec, name)
         pip = bundled_pip(python)
         hashes = index_hashes(env.python, name, version, work)
+        guard = Guard(env.prefix, work, live=True)
         sdist = fetch_sdist(env.prefix, pip, name, version, hashes,
                             build_environ(env.prefix, spec, values), work,
-                            live=True)  # fmt: skip
+                            live=True, guard=guard)  # fmt: skip
         wheel = compile_sdist(env.prefix, spec, name, version, sdist, values, work, pip=pip,
                               torch=env.torch, nvcc=built.nvcc, target=env.prefix,
-                              progress=progress)  # fmt: skip
+                              progress=progress, guard=guard)  # fmt: skip
     except BaseException:
         if earlier is None:
             (env.prefix / saved.wheel).unlink(missing_ok=True)  # no journal names it yet

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from builder.cli import completion
 from builder.cli import parser as cliargs
 from builder.commands import add, pipeline
 from builder.commands import args as ca
@@ -20,7 +19,6 @@ from builder.commands import build as buildrun
 from builder.commands import export as exportrun
 from builder.commands import store as storerun
 from builder.commands import verify as verifyrun
-from builder.commands import warm as warmrun
 from builder.commands.options import Command
 from builder.core import context, paths, proc, settings
 from builder.core.errors import UsageError, VerifyFailed
@@ -29,7 +27,7 @@ from builder.env import envs
 from builder.machine import archs, interpreters, targets
 from builder.spec import project
 
-# build, verify, report, doctor and export (jinja2 and more) are imported where used: lock, plan start in ms.
+# report, doctor, warm, completion: imported where used (imports are most of a build's own time)
 
 make_parser = cliargs.make_parser
 
@@ -183,6 +181,8 @@ def cmd_run(args: ca.RunArgs, say: Reporter) -> int:
 
 
 def cmd_completion(args: ca.CompletionArgs, say: Reporter) -> int:
+    from builder.cli import completion
+
     if args.env_names:
         for name in envs.names():
             print(name)
@@ -316,6 +316,8 @@ def cmd_store_pull(args: ca.StorePullArgs, say: Reporter) -> int:
 
 
 def cmd_warm(args: ca.WarmArgs, say: Reporter) -> int:
+    from builder.commands import warm as warmrun
+
     return warmrun.outcome(warmrun.warm(warmrun.request(args), say), say, args.json, print)
 
 

@@ -286,6 +286,8 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     req.write_text(sourcebuild.wheels_only(lock).requirements_txt(platforms.host_name()))
     packages = [p for p in lock.packages_on(platforms.host_name()) if p not in compiled]
     progress(f"installing {len(packages)} packages from the lock of {spec.name} (hashes required)")
+    if compiled:
+        sourcebuild.client_ahead(spec)
     try:
         argv = [uv, "pip", "sync", "--python", str(tmp / "bin" / "python"), *install_argv(source)]
         if not _sync_from_cache(argv, req):
@@ -301,8 +303,10 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     t = time.monotonic()
     marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
     marker_env["python_full_version"] = interp.version
-    _prove_installed(job, toolchain.site_packages(tmp), packages, marker_env, venv_made)
-    stage(f"every file of {len(packages)} packages' RECORD in place", t)
+    site = toolchain.site_packages(tmp)
+    proof = _Proof(job, site, marker_env, venv_made, packages)
+    if not compiled:
+        proof.lock(t)
     t = time.monotonic()
     fault_point("overlay", progress)
     if spec.toolchain.source == "wheels":
@@ -310,13 +314,15 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     else:
         overlay = toolchain.system_overlay(tmp, spec)
     fault_point("hooks", progress)
+    before = {p.name for p in site.iterdir()}
     hooks.write_hooks(tmp, spec, env_archs)
     hooks.write_pip_guard(tmp, spec)
+    proof.made_before += sorted({p.name for p in site.iterdir()} - before)  # the hook's
     note = hooks.remote_cache_note(tmp, spec)
     if note is not None:
         progress(note)
     stage(f"cuda-home overlay (nvcc {overlay.nvcc_release}) and start-up hook", t)
-    made = _build_sources(job, compiled, overlay.nvcc_release, marker_env)
+    made = _build_sources(job, compiled, overlay.nvcc_release, proof)
     packages = [*packages, *compiled]
     t = time.monotonic()
     _check_hook(tmp)
@@ -334,22 +340,68 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     return built
 
 
+class _Proof:
+    """The proof of the install (:func:`_prove_installed`), made once where it can be.
+
+    Where the lock has packages that compile at install, the lock's own proof waits until
+    something is about to run in the env (a compile: the sdist's ``setup.py`` imports torch),
+    so that an env whose every such package comes from the store is proven by one read of
+    all its RECORDs once everything is installed, not one before and one after (each read is
+    an ``lstat`` of every file the RECORDs name: ~0.1 s for a torch env, the largest cost of
+    a second env taking its wheels from the store)."""
+
+    def __init__(
+        self,
+        job: _Job,
+        site: Path,
+        marker_env: dict[str, str],
+        made_before: Sequence[str],
+        packages: Sequence[LockedPackage],
+    ) -> None:
+        self.job, self.site, self.marker_env = job, site, marker_env
+        self.made_before = list(made_before)  # entries of site no RECORD lists: the venv's
+        self.packages = list(packages)  # the lock's, installed by uv
+        self.proven = False
+
+    def lock(self, started: float | None = None) -> None:
+        """Prove the lock's wheels now: before anything runs in the env. Then the site's
+        entries so far (the lock's and cudaenv's own hook files) are known to the proof of
+        what compiles."""
+        if self.proven:
+            return
+        t = time.monotonic() if started is None else started
+        _prove_installed(self.job, self.site, self.packages, self.marker_env, self.made_before)
+        self.made_before = sorted(p.name for p in self.site.iterdir())
+        self.proven = True
+        self.job.stage(f"every file of {len(self.packages)} packages' RECORD in place", t)
+
+    def rest(self, compiled: Sequence[LockedPackage]) -> None:
+        """Prove ``compiled`` (installed since): with the lock's packages where those were not
+        proven yet."""
+        if self.proven:
+            _prove_installed(self.job, self.site, compiled, self.marker_env, self.made_before)
+            return
+        t = time.monotonic()
+        everything = [*self.packages, *compiled]
+        _prove_installed(self.job, self.site, everything, self.marker_env, self.made_before)
+        self.proven = True
+        self.job.stage(f"every file of {len(everything)} packages' RECORD in place", t)
+
+
 def _build_sources(
-    job: _Job, compiled: Sequence[LockedPackage], nvcc: str, marker_env: dict[str, str]
+    job: _Job, compiled: Sequence[LockedPackage], nvcc: str, proof: _Proof
 ) -> tuple[sourcebuild.SourceBuilt, ...]:
     """Build (or take from the store) the packages that compile at install, then prove their
-    install: the env's toolkit and hook are in place by now (sourcebuild.py)."""
+    install: the env's toolkit and hook are in place by now (sourcebuild.py); the lock's
+    wheels are proven before the first compile runs, else together with them (:class:`_Proof`)."""
     if not compiled:
         return ()
     t = time.monotonic()
-    site = toolchain.site_packages(job.tmp)
-    # The site's entries so far: the lock's (proven already) and cudaenv's own hook files.
-    ours = sorted(p.name for p in site.iterdir())
     made = sourcebuild.build_all(
         job.tmp, job.spec, job.lock, compiled, nvcc=nvcc, target=job.target,
-        progress=job.progress,
+        progress=job.progress, before_running=proof.lock,
     )  # fmt: skip
-    _prove_installed(job, site, compiled, marker_env, ours)
+    proof.rest(compiled)
     job.stage(f"{len(compiled)} package(s) built from source and proven", t)
     return made
 

@@ -46,21 +46,35 @@ def first_problem(lines: Sequence[str]) -> str | None:
 
 class Watch:
     """A build's heartbeat: every HEARTBEAT seconds one line with ninja's ``[done/total]``,
-    the time so far and an estimate of the rest."""
+    the time so far and an estimate of the rest.
+
+    Piped, ninja prints ``[done/total]`` as each step finishes (the console status of a
+    terminal is printed as steps start). The estimate is the mean time of the finished
+    steps times the steps left, less the time since the last one finished, so it falls
+    while ninja works on a step; a step that has taken longer than that is said as such
+    ("the last 1 step(s) taking longer than the others"), never as an estimate that grows."""
 
     _STEP = re.compile(r"\[(\d+)/(\d+)\]")
 
-    def __init__(self, what: str, progress: Callable[[str], None]) -> None:
-        self.what, self.progress = what, progress
-        self.started = time.monotonic()
+    def __init__(
+        self,
+        what: str,
+        progress: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what, self.progress, self.clock = what, progress, clock
+        self.started = clock()
         self.step: tuple[int, int] | None = None
+        self.step_at = 0.0  # seconds from the start to the last step finished
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
 
     def line(self, line: str) -> None:
         found = self._STEP.search(line)
         if found:
-            self.step = (int(found.group(1)), int(found.group(2)))
+            step = (int(found.group(1)), int(found.group(2)))
+            if step != self.step:
+                self.step, self.step_at = step, self.clock() - self.started
 
     def start(self) -> None:
         self.thread.start()
@@ -70,13 +84,17 @@ class Watch:
         self.thread.join(timeout=5)
 
     def said(self) -> str:
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock() - self.started
         text = f"{self.what}: compiling, {_minutes(elapsed)} so far"
         if self.step is not None:
             done, total = self.step
             text += f", ninja [{done}/{total}]"
             if 0 < done < total:
-                text += f", about {_minutes(elapsed * (total - done) / done)} left"
+                left = self.step_at / done * (total - done) - (elapsed - self.step_at)
+                if left >= 1:
+                    text += f", about {_minutes(left)} left"
+                else:
+                    text += f", the last {total - done} step(s) taking longer than the others"
         return text
 
     def _beat(self) -> None:

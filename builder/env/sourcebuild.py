@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import store as jit_store
-from builder.core import platforms, proc
+from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError
 from builder.core.paths import jit_store_here
 from builder.env import recipes
 from builder.env.sdistbuild import (
     WORK,
+    Guard,
     build_environ,
     bundled_pip,
     compile_sdist,
@@ -119,9 +120,12 @@ def build_all(
     nvcc: str,
     target: Path,
     progress: Callable[[str], None],
+    before_running: Callable[[], None] = lambda: None,
 ) -> tuple[SourceBuilt, ...]:
     """Build (or take from the store) and install each of ``packages`` into the env at ``env``
-    (being built; ``target`` is where it will live). BuildError names the package."""
+    (being built; ``target`` is where it will live). ``before_running`` is called before the
+    first fetch or compile runs anything in the env (the build proves its install then).
+    BuildError names the package."""
     store = jit_store_here()
     if store is not None:
         try:
@@ -130,11 +134,12 @@ def build_all(
             progress(f"warning: the JIT store was not used for source builds: {exc}")
             store = None
     hasher = store.hasher if store is not None else jit_store.Hasher(None)
-    remote = _remote(spec, progress) if store is not None else None
+    tiers = _Tiers(store, hasher, spec, progress)
     done = []
     for pkg in packages:
-        done.append(_one(env, spec, lock, pkg, _Tiers(store, remote, hasher), nvcc=nvcc,
-                         target=target, progress=progress))  # fmt: skip
+        done.append(_one(env, spec, lock, pkg, tiers, nvcc=nvcc,
+                         target=target, progress=progress,
+                         before_running=before_running))  # fmt: skip
     if store is not None:
         with contextlib.suppress(OSError):
             store.hasher.save()
@@ -206,25 +211,63 @@ def note_uses(env: Path, made: Sequence[SourceBuilt]) -> None:
             jit_store.note_use(store, built.entry, str(env))
 
 
-def _remote(spec: EnvSpec, progress: Callable[[str], None]) -> Remote | None:
-    """The store's registry tier for the spec's project, as the JIT's (jit/share.py)."""
-    from builder.jit import share as jit_share
+def client_ahead(spec: EnvSpec) -> None:
+    """Import the registry client in a thread of its own where a JIT remote is configured
+    for the spec's project: the build calls this before uv installs the lock, which it
+    waits for anyway, so the client (oras, requests, jsonschema: ~0.09 s of imports) is
+    ready when a package that compiles at install misses the machine's store."""
+    import threading
+
     from builder.spec import project
 
-    try:
-        return jit_share.configured(setting=project.settings_for(spec.source).jit_remote)
-    except jit_share.ShareError as exc:
-        progress(f"warning: the JIT remote was not used for source builds: {exc}")
-        return None
+    with contextlib.suppress(Exception):  # a bad setting is said where it is used
+        url = (
+            settings.current()
+            .with_pyproject({"jit_remote": project.settings_for(spec.source).jit_remote}, None)
+            .jit_remote
+        )
+        if url and jit_store_here() is not None:
+            threading.Thread(target=_import_client, name="import-oci", daemon=True).start()
 
 
-@dataclass(frozen=True)
+def _import_client() -> None:
+    with contextlib.suppress(Exception):  # the build's own import says what is wrong
+        import builder.jit.oci  # noqa: F401
+
+
 class _Tiers:
-    """Where a built wheel is looked for and kept: the machine's store, its registry tier."""
+    """Where a built wheel is looked for and kept: the machine's store, and its registry
+    tier, configured when first asked for (a store hit never needs the registry client)."""
 
-    store: jit_store.Store | None
-    remote: Remote | None
-    hasher: jit_store.Hasher
+    def __init__(
+        self,
+        store: jit_store.Store | None,
+        hasher: jit_store.Hasher,
+        spec: EnvSpec,
+        progress: Callable[[str], None],
+    ) -> None:
+        self.store, self.hasher = store, hasher
+        self._spec, self._progress = spec, progress
+        self._remote: Remote | None = None
+        self._asked = False
+
+    @property
+    def remote(self) -> Remote | None:
+        """The store's registry tier for the spec's project, as the JIT's (jit/share.py)."""
+        if self.store is None:
+            return None
+        if not self._asked:
+            self._asked = True
+            from builder.jit import share as jit_share
+            from builder.spec import project
+
+            try:
+                self._remote = jit_share.configured(
+                    setting=project.settings_for(self._spec.source).jit_remote
+                )
+            except jit_share.ShareError as exc:
+                self._progress(f"warning: the JIT remote was not used for source builds: {exc}")
+        return self._remote
 
 
 def _one(
@@ -237,6 +280,7 @@ def _one(
     nvcc: str,
     target: Path,
     progress: Callable[[str], None],
+    before_running: Callable[[], None],
 ) -> SourceBuilt:
     values = values_for(spec, pkg.name)
     k = key(pkg, spec, lock, env, values, tiers.hasher)
@@ -250,6 +294,7 @@ def _one(
         progress(f"{pkg.name} {pkg.version}: taken from {where} (built once for this key)")
         wheel, entry = placed
     else:
+        before_running()
         wheel = _compile(env, spec, lock, pkg, values, work, nvcc=nvcc, target=target,
                          progress=progress)  # fmt: skip
         if tiers.store is not None:
@@ -419,11 +464,14 @@ def _compile(
     assert pkg.sdist is not None
     python = env / "bin" / "python"
     pip = bundled_pip(python)
+    live = in_use(env, target)
+    guard = Guard(env, work, live)  # the fetch's record of the env is the compile's start
     sdist = fetch_sdist(env, pip, pkg.name, pkg.version, (pkg.sdist.sha256,),
-                        build_environ(env, spec, values), work,
-                        live=in_use(env, target))  # fmt: skip
+                        build_environ(env, spec, values), work, live=live,
+                        guard=guard)  # fmt: skip
     return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, pip=pip,
-                         torch=lock.torch, nvcc=nvcc, target=target, progress=progress)  # fmt: skip
+                         torch=lock.torch, nvcc=nvcc, target=target, progress=progress,
+                         guard=guard)  # fmt: skip
 
 
 def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
