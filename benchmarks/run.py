@@ -711,8 +711,10 @@ class Bench:
         base = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
                 "PYTHONPATH": str(REPO)}  # fmt: skip
 
-        def ce(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-            return sh([sys.executable, "-m", "builder.cli", *args], env={**base, **env}, cwd=root)
+        def ce(
+            *args: str | Path, env: dict[str, str], cwd: Path = root
+        ) -> subprocess.CompletedProcess[str]:
+            return sh([sys.executable, "-m", "builder.cli", *args], env={**base, **env}, cwd=cwd)
 
         ce("lock", spec_path, env={})
         made = spec.load(spec_path)
@@ -811,8 +813,7 @@ class Bench:
         plain_spec.write_text(f"{SOURCE_SPEC}platforms: [{platforms.host_name()}]\n")
         plain_links = {"UV_FIND_LINKS": str(plain / "links"), "PIP_FIND_LINKS": str(plain / "links"),
                        "CUDAENV_JIT_STORE": str(root / "store-plain")}  # fmt: skip
-        sh([sys.executable, "-m", "builder.cli", "lock", plain_spec], env={**base, **plain_links},
-           cwd=plain)  # fmt: skip
+        ce("lock", plain_spec, env=plain_links, cwd=plain)
         plain_lock = lock.read(lock.lock_path(plain_spec, made.name))
         if sourcebuild.source_packages(plain_lock.packages_on(platforms.host_name())):
             raise RuntimeError("the prebuilt project's lock compiles at install")
@@ -823,8 +824,7 @@ class Bench:
             os.sync()
 
         def prebuilt_in_cudaenv() -> None:
-            sh([sys.executable, "-m", "builder.cli", "build", plain_spec, "--env-dir", e_dir],
-               env={**base, **plain_links}, cwd=plain)  # fmt: skip
+            ce("build", plain_spec, "--env-dir", e_dir, env=plain_links, cwd=plain)
 
         tg, th = alternate(second, prebuilt_in_cudaenv, self.pairs, before=fresh_plain)
         in_cudaenv_pairs = pair_ratios(tg, th)

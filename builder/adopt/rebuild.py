@@ -202,7 +202,7 @@ def _one(
         guard = Guard(env.prefix, work, live=True)
         sdist = fetch_sdist(env.prefix, pip, name, version, hashes,
                             build_environ(env.prefix, spec, values), work,
-                            live=True, guard=guard)  # fmt: skip
+                            guard=guard)  # fmt: skip
         wheel = compile_sdist(env.prefix, spec, name, version, sdist, values, work, pip=pip,
                               torch=env.torch, nvcc=built.nvcc, target=env.prefix,
                               progress=progress, guard=guard)  # fmt: skip

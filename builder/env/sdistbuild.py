@@ -175,8 +175,7 @@ def fetch_sdist(
     environ: dict[str, str],
     work: Path,
     *,
-    live: bool,
-    guard: Guard | None = None,
+    guard: Guard,
 ) -> Path:
     """The sdist of ``name`` ``version``, downloaded into ``work/sdist`` by the interpreter's
     bundled ``pip`` through the machine's index configuration, ``--require-hashes`` against
@@ -194,7 +193,7 @@ def fetch_sdist(
             "-d", into, "-r", req]  # fmt: skip
     lines: list[str] = []
     try:
-        with guarded(guard or Guard(env, work, live), f"{name} {version}"):
+        with guarded(guard, f"{name} {version}"):
             done = proc.run_lines(argv, lines.append, env=own_tree(environ, work),
                                   timeout=FETCH_TIMEOUT, merged=True, cwd=work)  # fmt: skip
     except CommandFailed as exc:
@@ -223,7 +222,7 @@ def compile_sdist(
     nvcc: str,
     target: Path,
     progress: Callable[[str], None],
-    guard: Guard | None = None,
+    guard: Guard,
 ) -> Path:
     """The wheel ``sdist`` (of ``name`` ``version``, its hash checked by the caller) builds in
     the env at ``env`` with the build's ``values`` and ``pip`` (:func:`bundled_pip`), written
@@ -257,8 +256,7 @@ def compile_sdist(
         bound = settings.current().source_build_timeout
         watch.start()
         try:
-            with guarded(guard or Guard(env, work, in_use(env, target)), f"{name} {version}",
-                         log=_kept_path(target, name, version)):  # fmt: skip
+            with guarded(guard, f"{name} {version}", log=_kept_path(target, name, version)):
                 done = proc.run_lines(
                     argv, seen, env=_offline(environ), timeout=bound, merged=True, cwd=work
                 )

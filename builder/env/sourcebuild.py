@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import store as jit_store
-from builder.core import platforms, proc, settings
+from builder.core import platforms, proc
 from builder.core.errors import BuildError
 from builder.core.paths import jit_store_here
 from builder.env import recipes
@@ -218,15 +218,13 @@ def client_ahead(spec: EnvSpec) -> None:
     ready when a package that compiles at install misses the machine's store."""
     import threading
 
+    from builder.jit import share as jit_share
     from builder.spec import project
 
     with contextlib.suppress(Exception):  # a bad setting is said where it is used
-        url = (
-            settings.current()
-            .with_pyproject({"jit_remote": project.settings_for(spec.source).jit_remote}, None)
-            .jit_remote
-        )
-        if url and jit_store_here() is not None:
+        if jit_share.remote_url(setting=project.settings_for(spec.source).jit_remote) and (
+            jit_store_here() is not None
+        ):
             threading.Thread(target=_import_client, name="import-oci", daemon=True).start()
 
 
@@ -464,11 +462,9 @@ def _compile(
     assert pkg.sdist is not None
     python = env / "bin" / "python"
     pip = bundled_pip(python)
-    live = in_use(env, target)
-    guard = Guard(env, work, live)  # the fetch's record of the env is the compile's start
+    guard = Guard(env, work, in_use(env, target))  # the fetch's last record: the compile's first
     sdist = fetch_sdist(env, pip, pkg.name, pkg.version, (pkg.sdist.sha256,),
-                        build_environ(env, spec, values), work, live=live,
-                        guard=guard)  # fmt: skip
+                        build_environ(env, spec, values), work, guard=guard)  # fmt: skip
     return compile_sdist(env, spec, pkg.name, pkg.version, sdist, values, work, pip=pip,
                          torch=lock.torch, nvcc=nvcc, target=target, progress=progress,
                          guard=guard)  # fmt: skip

@@ -65,11 +65,16 @@ def configured(
 ) -> Remote | None:
     """The remote named by ``CUDAENV_JIT_REMOTE`` (``off``: none), else by the project's
     ``jit-remote`` setting; None when neither names one."""
-    # The cascade (the variable over the project's table) is the settings' own.
-    url = settings.of(environ).with_pyproject({"jit_remote": setting}, None).jit_remote
+    url = remote_url(environ, setting)
     if not url:
         return None
     return parse(url, environ)
+
+
+def remote_url(environ: Mapping[str, str] | None = None, setting: str | None = None) -> str:
+    """The URL :func:`configured` parses, empty when none is named (nothing imported)."""
+    # The cascade (the variable over the project's table) is the settings' own.
+    return settings.of(environ).with_pyproject({"jit_remote": setting}, None).jit_remote or ""
 
 
 def pushing(environ: Mapping[str, str] | None = None) -> bool:
