@@ -4,6 +4,8 @@ compiling, the one line a failed build ends in, the store's wheel entries, the s
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -204,7 +206,9 @@ def test_the_lock_is_proven_before_anything_runs_in_the_env_and_once_on_a_store_
     monkeypatch.setattr(
         sourcebuild,
         "_from_tiers",
-        lambda *a, **k: ((wheel, tmp_path / "entry"), "the store") if stored else (None, ""),
+        lambda *a, **k: (
+            ((wheel, tmp_path / "entry", "e" * 64), "the store") if stored else (None, "")
+        ),
     )
 
     def compile_(*_a: object, **_k: object) -> Path:
@@ -220,7 +224,88 @@ def test_the_lock_is_proven_before_anything_runs_in_the_env_and_once_on_a_store_
         progress=said.append, before_running=lambda: said.append("prove the lock"),
     )  # fmt: skip
     assert made[0].reused is stored
+    # A placed wheel's sha256 is its entry's record (checked as it was placed), not read again.
+    assert (made[0].sha256 == "e" * 64) is stored
     if stored:
         assert said == ["b 1: taken from the store (built once for this key)", "install"]
     else:
         assert said == ["prove the lock", "compile", "install"]
+
+
+def _toolkit_wheel(site: Path, content: bytes, recorded: bytes) -> Path:
+    """An NVIDIA wheel's nvcc installed below ``site`` holding ``content``, its RECORD row
+    stating ``recorded``'s sha256 and size; cuda-home/bin/nvcc a hard link of it."""
+    nvcc = site / "nvidia" / "cu13" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_bytes(content)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(recorded).digest()).rstrip(b"=").decode()
+    write(
+        site / "nvidia_cuda_nvcc-13.0.88.dist-info" / "RECORD",
+        f"nvidia/cu13/bin/nvcc,sha256={digest},{len(recorded)}\n"
+        "nvidia_cuda_nvcc-13.0.88.dist-info/RECORD,,\n",
+    )
+    home = site.parent.parent.parent / "cuda-home" / "bin"
+    home.mkdir(parents=True)
+    (home / "nvcc").hardlink_to(nvcc)
+    return home.parent
+
+
+class _Counting(jit_store.Hasher):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.read: list[str] = []
+
+    def sha256(self, path: str | Path, limit: int | None = None) -> str | None:
+        self.read.append(Path(path).name)
+        return super().sha256(path, limit)
+
+
+@pytest.mark.parametrize("recorded", [b"nvcc 13.0", b"nvcc 13.0 and more"])
+def test_a_key_takes_the_toolkits_binaries_as_their_wheels_record_states_them(
+    tmp_path: Path, recorded: bytes
+) -> None:
+    """A node's first build reads no toolkit binary for its key (~190 MB) where the wheel's
+    RECORD, which the lock's hash vouches for, states it at the size on disk; a file of
+    another size than its row is hashed."""
+    site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
+    home = _toolkit_wheel(site, b"nvcc 13.0", recorded)
+    hasher = _Counting()
+    rows = sourcebuild.recorded_tools(tmp_path / "env")
+    said = jit_store.tool_identities(hasher, str(home), (), {}, rows)
+    assert said["bin/nvcc"] == hashlib.sha256(b"nvcc 13.0").hexdigest()
+    assert ("nvcc" in hasher.read) is (recorded != b"nvcc 13.0")
+
+
+def test_a_wheel_built_by_a_toolkit_its_record_misstates_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvcc changed in place after uv unpacked it (same size, other bytes): the lookup's key
+    names the toolkit the RECORD states, so what this one builds is installed here but never
+    kept in the store under that key."""
+    env = tmp_path / "env"
+    site = env / "lib" / "python3.12" / "site-packages"
+    _toolkit_wheel(site, b"nvcc 13.1", b"nvcc 13.0")
+    sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)
+    pkg = LockedPackage(name="b", version="1", sdist=sdist)
+    wheel = write(tmp_path / "b-1-py3-none-any.whl", "w")
+    monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr(sourcebuild, "values_for", lambda *a, **k: {})
+    monkeypatch.setattr(sourcebuild, "build_environ", lambda *a, **k: {"PATH": ""})
+    monkeypatch.setattr(sourcebuild, "_compile", lambda *a, **k: wheel)
+    monkeypatch.setattr(sourcebuild, "_install", lambda *a, **k: None)
+    published: list[str] = []
+    monkeypatch.setattr(sourcebuild, "_publish", lambda _s, k, *a: published.append(k))
+    lock = type("L", (), {"packages_on": lambda self, host: ()})()
+    said: list[str] = []
+    spec = envspec.load(tmp_path / "t.yaml", GOOD)
+    made = sourcebuild.build_all(
+        env, spec, lock, [pkg], nvcc="13.0", target=env,
+        progress=said.append,
+    )  # fmt: skip
+    assert not made[0].reused and published == []
+    assert any("not what their wheels' RECORD says" in line for line in said), said
+    # The same toolkit as its RECORD states: kept under the key the lookup used.
+    (site / "nvidia" / "cu13" / "bin" / "nvcc").write_bytes(b"nvcc 13.0")
+    sourcebuild.build_all(env, spec, lock, [pkg], nvcc="13.0", target=env,
+                          progress=said.append)  # fmt: skip
+    assert published == [made[0].key]

@@ -89,8 +89,11 @@ def key(
     env: Path,
     values: dict[str, str],
     hasher: jit_store.Hasher,
+    recorded: jit_store.Recorded | None = None,
 ) -> str:
-    """The built wheel's store key: everything that makes it (see the module docstring)."""
+    """The built wheel's store key: everything that makes it (see the module docstring).
+    ``recorded``: the toolkit's binaries as their wheels' RECORDs state them
+    (:func:`recorded_tools`), else they are hashed."""
     assert pkg.sdist is not None
     host = platforms.host_name()
     torch = [(p.version, sorted(p.hashes)) for p in lock.packages_on(host) if p.name == "torch"]
@@ -100,7 +103,7 @@ def key(
         "recipes": recipes.RECIPES_VERSION,
         "package": [pkg.name, pkg.version, pkg.sdist.sha256],
         "tools": jit_store.tool_identities(
-            hasher, str(env / "cuda-home"), ("gcc", "g++", "cc", "c++"), environ
+            hasher, str(env / "cuda-home"), ("gcc", "g++", "cc", "c++"), environ, recorded
         ),
         "torch": torch,
         "python": f"cp{spec.python.replace('.', '')}",
@@ -134,7 +137,7 @@ def build_all(
             progress(f"warning: the JIT store was not used for source builds: {exc}")
             store = None
     hasher = store.hasher if store is not None else jit_store.Hasher(None)
-    tiers = _Tiers(store, hasher, spec, progress)
+    tiers = _Tiers(store, hasher, spec, progress, recorded_tools(env))
     done = []
     for pkg in packages:
         done.append(_one(env, spec, lock, pkg, tiers, nvcc=nvcc,
@@ -243,8 +246,9 @@ class _Tiers:
         hasher: jit_store.Hasher,
         spec: EnvSpec,
         progress: Callable[[str], None],
+        recorded: jit_store.Recorded,
     ) -> None:
-        self.store, self.hasher = store, hasher
+        self.store, self.hasher, self.recorded = store, hasher, recorded
         self._spec, self._progress = spec, progress
         self._remote: Remote | None = None
         self._asked = False
@@ -281,7 +285,7 @@ def _one(
     before_running: Callable[[], None],
 ) -> SourceBuilt:
     values = values_for(spec, pkg.name)
-    k = key(pkg, spec, lock, env, values, tiers.hasher)
+    k = key(pkg, spec, lock, env, values, tiers.hasher, tiers.recorded)
     work = env / WORK / f"{pkg.name}-{pkg.version}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "wheel").mkdir(parents=True)
@@ -290,17 +294,18 @@ def _one(
     entry: Path | None = None
     if placed is not None:
         progress(f"{pkg.name} {pkg.version}: taken from {where} (built once for this key)")
-        wheel, entry = placed
+        wheel, entry, digest = placed
     else:
         before_running()
         wheel = _compile(env, spec, lock, pkg, values, work, nvcc=nvcc, target=target,
                          progress=progress)  # fmt: skip
-        if tiers.store is not None:
+        if tiers.store is not None and _toolkit_as_recorded(k, pkg, spec, lock, env, values,
+                                                             tiers, progress):  # fmt: skip
             seconds = time.monotonic() - started
             entry = _publish(tiers.store, k, wheel, pkg, env, target, seconds, progress)
             if entry is not None:
                 _push(tiers, k, entry, progress)
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        digest = _sha256(wheel)
     _install(env, wheel, pkg)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -317,6 +322,36 @@ def _one(
     )
 
 
+def recorded_tools(env: Path) -> dict[tuple[int, int], tuple[int, str]]:
+    """The env's toolkit binaries as their wheels' RECORDs state them (empty for a system
+    toolkit): what a key takes for their content on a lookup."""
+    found = sorted(env.glob("lib/python3*/site-packages"))
+    return jit_store.recorded_tools(str(found[0])) if found else {}
+
+
+def _toolkit_as_recorded(
+    k: str,
+    pkg: LockedPackage,
+    spec: EnvSpec,
+    lock: Lock,
+    env: Path,
+    values: dict[str, str],
+    tiers: _Tiers,
+    progress: Callable[[str], None],
+) -> bool:
+    """Whether ``k``, looked up with the toolkit's RECORD digests, is also the key of the
+    toolkit's real bytes (hashed now): a wheel is never kept under a key that names another
+    toolkit than the one that built it (see store.recorded_tools)."""
+    if not tiers.recorded or key(pkg, spec, lock, env, values, tiers.hasher) == k:
+        return True
+    progress(
+        f"warning: {pkg.name}'s wheel was not kept in the JIT store: the toolkit's binaries "
+        f"in {env / 'cuda-home'} are not what their wheels' RECORD says (changed since uv "
+        "unpacked them)"
+    )
+    return False
+
+
 def _from_tiers(
     tiers: _Tiers,
     k: str,
@@ -324,8 +359,9 @@ def _from_tiers(
     out: Path,
     pkg: LockedPackage,
     progress: Callable[[str], None],
-) -> tuple[tuple[Path, Path] | None, str]:
-    """The stored wheel of ``k`` placed into ``out`` and its entry: from the machine's store,
+) -> tuple[tuple[Path, Path, str] | None, str]:
+    """The stored wheel of ``k`` placed into ``out``, its entry and its sha256: from the
+    machine's store,
     else pulled from its registry tier (checked like any entry, signatures where the node
     asks)."""
     store = tiers.store
@@ -387,9 +423,10 @@ def _torch_input(env: Path) -> str | None:
 
 def _from_store(
     store: jit_store.Store, k: str, env: Path, out: Path, pkg: LockedPackage
-) -> tuple[Path, Path] | None:
-    """The stored wheel of key ``k`` placed into ``out`` (every byte checked) and the entry
-    it came from, or None. An entry whose wheel is not this package's is discarded."""
+) -> tuple[Path, Path, str] | None:
+    """The stored wheel of key ``k`` placed into ``out`` (every byte checked: its sha256 is
+    the entry's record, never read again), the entry it came from and that sha256, or None.
+    An entry whose wheel is not this package's is discarded."""
     entry = None
     try:
         entry = store.find(k, str(env))
@@ -400,13 +437,22 @@ def _from_store(
             raise jit_store.EntryError(f"{name} is not a wheel of {pkg.name} {pkg.version}")
         dst = out / name
         store.place(entry, "wheel", dst)
-        return dst, entry.path
+        return dst, entry.path, entry.files["wheel"].sha256
     except jit_store.EntryError as exc:
         if entry is not None:
             store.discard(entry.path, str(exc))
         return None
     except (jit_store.StoreError, OSError):
         return None
+
+
+def _sha256(path: Path) -> str:
+    """A built wheel's sha256, read in blocks (flash-attn's is ~250 MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _is_wheel_of(name: str, pkg: LockedPackage) -> bool:

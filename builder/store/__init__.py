@@ -44,10 +44,12 @@ from .hashing import (
     NVCC_ENV,
     TOOLKIT_TOOLS,
     Hasher,
+    Recorded,
     env_roots,
     key_of,
     localise,
     normalise,
+    recorded_tools,
     tool_identities,
 )
 from .limits import (
@@ -123,6 +125,7 @@ __all__ = [
     "Holder",
     "Listed",
     "Lock",
+    "Recorded",
     "Store",
     "StoreError",
     "Waiting",
@@ -154,6 +157,7 @@ __all__ = [
     "rapidhash",
     "read_deps",
     "read_doc",
+    "recorded_tools",
     "remove_tree",
     "sha256_file",
     "split_entry",
