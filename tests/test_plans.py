@@ -7,20 +7,27 @@ as it was and the module to the probe."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from builder import store as jit_store
 from builder.jit import prefetch
+from builder.jit import remote as jit_remote
+from builder.jit import share as jit_share
 from builder.store import plans
 from tests.helpers import write
 from tests.test_jit_store import ninja, ninja_text, run_ninja, runs
+
+if TYPE_CHECKING:
+    from tests.conftest import Registry
 
 RECIPE = ["sampling", {}]
 
@@ -218,3 +225,57 @@ def test_a_build_prefetches_from_the_plan_without_starting_the_probe(
     make_env(c, tools, record="pkg/a.py,sha256=cc,1\n")
     done = prefetch.prefetch(c / "bin" / "python", flashinfer="0.7.2")
     assert (done.by_plan, len(ran)) == (0, 1)
+
+
+def test_a_second_node_places_a_warmers_modules_by_its_plan_from_the_registry(
+    tmp_path: Path, tools: Path, host_path: str, monkeypatch: pytest.MonkeyPatch, registry: Registry
+) -> None:
+    """A node's first build with an empty store used to import FlashInfer in the env (the
+    probe: seconds) to place what a warmer pushed. The warmer pushes its env's plan beside the
+    entries; the node's prefetch pulls both and places the module without the probe. A plan
+    that brings a file no pulled entry vouches for (a .so in the JIT workspace, which a server
+    would load) is not kept: the probe judges that module as it would without a plan."""
+    store, item, sig = warmed(tmp_path, tools, host_path)
+    remote = jit_share.parse(registry.url)
+    tag = "env-test"
+    [(key, variant)] = store.all()
+    pushed, warnings = jit_share.push_env(
+        store, [f"v3/{key[:2]}/{key}/{variant.name}"], remote, tag
+    )
+    assert (pushed, warnings) == (1, [])
+    assert jit_share.push_plan(store, tmp_path / "a", remote) is None
+    ran: list[Any] = []
+
+    def probe(*args: Any) -> tuple[None, str]:
+        ran.append(args)
+        return None, "probe ran"
+
+    monkeypatch.setattr(prefetch, "run_probe", probe)
+
+    def node(name: str) -> prefetch.Prefetched:
+        env = tmp_path / name
+        bare_env(env, tools)
+        monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / f"store-{name}"))
+        with monkeypatch.context() as m:
+            m.setenv("PATH", f"{host_path}:{os.environ['PATH']}")
+            return prefetch.prefetch(
+                env / "bin" / "python", flashinfer="0.7.2", remote=remote, tag=tag
+            )
+
+    done = node("b")
+    assert (done.pulled, done.placed, done.by_plan, ran, done.warnings) == (
+        1, ("sampling",), 1, [], ()
+    )  # fmt: skip
+    assert "no work to do" in run_ninja(tmp_path / "b" / "var/flashinfer/cached_ops/sampling")
+    # A forged plan: the module as planned, and a file beside it that no entry records.
+    forged = json.loads(json.dumps(item))
+    body = b"\x7fELF built by whoever could push\n"
+    forged["files"]["@ENV@/var/flashinfer/cached_ops/sampling/other.so"] = {
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "data": base64.b64encode(body).decode(),
+    }
+    jit_remote.publish_plan(remote, sig, plans.plan_doc(sig, {json.dumps(RECIPE): forged}))
+    done = node("c")
+    assert (done.pulled, done.by_plan, len(ran)) == (1, 0, 1)
+    assert plans.read_plan(jit_store.Store(tmp_path / "store-c"), sig) == {}
+    assert not (tmp_path / "c" / "var/flashinfer/cached_ops/sampling/other.so").exists()

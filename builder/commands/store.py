@@ -60,8 +60,9 @@ def index_tag_for(s: spec.EnvSpec) -> str:
 
 
 def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str]:
-    """Push every store entry the built env of ``spec_arg`` used (a warmer's job), and the
-    list of their keys under the tag of the spec's lock; (pushed, warnings, tag)."""
+    """Push every store entry the built env of ``spec_arg`` used (a warmer's job), the list
+    of their keys under the tag of the spec's lock, and the env's placement plan; (pushed,
+    warnings, tag)."""
     from builder.jit import share as jit_share
 
     s, env = built_env(spec_arg, env_dir)
@@ -72,7 +73,12 @@ def store_push(spec_arg: str, env_dir: Path | None) -> tuple[int, list[str], str
             f"{spec_arg}`) with the store on"
         )
     remote, tag = _remote_for(s), index_tag_for(s)
-    pushed, warnings = jit_share.push_env(jit_store_here(), used, remote, tag)
+    store = jit_store_here()
+    pushed, warnings = jit_share.push_env(store, used, remote, tag)
+    if store is not None:
+        # The plan that places the env's modules (where warm or a prefetch made one).
+        warning = jit_share.push_plan(store, env, remote)
+        warnings += [warning] if warning else []
     return pushed, warnings, tag
 
 

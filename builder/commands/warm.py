@@ -230,6 +230,11 @@ def warm(req: WarmRequest, say: Reporter) -> WarmReport:
             pushed, failed = jit_share.push_env(store, entries, remote, report.tag)
             report.pushed += pushed
             report.warnings += failed
+            if target == own:
+                # With the entries, the plan that places them: a node's first env of this
+                # signature then needs no FlashInfer import to take them.
+                warning = jit_share.push_plan(store, env, remote)
+                report.warnings += [warning] if warning else []
     report.seconds = time.monotonic() - started
     return report
 

@@ -50,6 +50,7 @@ from builder.jit.oci import (
 ENTRY_MEDIA_TYPE = "application/vnd.cudaenv.jit-entry.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.cudaenv.jit-index.v1+json"
 SIGNATURES_MEDIA_TYPE = "application/vnd.cudaenv.jit-signatures.v1+json"
+PLAN_MEDIA_TYPE = "application/vnd.cudaenv.jit-plan.v1+json"
 FILE_MEDIA_TYPE = "application/octet-stream"
 
 # A config is a JSON document; one larger than this is not ours.
@@ -435,3 +436,57 @@ def publish_signature(remote: Remote, key: str, signature: str, *, timeout: floa
     if not _SIGNATURES.valid(signature):
         raise ValueError("not an armored SSH signature")
     return _publish_list(remote, signature_tag(key), [signature], _SIGNATURES, timeout)
+
+
+# --------------------------------------------------------------------------- plans
+#
+# A placement plan (builder/store/plans.py: what a prefetch writes to place a stored module
+# without importing FlashInfer) travels as a config-only artifact tagged by the env signature
+# it is for. It is a hint: a node keeps only what the entries it pulled vouch for, and places
+# nothing its own checks do not pass.
+
+# The store writes no plan larger than this (plans.record_plan), so none larger is read.
+MAX_PLAN_BYTES = 15 << 20
+
+
+def plan_tag(signature: str) -> str:
+    """The tag of the plan of the env signature ``signature`` (64 hex digits)."""
+    return f"plan-{tag_for(signature)}"
+
+
+def fetch_plan(remote: Remote, signature: str, *, timeout: float = 30.0) -> Any | None:
+    """The plan document pushed for ``signature`` (parsed JSON, not yet judged), None when
+    there is none; RemoteBadContent for an artifact that is not a plan or is too large."""
+    tag = plan_tag(signature)
+    with remote_errors(remote, timeout):
+        found = _fetch_config(Client(remote, timeout), remote, tag, PLAN_MEDIA_TYPE,
+                              [MAX_PLAN_BYTES])  # fmt: skip
+    if found is None:
+        return None
+    doc, layers = found
+    if layers:
+        raise RemoteBadContent(f"{remote.url}: plan {tag} has layers; a plan is its config alone")
+    return doc
+
+
+def publish_plan(
+    remote: Remote, signature: str, doc: Mapping[str, Any], *, timeout: float = 30.0
+) -> str:
+    """Push the plan ``doc`` for ``signature``: "pushed", or "present" when the tag holds
+    exactly it. The caller merges what the tag held first (plans only grow: several warmers
+    of one env add modules to it); two pushes at one moment can drop one's modules, which
+    costs a node the FlashInfer import they would have saved, nothing else."""
+    tag = plan_tag(signature)
+    config_raw = _canonical(dict(doc))
+    if len(config_raw) > MAX_PLAN_BYTES:
+        raise RemoteError(f"{remote.url}: the plan for {tag} is larger than {MAX_PLAN_BYTES} bytes")
+    config = Descriptor(PLAN_MEDIA_TYPE, sha256_digest(config_raw), len(config_raw))
+    raw = _manifest(config, [])
+    with remote_errors(remote, timeout):
+        client = Client(remote, timeout)
+        existing = client.manifest(tag)
+        if existing is not None and sha256_digest(existing) == sha256_digest(raw):
+            return "present"
+        client.upload(config.digest, config.size, config_raw)
+        client.put_manifest(tag, raw)
+    return "pushed"

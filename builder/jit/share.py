@@ -23,6 +23,7 @@ each prints one JSON line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -210,6 +211,49 @@ def push_env(
         except oci.RemoteError as exc:
             warnings.append(f"the list of keys ({tag}) was not pushed: {exc}")
     return pushed, summarised(warnings)
+
+
+def push_plan(store: jit_store.Store, env: Path, remote: Remote) -> str | None:
+    """The plan of the env at ``env`` (builder/store/plans.py: what places its warmed
+    FlashInfer modules without FlashInfer) pushed for the env's signature, merged with what
+    the remote held for it; a warning when it was not. An env with no plan pushes nothing."""
+    from builder.jit import oci
+    from builder.jit import remote as jit_remote
+    from builder.store import plans
+
+    sig = plans.signature(env, store.hasher)
+    mine = plans.read_plan(store, sig) if sig is not None else {}
+    if sig is None or not mine:
+        return None
+    try:
+        with contextlib.suppress(oci.RemoteBadContent):  # another kind there: replaced
+            theirs = plans.parse_plan(jit_remote.fetch_plan(remote, sig, timeout=timeout()), sig)
+            mine = {**theirs, **mine}
+        jit_remote.publish_plan(remote, sig, plans.plan_doc(sig, mine), timeout=timeout())
+    except oci.RemoteError as exc:
+        return f"the placement plan was not pushed to the JIT remote {remote.url}: {exc}"
+    return None
+
+
+def pull_plan(
+    store: jit_store.Store, env: Path, sig: str, remote: Remote, wanted: Iterable[str]
+) -> str | None:
+    """Add to the store's plan of ``sig`` (the env at ``env``'s) the modules of ``wanted``
+    (recipes, as canonical JSON) that the remote's plan holds and the store's entries vouch
+    for (:func:`plans.vouched`); a warning when the remote could not be read. The store's own
+    plan wins where both hold a module."""
+    from builder.jit import oci
+    from builder.jit import remote as jit_remote
+    from builder.store import plans
+
+    try:
+        doc = jit_remote.fetch_plan(remote, sig, timeout=timeout())
+    except oci.RemoteError as exc:
+        return f"the JIT remote {remote.url}: no placement plan read: {exc}"
+    want = set(wanted) - set(plans.read_plan(store, sig))
+    theirs = {k: v for k, v in plans.parse_plan(doc, sig).items() if k in want}
+    plans.record_plan(store, sig, plans.vouched(store, theirs, str(env)))
+    return None
 
 
 # A whole pull of a warm list (a build's prefetch) is bounded: a registry whose entries

@@ -19,7 +19,7 @@ from typing import Any
 
 from .entries import Entry
 from .errors import EntryError
-from .hashing import env_roots, localise, normalise, tool_identities
+from .hashing import Recorded, env_roots, localise, normalise, tool_identities
 from .ninja_files import LOG_HASHES, compdb, ninja_version, read_deps, write_deps, write_log
 from .store import Store, note_use
 
@@ -32,9 +32,16 @@ def ninja_material(
 
 
 def material_of(
-    store: Store, text: str, prefix: str, ninja: str, env: Mapping[str, str]
+    store: Store,
+    text: str,
+    prefix: str,
+    ninja: str,
+    env: Mapping[str, str],
+    recorded: Recorded | None = None,
 ) -> dict[str, Any]:
-    """What the key of a ninja build described by ``text`` (a ``build.ninja``) is made of."""
+    """What the key of a ninja build described by ``text`` (a ``build.ninja``) is made of.
+    ``recorded``: the toolkit's binaries as their wheels' RECORDs state them, for a key that
+    only looks up (hashing.recorded_tools); a key that publishes hashes them."""
     variables = dict(
         (line.split("=", 1)[0].strip(), line.split("=", 1)[1].strip())
         for line in text.splitlines()
@@ -45,7 +52,7 @@ def material_of(
     return {
         "kind": "ninja",
         "build.ninja": normalise(text, env_roots(prefix)),
-        "tools": tool_identities(store.hasher, cuda_home, compilers, env),
+        "tools": tool_identities(store.hasher, cuda_home, compilers, env, recorded),
         "ninja": ninja_version(ninja),
     }
 

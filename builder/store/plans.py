@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EntryError, StoreError
-from .hashing import ENV, Hasher, env_roots, key_of, localise, normalise
+from .hashing import ENV, Hasher, Recorded, env_roots, key_of, localise, normalise
 from .ninja_build import material_of, place_ninja
 from .ninja_files import compdb, read_deps
 from .store import Store
@@ -125,11 +125,58 @@ def read_plan(store: Store, sig: str) -> dict[str, dict[str, Any]]:
         doc = read_doc(path, trusted=True)
     except (StoreError, EntryError, OSError):
         return {}
+    return parse_plan(doc, sig)
+
+
+def parse_plan(doc: Any, sig: str) -> dict[str, dict[str, Any]]:
+    """The modules of the plan document ``doc`` for ``sig`` that are of a plan's form (each
+    path inside the env's JIT workspace); none for a document of another kind or signature."""
     if not (isinstance(doc, dict) and doc.get("version") == PLAN_VERSION):
         return {}
     if doc.get("signature") != sig or not isinstance(doc.get("modules"), dict):
         return {}
     return {k: v for k, v in doc["modules"].items() if isinstance(k, str) and _is_item(v)}
+
+
+def plan_doc(sig: str, modules: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """The plan document of ``modules`` for ``sig``, as the store keeps it."""
+    return {"version": PLAN_VERSION, "signature": sig, "modules": dict(modules)}
+
+
+def vouched(
+    store: Store, modules: Mapping[str, dict[str, Any]], prefix: str
+) -> dict[str, dict[str, Any]]:
+    """The modules of a plan from elsewhere (a registry) that this store vouches for, file by
+    file: ``build.ninja`` by the module's key (placing computes the key from it and places
+    only under an equal one), every other file by an input with the same content recorded
+    by an entry the store holds under that key. A module that brings any other file (one that
+    would stay in the env's JIT workspace: another module's ``.so``, say) is dropped whole,
+    and the probe generates it as it would without a plan."""
+    kept: dict[str, dict[str, Any]] = {}
+    for recipe, item in modules.items():
+        key = str(item["key"])
+        recorded: list[dict[str, str]] = []
+        for variant in store.variants(key):
+            with contextlib.suppress(EntryError, StoreError, OSError):
+                recorded.append(store.load(key, variant).inputs)
+        ninja = f"{item['dir']}/build.ninja"
+        if not recorded or ninja not in item["files"]:
+            continue
+        try:
+            every = all(
+                rel == ninja
+                or any(
+                    inputs.get(rel)
+                    == hashlib.sha256(localise_bytes(_decoded(record), prefix)).hexdigest()
+                    for inputs in recorded
+                )
+                for rel, record in item["files"].items()
+            )
+        except EntryError:
+            continue
+        if every:
+            kept[recipe] = item
+    return kept
 
 
 def _is_item(item: Any) -> bool:
@@ -168,8 +215,7 @@ def record_plan(store: Store, sig: str, modules: Mapping[str, dict[str, Any]]) -
         with contextlib.suppress(FileExistsError):
             where.mkdir(mode=0o755)
         check_dir(where)
-        merged = {**read_plan(store, sig), **modules}
-        doc = {"version": PLAN_VERSION, "signature": sig, "modules": merged}
+        doc = plan_doc(sig, {**read_plan(store, sig), **modules})
         data = json.dumps(doc, sort_keys=True).encode()
         if len(data) > 15 << 20:  # under the store's document bound, or it is never read
             return
@@ -259,6 +305,7 @@ def place_planned(
     ninja: str,
     environ: Mapping[str, str],
     lock_wait: float,
+    recorded: Recorded | None = None,
 ) -> tuple[str, str]:
     """Place one planned module into the env at ``prefix`` without FlashInfer: (outcome, what
     it rests on). Outcomes: ``placed`` (ninja -n finds nothing to do), ``present`` (the env
@@ -273,7 +320,9 @@ def place_planned(
     planned = f"{item['dir']}/build.ninja"
     try:
         text = _decoded(item["files"][planned]).decode()
-        computed = key_of(material_of(store, localise(text, prefix), prefix, ninja, environ))
+        computed = key_of(
+            material_of(store, localise(text, prefix), prefix, ninja, environ, recorded)
+        )
     except (KeyError, EntryError, OSError, ValueError, subprocess.SubprocessError) as exc:
         return "unplanned", str(exc)
     if computed != key:
