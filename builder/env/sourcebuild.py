@@ -322,11 +322,11 @@ def _one(
     )
 
 
-def recorded_tools(env: Path) -> dict[tuple[int, int], tuple[int, str]]:
-    """The env's toolkit binaries as their wheels' RECORDs state them (empty for a system
-    toolkit): what a key takes for their content on a lookup."""
+def recorded_tools(env: Path) -> jit_store.RecordedTools:
+    """The env's toolkit binaries as their wheels' RECORDs state them (none for a system
+    toolkit), read when first asked: what a key takes for their content on a lookup."""
     found = sorted(env.glob("lib/python3*/site-packages"))
-    return jit_store.recorded_tools(str(found[0])) if found else {}
+    return jit_store.RecordedTools(str(found[0]) if found else None)
 
 
 def _toolkit_as_recorded(

@@ -272,7 +272,7 @@ def place_by_plan(
     # A placement only looks keys up: the toolkit's binaries count as their wheels' RECORDs
     # state them (a fresh store reads none of their ~190 MB); nothing is published here.
     sites = sorted(env.glob("lib/python3*/site-packages"))
-    recorded = jit_store.recorded_tools(str(sites[0])) if sites else {}
+    recorded = jit_store.RecordedTools(str(sites[0]) if sites else None)
     for recipe in recipes:
         item = planned.get(json.dumps(recipe, sort_keys=True))
         if item is None:

@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,17 @@ class Hasher:
                 loaded = read_doc(memo, trusted=True)
                 if isinstance(loaded, dict):
                     self.memo = {str(k): str(v) for k, v in loaded.items()}
+
+    def memoised(self, path: str | Path) -> str | None:
+        """The memo's sha256 of the regular file at ``path`` (links followed), None where the
+        memo has none for it as it is now; nothing is read."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or time.time_ns() - st.st_mtime_ns < 2 * 10**9:
+            return None
+        return self.memo.get(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
 
     def sha256(self, path: str | Path, limit: int | None = None) -> str | None:
         """The content of the regular file at ``path`` (links followed: a toolkit's headers
@@ -148,6 +159,29 @@ def recorded_tools(site: str) -> dict[tuple[int, int], tuple[int, str]]:
     return found
 
 
+class RecordedTools(Mapping[tuple[int, int], tuple[int, str]]):
+    """:func:`recorded_tools` of ``site``, read at the first question: a key whose toolkit
+    files are all in the hasher's memo (every build after a node's first) reads no RECORD."""
+
+    def __init__(self, site: str | None) -> None:
+        self._site = site
+        self._found: dict[tuple[int, int], tuple[int, str]] | None = None
+
+    def _rows(self) -> dict[tuple[int, int], tuple[int, str]]:
+        if self._found is None:
+            self._found = recorded_tools(self._site) if self._site else {}
+        return self._found
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[int, str]:
+        return self._rows()[item]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._rows())
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+
 def _as_recorded(path: str, recorded: Recorded) -> str | None:
     """``path``'s content as ``recorded`` states it: None unless it is one of those inodes, a
     regular file at the recorded size."""
@@ -175,7 +209,11 @@ def tool_identities(
     out: dict[str, str | None] = {}
     for rel in TOOLKIT_TOOLS:
         path = os.path.join(cuda_home, rel)
-        out[rel] = (_as_recorded(path, recorded) if recorded else None) or hasher.sha256(path)
+        out[rel] = (
+            hasher.memoised(path)
+            or (_as_recorded(path, recorded) if recorded is not None else None)
+            or hasher.sha256(path)
+        )
     for name in compilers:
         found = which(name, env.get("PATH"))
         out[f"host:{name}"] = hasher.sha256(os.path.realpath(found)) if found else None
