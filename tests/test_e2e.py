@@ -788,6 +788,8 @@ def test_a_second_node_reuses_the_compiles_a_first_node_pushed_to_a_registry(
 
     a = verify(default_env, "node-a", checks, {"CUDAENV_JIT_PUSH": "1"})
     assert not a["flashinfer-jit"]["warnings"] and not a["kernel-compile"]["warnings"], a
+    # What the probe kept, pushed by cudaenv once the probe answered.
+    assert f"; pushed to {registry.url} (CUDAENV_JIT_PUSH=1)" in a["flashinfer-jit"]["summary"]
     b = verify(tmp_path / "env-b", "node-b", checks, {})
     assert "reused from the store (first built " in b["flashinfer-jit"]["summary"]
     assert f"for {registry.url})" in b["flashinfer-jit"]["summary"], b["flashinfer-jit"]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -20,7 +22,8 @@ from builder.jit import oci
 from builder.jit import remote as jit_remote
 from builder.jit import share as jit_share
 from builder.machine import archs
-from builder.verify import kernel_compile
+from builder.verify import flashinfer_jit, kernel_compile
+from builder.verify.model import EnvFacts, StoreUse
 from tests.conftest import Registry
 from tests.helpers import write
 from tests.test_jit_store import FAKECC, LINK, make_env, run_ninja, runs
@@ -278,8 +281,9 @@ def probe_module() -> Any:
 def test_flashinfer_builds_share_through_the_registry(
     tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Node A's probe compiles and pushes through ``python -m builder.jit.share``; node B (an
-    env at the same path on another machine: an empty store) places A's module, ninja has no
+    """Node A's probe compiles and keeps the module, and cudaenv pushes it once the probe has
+    answered (as verify does); node B (an env at the same path on another machine: an empty
+    store) pulls through ``python -m builder.jit.share`` and places A's module, ninja has no
     work, and the verify evidence says where it came from."""
     import sys
 
@@ -298,6 +302,9 @@ def test_flashinfer_builds_share_through_the_registry(
     )
     assert a["used"] and not a["hit"] and a["kept"] and a["warnings"] == [], a
     assert len(runs(tools)) == 2
+    said: list[str] = []
+    probed = cast("EnvFacts", SimpleNamespace(environ=dict(os.environ)))
+    assert flashinfer_jit.pushed_to(probed, StoreUse.from_json(a), said) == registry.url, said
     shutil.rmtree(root)
     monkeypatch.delenv("CUDAENV_JIT_PUSH")
     monkeypatch.setenv("CUDAENV_JIT_STORE", str(tmp_path / "store-B"))

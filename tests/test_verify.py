@@ -383,26 +383,49 @@ def test_a_warmer_says_where_it_pushed_the_kernel(
     assert dict(again.evidence)["12.0f pushed"].endswith(f" to {registry.url}")
 
 
-def test_flashinfer_jit_says_it_pushed_only_when_the_push_went_through() -> None:
-    remote = "oci://127.0.0.1:5000/cudaenv/jit"
+def test_flashinfer_jit_pushes_what_the_probe_kept_and_says_so_only_when_it_went_through(
+    tmp_path: Path, registry: Any
+) -> None:
+    """A warmer's verify pushes the entry FlashInfer's probe kept, from cudaenv's own
+    process once the probe has answered (the probe used to start an interpreter for it): the
+    check says where it went, names a push that failed in a warning, and pushes nothing
+    where this machine is no warmer."""
+    from builder import store as jit_store
+    from builder.jit import remote as jit_remote
+    from builder.jit import share as jit_share
+
+    root, env = tmp_path / "store", tmp_path / "env"
+    key = "ab" * 32
+    store = jit_store.Store(root)
+    stored_build(store, key, env, write(env / "include" / "a.h", "a"))
+    [(_, variant)] = store.all()
     environ = {
-        "CUDAENV_JIT_REMOTE": remote,
+        "CUDAENV_JIT_REMOTE": registry.url,
         "CUDAENV_JIT_SHARE": '["python", "-m", "builder.jit.share"]',
         "CUDAENV_JIT_PUSH": "1",
+        "CUDAENV_JIT_STORE": str(root),
     }
-    kept = {"used": True, "key": "0123456789abcdef", "hit": False, "kept": True, "warnings": []}
-    jit = {"library": "/env/var/flashinfer/x/sampling.so", "seconds": 3.0, "store": kept}
-    f = facts(environ=environ, jit=jit)
-    result = flashinfer_jit.check(TARGET, f)
-    assert result.status == PASSED
-    assert result.summary.endswith(f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)")
-    warning = f"pushing 0123456789abcdef to the JIT remote {remote} failed"
-    failed = {**kept, "warnings": [warning]}
-    not_pushed = flashinfer_jit.check(TARGET, facts(environ=environ, jit={**jit, "store": failed}))
-    assert "pushed to" not in not_pushed.summary
-    assert not_pushed.warnings == (warning,)
+    kept = {"used": True, "key": key[:16], "hit": False, "kept": True, "warnings": [],
+            "entry": f"v3/{key[:2]}/{key}/{variant.name}"}  # fmt: skip
+    jit = {"library": str(env / "var/flashinfer/sampling/sampling.so"), "seconds": 3.0,
+           "store": kept}  # fmt: skip
+    remote = jit_share.parse(registry.url)
+    got = tmp_path / "got"
+    got.mkdir()
+    target = dataclasses.replace(TARGET, env_dir=env)
     no_push = {k: v for k, v in environ.items() if k != "CUDAENV_JIT_PUSH"}
-    assert "pushed" not in flashinfer_jit.check(TARGET, facts(environ=no_push, jit=jit)).summary
+    quiet = flashinfer_jit.check(target, facts(environ=no_push, jit=jit))
+    assert "pushed" not in quiet.summary
+    assert jit_remote.fetch(remote, key, got, timeout=5) is None
+    result = flashinfer_jit.check(target, facts(environ=environ, jit=jit))
+    assert result.status == PASSED and result.warnings == (), result
+    assert result.summary.endswith(f"; pushed to {registry.url} (CUDAENV_JIT_PUSH=1)")
+    assert jit_remote.fetch(remote, key, got, timeout=5) is not None
+    registry.stop()
+    failed = flashinfer_jit.check(target, facts(environ=environ, jit=jit))
+    assert failed.status == PASSED and "pushed to" not in failed.summary
+    (warning,) = failed.warnings
+    assert warning.startswith(f"pushing {key[:16]} to the JIT remote {registry.url} failed")
 
 
 def stored_build(store: Any, key: str, env: Path, header: Path) -> None:

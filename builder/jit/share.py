@@ -16,9 +16,9 @@ make an entry be: where that is not boundary enough, warmers sign what they push
 (``CUDAENV_JIT_SIGNING_KEY``) and nodes take only entries signed by a key of their
 allowed-signers file (``CUDAENV_JIT_ALLOWED_SIGNERS``; ``builder/jit/signing.py``).
 
-``python -m builder.jit.share pull KEY PREFIX`` and ``... push KEY VARIANT`` are what the probe
-inside a target env runs (it imports nothing of cudaenv, so it cannot speak to a registry):
-each prints one JSON line.
+``python -m builder.jit.share pull KEY PREFIX`` is what the probe inside a target env runs
+(it imports nothing of cudaenv, so it cannot speak to a registry): it prints one JSON line.
+What the probe built or placed is pushed by cudaenv itself once the probe has answered.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def summarised(warnings: list[str], limit: int = MAX_WARNINGS) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``pull KEY PREFIX`` / ``push KEY VARIANT`` for the probe: one JSON line out."""
+    """``pull KEY PREFIX`` for the probe: one JSON line out."""
     out: dict[str, object] = {}
     try:
         store = jit_store_here()
@@ -365,11 +365,6 @@ def main(argv: list[str]) -> int:
         elif argv[:1] == ["pull"] and len(argv) == 3:
             entry, warning = pull(store, argv[1], argv[2], remote)
             out = {"pulled": entry is not None, "warning": warning}
-        elif argv[:1] == ["push"] and len(argv) == 3 and pushing():
-            key, variant = argv[1], argv[2]
-            if not (jit_store.is_key(key) and jit_store.is_variant(variant)):
-                raise ShareError(f"not an entry: {key} {variant}")
-            out = {"warning": push(store, store.load(key, store.entries(key) / variant), remote)}
         else:
             out["warning"] = None
     except (ShareError, jit_store.StoreError, jit_store.EntryError, OSError) as exc:

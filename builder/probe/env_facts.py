@@ -244,9 +244,9 @@ def build_through_store(
                 kept = jit_store.publish_ninja(store, key, build_dir, sys.prefix, ninja, meta)
             except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
                 notes.append(f"the module was not kept in the JIT store: {exc}")
+        # Pushing (a warmer's) is cudaenv's own, after this probe answered: it has the
+        # registry client loaded already, where a push from here started an interpreter for it.
         used = entry.path if hit and entry is not None else kept
-        if used is not None:
-            share("push", key, used.name, notes)
     finally:
         lock.release()
         store.hasher.save()
@@ -271,8 +271,8 @@ def build_through_store(
 
 def share(action: str, key: str, arg: str, notes: list[str]) -> bool:
     """Ask cudaenv (``CUDAENV_JIT_SHARE``: its interpreter and ``-m builder.jit.share``) to
-    pull ``key`` from the store's remote tier, or push it there; True when it pulled. This
-    script runs in the env's interpreter, which has no registry client."""
+    pull ``key`` from the store's remote tier; True when it pulled. This script runs in the
+    env's interpreter, which has no registry client."""
     try:
         argv = json.loads(os.environ.get("CUDAENV_JIT_SHARE") or "null")
     except ValueError:

@@ -118,20 +118,38 @@ def why_missed(store_root: Path, key: str, library: Path, env_root: Path) -> str
     return f"{how}: {'; '.join(parts)} (nearest: the build for {built_for})"
 
 
-def pushed_to(facts: EnvFacts, had_entry: bool, warnings: tuple[str, ...]) -> str | None:
-    """The remote the probe pushed the module to, or None. The probe asks cudaenv to push
-    (``CUDAENV_JIT_SHARE``) whenever the store held the module after the build, on a machine
-    that says ``CUDAENV_JIT_PUSH=1``; a push that failed comes back as a warning naming it."""
+def pushed_to(facts: EnvFacts, stored: StoreUse, warnings: list[str]) -> str | None:
+    """Push the entry the probe placed or kept to the store's remote tier where this machine
+    is a warmer (``CUDAENV_JIT_PUSH=1``, a remote set for the probe: ``CUDAENV_JIT_SHARE``):
+    the remote it went to, or None (a push that failed adds its warning to ``warnings``).
+    Done here, after the probe answered: this interpreter has the registry client, where the
+    probe would start one for it (a second of a warmer's verify on 2 cores)."""
+    from builder.jit import share as jit_share
+
     environ = facts.environ
-    remote = environ.get("CUDAENV_JIT_REMOTE", "off")
-    if not (had_entry and environ.get("CUDAENV_JIT_SHARE") and remote != "off"):
+    if not (stored.hit or stored.kept) or stored.entry is None:
         return None
-    if environ.get("CUDAENV_JIT_PUSH") != "1":
+    if not (environ.get("CUDAENV_JIT_SHARE") and jit_share.pushing(environ)):
         return None
-    failed = ("push", "holds another build", "the JIT remote was not used")
-    if any(word in w for w in warnings for word in failed):
+    split = jit_store.split_entry(stored.entry)
+    named = environ.get("CUDAENV_JIT_STORE")
+    if split is None or not named or named == "off":
         return None
-    return remote
+    try:
+        remote = jit_share.configured(environ)
+        if remote is None:
+            return None
+        store = store_at(Path(named))
+        key, variant = split
+        entry = store.load(key, store.entries(key) / variant)
+    except (jit_share.ShareError, jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+        warnings.append(f"the JIT remote was not used: {exc}")
+        return None
+    warning = jit_share.push(store, entry, remote)
+    if warning:
+        warnings.append(warning)
+        return None
+    return remote.url
 
 
 def store_miss(target: Target, facts: EnvFacts, key: str, library: Path) -> str | None:
@@ -200,9 +218,10 @@ def _store_part(
     reused: bool,
     library: Path,
     evidence: list[tuple[str, str]],
+    warnings: list[str],
 ) -> str:
     """``how`` with what the JIT store did (reused, kept, why it missed, pushed), its
-    evidence appended to ``evidence``."""
+    evidence appended to ``evidence`` and a failed push's warning to ``warnings``."""
     evidence.append(("JIT store key", str(stored.key)))
     if stored.hit and reused:
         day = (stored.first_built or "?")[:10]
@@ -214,7 +233,7 @@ def _store_part(
         if missed:
             evidence.append(("why the store missed", missed))
             how += f"; the store missed: {missed}"
-    remote = pushed_to(facts, stored.hit or stored.kept, stored.warnings)
+    remote = pushed_to(facts, stored, warnings)
     if remote is not None:
         how += f"; pushed to {remote} (CUDAENV_JIT_PUSH=1)"
         evidence.append(("pushed", f"{stored.key} to {remote}"))
@@ -271,14 +290,14 @@ def check(target: Target, facts: EnvFacts) -> CheckResult:
     if ran:
         evidence.append(("ninja ran", ", ".join(ran[:20]) + (" …" if len(ran) > 20 else "")))
     stored = jit.store
-    warnings = stored.warnings if stored is not None else ()
+    warnings = list(stored.warnings) if stored is not None else []
     if stored is not None and stored.used:
-        how = _store_part(target, facts, stored, how, reused, library, evidence)
+        how = _store_part(target, facts, stored, how, reused, library, evidence, warnings)
     return CheckResult(
         name="flashinfer-jit",
         status=PASSED,
         summary=f"sampling module for {archs}: {how}",
         evidence=tuple(evidence),
         seconds=seconds,
-        warnings=warnings,
+        warnings=tuple(warnings),
     )

@@ -103,6 +103,7 @@ class StoreUse:
     first_built: str | None = None  # a hit: when and for which env the entry was made
     env: str | None = None
     warnings: tuple[str, ...] = ()
+    entry: str | None = None  # the entry placed or kept, ``v3/ab/KEY/VARIANT`` in the store
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> StoreUse:
@@ -119,6 +120,7 @@ class StoreUse:
             first_built=opt("first_built"),
             env=opt("env"),
             warnings=tuple(str(w) for w in told) if isinstance(told, list) else (),
+            entry=opt("entry"),
         )
 
 
