@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from builder import store as jit_store
-from builder.core.errors import SpecError
+from builder.core.errors import BuildError, SpecError
 from builder.env import buildlog, recipes, setuppy, sourcebuild
 from builder.env.manifest import Manifest
 from builder.machine.archs import Arch
@@ -270,7 +270,7 @@ def test_a_key_takes_the_toolkits_binaries_as_their_wheels_record_states_them(
     site = tmp_path / "env" / "lib" / "python3.12" / "site-packages"
     home = _toolkit_wheel(site, b"nvcc 13.0", recorded)
     hasher = _Counting()
-    rows = sourcebuild.recorded_tools(tmp_path / "env")
+    rows = jit_store.RecordedTools.in_env(tmp_path / "env")
     said = jit_store.tool_identities(hasher, str(home), (), {}, rows)
     assert said["bin/nvcc"] == hashlib.sha256(b"nvcc 13.0").hexdigest()
     assert ("nvcc" in hasher.read) is (recorded != b"nvcc 13.0")
@@ -309,3 +309,27 @@ def test_a_wheel_built_by_a_toolkit_its_record_misstates_is_not_kept(
     sourcebuild.build_all(env, spec, lock, [pkg], nvcc="13.0", target=env,
                           progress=said.append)  # fmt: skip
     assert published == [made[0].key]
+
+
+def test_a_built_wheel_that_is_a_link_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wheel a build left is read for the manifest's sha256 without following a link."""
+    sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)
+    pkg = LockedPackage(name="b", version="1", sdist=sdist)
+    elsewhere = write(tmp_path / "elsewhere.whl", "w")
+    wheel = tmp_path / "b-1-py3-none-any.whl"
+    wheel.symlink_to(elsewhere)
+    monkeypatch.setenv("CUDAENV_JIT_STORE", "off")
+    monkeypatch.setattr(sourcebuild, "key", lambda *a, **k: "k" * 64)
+    monkeypatch.setattr(sourcebuild, "values_for", lambda *a, **k: {})
+    monkeypatch.setattr(sourcebuild, "_compile", lambda *a, **k: wheel)
+    installed: list[object] = []
+    monkeypatch.setattr(sourcebuild, "_install", lambda *a, **k: installed.append(a))
+    spec = envspec.load(tmp_path / "t.yaml", GOOD)
+    with pytest.raises(BuildError, match=r"^b 1: the built wheel: .* is a symbolic link$"):
+        sourcebuild.build_all(
+            tmp_path / "env", spec, None, [pkg], nvcc="13.0", target=tmp_path / "env",  # type: ignore[arg-type]
+            progress=lambda _: None,
+        )  # fmt: skip
+    assert installed == []

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +92,7 @@ def key(
 ) -> str:
     """The built wheel's store key: everything that makes it (see the module docstring).
     ``recorded``: the toolkit's binaries as their wheels' RECORDs state them
-    (:func:`recorded_tools`), else they are hashed."""
+    (store.RecordedTools), else they are hashed."""
     assert pkg.sdist is not None
     host = platforms.host_name()
     torch = [(p.version, sorted(p.hashes)) for p in lock.packages_on(host) if p.name == "torch"]
@@ -137,7 +136,7 @@ def build_all(
             progress(f"warning: the JIT store was not used for source builds: {exc}")
             store = None
     hasher = store.hasher if store is not None else jit_store.Hasher(None)
-    tiers = _Tiers(store, hasher, spec, progress, recorded_tools(env))
+    tiers = _Tiers(store, hasher, spec, progress, jit_store.RecordedTools.in_env(env))
     done = []
     for pkg in packages:
         done.append(_one(env, spec, lock, pkg, tiers, nvcc=nvcc,
@@ -305,7 +304,10 @@ def _one(
             entry = _publish(tiers.store, k, wheel, pkg, env, target, seconds, progress)
             if entry is not None:
                 _push(tiers, k, entry, progress)
-        digest = _sha256(wheel)
+        try:  # read in blocks (flash-attn's wheel is ~250 MB), never through a link
+            digest = jit_store.sha256_file(wheel, trusted=False)[1]
+        except jit_store.EntryError as exc:
+            raise BuildError(f"{pkg.name} {pkg.version}: the built wheel: {exc}") from None
     _install(env, wheel, pkg)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -320,13 +322,6 @@ def _one(
         entry=entry,
         seconds=round(time.monotonic() - started, 1),
     )
-
-
-def recorded_tools(env: Path) -> jit_store.RecordedTools:
-    """The env's toolkit binaries as their wheels' RECORDs state them (none for a system
-    toolkit), read when first asked: what a key takes for their content on a lookup."""
-    found = sorted(env.glob("lib/python3*/site-packages"))
-    return jit_store.RecordedTools(str(found[0]) if found else None)
 
 
 def _toolkit_as_recorded(
@@ -444,15 +439,6 @@ def _from_store(
         return None
     except (jit_store.StoreError, OSError):
         return None
-
-
-def _sha256(path: Path) -> str:
-    """A built wheel's sha256, read in blocks (flash-attn's is ~250 MB)."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _is_wheel_of(name: str, pkg: LockedPackage) -> bool:

@@ -245,10 +245,8 @@ def _plan_from(
     plan lacks of ``recipes`` (jit_share.pull_plan); one warning, or None."""
     from builder.jit import share as jit_share
 
-    wanted = {json.dumps(r, sort_keys=True) for r in recipes}
-    if wanted <= set(plans.read_plan(store, sig)):
-        return None
-    return jit_share.pull_plan(store, env, sig, remote, wanted)
+    missing = {json.dumps(r, sort_keys=True) for r in recipes} - set(plans.read_plan(store, sig))
+    return jit_share.pull_plan(store, env, sig, remote, missing) if missing else None
 
 
 def place_by_plan(
@@ -271,8 +269,7 @@ def place_by_plan(
     left: list[list[Any]] = []
     # A placement only looks keys up: the toolkit's binaries count as their wheels' RECORDs
     # state them (a fresh store reads none of their ~190 MB); nothing is published here.
-    sites = sorted(env.glob("lib/python3*/site-packages"))
-    recorded = jit_store.RecordedTools(str(sites[0]) if sites else None)
+    recorded = jit_store.RecordedTools.in_env(env)
     for recipe in recipes:
         item = planned.get(json.dumps(recipe, sort_keys=True))
         if item is None:

@@ -239,9 +239,9 @@ def pull_plan(
     store: jit_store.Store, env: Path, sig: str, remote: Remote, wanted: Iterable[str]
 ) -> str | None:
     """Add to the store's plan of ``sig`` (the env at ``env``'s) the modules of ``wanted``
-    (recipes, as canonical JSON) that the remote's plan holds and the store's entries vouch
-    for (:func:`plans.vouched`); a warning when the remote could not be read. The store's own
-    plan wins where both hold a module."""
+    (recipes, as canonical JSON: those the store's own plan lacks) that the remote's plan
+    holds and the store's entries vouch for (:func:`plans.vouched`); a warning when the
+    remote could not be read."""
     from builder.jit import oci
     from builder.jit import remote as jit_remote
     from builder.store import plans
@@ -250,7 +250,7 @@ def pull_plan(
         doc = jit_remote.fetch_plan(remote, sig, timeout=timeout())
     except oci.RemoteError as exc:
         return f"the JIT remote {remote.url}: no placement plan read: {exc}"
-    want = set(wanted) - set(plans.read_plan(store, sig))
+    want = set(wanted)
     theirs = {k: v for k, v in plans.parse_plan(doc, sig).items() if k in want}
     plans.record_plan(store, sig, plans.vouched(store, theirs, str(env)))
     return None

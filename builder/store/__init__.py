@@ -50,7 +50,6 @@ from .hashing import (
     key_of,
     localise,
     normalise,
-    recorded_tools,
     tool_identities,
 )
 from .limits import (
@@ -159,7 +158,6 @@ __all__ = [
     "rapidhash",
     "read_deps",
     "read_doc",
-    "recorded_tools",
     "remove_tree",
     "sha256_file",
     "split_entry",

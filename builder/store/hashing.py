@@ -167,6 +167,13 @@ class RecordedTools(Mapping[tuple[int, int], tuple[int, str]]):
         self._site = site
         self._found: dict[tuple[int, int], tuple[int, str]] | None = None
 
+    @classmethod
+    def in_env(cls, prefix: str | Path) -> RecordedTools:
+        """Those of the env at ``prefix`` (its site-packages; none for a tree without one)."""
+        sites = sorted(glob.glob(os.path.join(glob.escape(str(prefix)), "lib", "python3*",
+                                              "site-packages")))  # fmt: skip
+        return cls(sites[0] if sites else None)
+
     def _rows(self) -> dict[tuple[int, int], tuple[int, str]]:
         if self._found is None:
             self._found = recorded_tools(self._site) if self._site else {}
