@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -10,11 +11,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from builder.core import platforms, proc
-from builder.env import build, installproof, place
+from builder.core.errors import BuildError
+from builder.env import build, installproof, place, sourcebuild
 from builder.machine import interpreters
 from builder.spec import lock
 
@@ -394,3 +397,40 @@ def test_an_entry_of_site_packages_no_record_lists_is_refused(tmp_path: Path) ->
         "zz-evil.pth: in site-packages, but no installed distribution's RECORD lists it "
         "(a .pth file runs at every interpreter start)",
     ]
+
+
+def test_the_lock_proven_beside_an_install_counts_only_the_entries_named_as_arriving(
+    tmp_path: Path,
+) -> None:
+    """A wheel from the store installs while the lock is proven (sourcebuild.py): its new
+    entries of site-packages are not the lock's proof's to judge (its .dist-info may have no
+    RECORD yet); any other stray entry still is a problem. Its own proof then reads its
+    RECORD alone, where nothing ran in the env since; every RECORD where a compile ran."""
+    site = a_site(tmp_path)
+    (site / "b").mkdir()
+    (site / "b-1.dist-info").mkdir()  # uv is still writing it
+    said: list[str] = []
+    job = SimpleNamespace(
+        tmp=tmp_path / "env", spec=SimpleNamespace(name="t"),
+        stage=lambda name, _t: said.append(name),
+    )  # fmt: skip
+    with pytest.raises(BuildError, match=r"b: in site-packages, but no installed"):
+        build._Proof(job, site, {}, [], LOCKED).beside_install(["b-1.dist-info"])  # type: ignore[arg-type]
+    proof = build._Proof(job, site, {}, [], LOCKED)  # type: ignore[arg-type]
+    proof.beside_install(["b", "b-1.dist-info"])
+    assert said == ["every file of 2 packages' RECORD in place"]
+    assert "b" not in proof.made_before and "nvidia" in proof.made_before
+    installed_dist(site, "b", "1", {"b/__init__.py": b""})  # the install done
+    (site / "nvidia" / "cu13" / "bin" / "ptxas").write_bytes(b"ptxa")  # after the lock's proof
+    b = [lock.LockedPackage(name="b", version="1")]
+    taken = sourcebuild.SourceBuilt(
+        name="b", version="1", wheel="b.whl", sha256="", key="", reused=True, seconds=0.0,
+        apart=("b", "b-1.dist-info"),
+    )  # fmt: skip
+    proof.rest([taken], b)  # b's RECORD alone: what the lock's proof saw is not read again
+    compiled = dataclasses.replace(taken, reused=False, apart=())
+    with pytest.raises(BuildError, match=r"ptxas: 4 bytes, RECORD says 5"):
+        proof.rest([compiled], b)  # a compile ran in the env: every RECORD again
+    (site / "stray.pth").write_text("")
+    with pytest.raises(BuildError, match=r"stray.pth: in site-packages, but no installed"):
+        proof.rest([taken], b)

@@ -265,3 +265,38 @@ def test_a_program_another_user_could_have_written_is_never_run(tmp_path: Path) 
     assert proc.which("cudaenv-test-tool", path) == str(tool)
     proc.run(["cudaenv-test-tool"], env={"PATH": path})
     assert marker.exists()
+
+
+def test_running_waits_for_its_child_after_the_body_and_says_a_failure() -> None:
+    """A child run beside the caller's own work: its exit is checked after the body, its
+    output (merged) comes with the failure."""
+    order: list[str] = []
+    with proc.running([PY, "-c", "import time; time.sleep(0.3)"], timeout=30):
+        order.append("body")
+    order.append("after")
+    assert order == ["body", "after"]
+    argv = [PY, "-c", "import sys; print('out'); sys.exit('boom')"]
+    with pytest.raises(CommandFailed) as caught, proc.running(argv, timeout=30):
+        pass
+    assert caught.value.returncode == 1 and "out" in caught.value.output
+    assert "boom" in caught.value.output
+
+
+def test_running_kills_its_child_past_the_deadline_and_when_the_body_raises(
+    tmp_path: Path,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(CommandFailed) as caught, proc.running([PY, "-c", TALK_THEN_SLEEP],
+                                                             timeout=1):  # fmt: skip
+        pass
+    assert caught.value.timed_out == 1 and time.monotonic() - started < 10
+    pid_file = tmp_path / "pid"
+    body = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(30)"
+    with pytest.raises(RuntimeError), proc.running([PY, "-c", body], timeout=60):
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise RuntimeError("the body failed")
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no such process
+        os.kill(pid, 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -194,8 +195,9 @@ def test_the_lock_is_proven_before_anything_runs_in_the_env_and_once_on_a_store_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stored: bool
 ) -> None:
     """A store hit runs nothing of the package in the env, so the build proves the lock's
-    wheels and the placed wheel in one read of the RECORDs (build.py's _Proof); a miss
-    proves the lock before the sdist's setup.py (which imports torch) runs."""
+    wheels as the placed wheel installs, or with it after (tests below; build.py's _Proof):
+    each RECORD read once; a miss proves the lock before the sdist's setup.py (which imports
+    torch) runs."""
     sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)
     pkg = LockedPackage(name="b", version="1", sdist=sdist)
     said: list[str] = []
@@ -333,3 +335,100 @@ def test_a_built_wheel_that_is_a_link_is_refused_in_one_line(
             progress=lambda _: None,
         )  # fmt: skip
     assert installed == []
+
+
+def _wheel(path: Path, files: dict[str, str]) -> Path:
+    """A wheel of distribution ``b`` 1 holding ``files`` and its own metadata."""
+    import zipfile
+
+    info = "b-1.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: b\nVersion: 1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = []
+    for name, text in files.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        rows.append(f"{name},sha256={b64},{len(text.encode())}")
+    rows.append(f"{info}/RECORD,,")
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(f"{info}/RECORD", "\n".join(rows) + "\n")
+    return path
+
+
+def _venv(tmp_path: Path) -> Path:
+    import sys
+
+    from builder.core import proc
+
+    env = tmp_path / "env"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(env)],
+             env=proc.uv_env())  # fmt: skip
+    return env
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux): an unreaped one is listed until waited for."""
+    kids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        kids += [int(pid) for pid in (task / "children").read_text().split()]
+    return kids
+
+
+B = LockedPackage(name="b", version="1")
+
+
+@pytest.mark.parametrize(
+    ("extra", "apart"),
+    [({}, True), ({"b-1.data/purelib/b_more/x.py": ""}, True),
+     ({"b-1.data/scripts/b-tool": "#!python\n"}, False), ({"already.py": ""}, False),
+     ({"b-1.dist-info/entry_points.txt": "[console_scripts]\nb-tool = b:main\n"}, False)],
+)  # fmt: skip
+def test_a_wheel_from_the_store_installs_while_the_lock_is_proven(
+    tmp_path: Path, extra: dict[str, str], apart: bool
+) -> None:
+    """uv installs a placed wheel while the lock's RECORDs are read, where the wheel only adds
+    entries of its own to site-packages (the proof is told their names); a wheel writing
+    into bin/ (.data/scripts, an entry point's script) or into an entry already there is
+    installed alone, and proven after."""
+    env = _venv(tmp_path)
+    site = next(env.glob("lib/python3*/site-packages"))
+    (site / "already.py").write_text("")
+    wheel = _wheel(tmp_path / "b-1-py3-none-any.whl", {"b/__init__.py": "x = 1\n", **extra})
+    seen: list[tuple[list[str], list[int]]] = []
+    got = sourcebuild._install_meanwhile(
+        env, wheel, B, lambda arriving: seen.append((list(arriving), _children()))
+    )
+    if apart:
+        [(arriving, running)] = seen
+        tops = ["b", "b-1.dist-info", *(["b_more"] if extra else [])]
+        assert arriving == tops == list(got)
+        assert running, "the install was not running beside the proof"
+    else:
+        assert seen == [] and got == ()
+    assert (site / "b" / "__init__.py").read_text() == "x = 1\n"
+    assert (site / "b-1.dist-info" / "RECORD").is_file() and _children() == []
+
+
+def test_a_failed_install_beside_the_proof_is_one_line_and_a_failed_proof_stops_it(
+    tmp_path: Path,
+) -> None:
+    env = _venv(tmp_path)
+    broken = _wheel(tmp_path / "b-1-py3-none-any.whl", {"b/__init__.py": ""})
+    wrong = tmp_path / "c-1-py3-none-any.whl"  # the name says c, the metadata b: uv refuses it
+    wrong.write_bytes(broken.read_bytes())
+    with pytest.raises(BuildError, match=r"^b 1: installing the wheel built from its sdist failed"):
+        sourcebuild._install_meanwhile(env, wrong, B, lambda _arriving: None)
+    assert _children() == []
+
+    def proof_fails(_arriving: Sequence[str]) -> None:
+        raise BuildError("the install is incomplete")
+
+    good = _wheel(tmp_path / "b-1-py3-none-any.whl", {"b/__init__.py": ""})
+    with pytest.raises(BuildError, match="the install is incomplete"):
+        sourcebuild._install_meanwhile(env, good, B, proof_fails)
+    assert _children() == []  # uv was killed and waited for

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -32,6 +32,7 @@ __all__ = [
     "atomic_write_text",
     "replace_process",
     "run",
+    "running",
     "uv_bin",
     "uv_env",
     "which",
@@ -120,6 +121,42 @@ def run(
         child.wait()
         raise
     return _completed(args, child.returncode, out, err, check=check)
+
+
+@contextlib.contextmanager
+def running(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float,
+) -> Iterator[None]:
+    """Run ``argv`` while the body of the ``with`` runs here, then wait for it: CommandFailed
+    as :func:`run`'s check, or once ``timeout`` seconds from its start have passed (it is
+    killed). A body that raises kills it first. Its stdout and stderr, merged, go to an
+    unnamed file, never a pipe: a child writing more than a pipe holds would wait for a body
+    that is not reading."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("$ %s", shlex.join(args))
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryFile("w+", errors="replace") as out:
+        child = _start(
+            args, env=env, cwd=None, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            yield
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired as exc:
+            child.kill()
+            child.wait()
+            out.seek(0)
+            raise _timed_out(args, timeout, out.read()[-4000:]) from exc
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        if child.returncode != 0:
+            out.seek(0)
+            raise CommandFailed(args, child.returncode, out.read()[-4000:])
 
 
 def _start(

@@ -306,7 +306,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     site = toolchain.site_packages(tmp)
     proof = _Proof(job, site, marker_env, venv_made, packages)
     if not compiled:
-        proof.lock(t)
+        proof.lock(started=t)
     t = time.monotonic()
     fault_point("overlay", progress)
     if spec.toolchain.source == "wheels":
@@ -348,7 +348,9 @@ class _Proof:
     so that an env whose every such package comes from the store is proven by one read of
     all its RECORDs once everything is installed, not one before and one after (each read is
     an ``lstat`` of every file the RECORDs name: ~0.1 s for a torch env, the largest cost of
-    a second env taking its wheels from the store)."""
+    a second env taking its wheels from the store). A wheel taken from the store is installed
+    while the lock's wheels are proven (sourcebuild.py), where it only adds entries of its
+    own to site-packages: those are left to its own proof."""
 
     def __init__(
         self,
@@ -363,26 +365,46 @@ class _Proof:
         self.packages = list(packages)  # the lock's, installed by uv
         self.proven = False
 
-    def lock(self, started: float | None = None) -> None:
+    def lock(self, started: float | None = None, *, apart: Sequence[str] = ()) -> None:
         """Prove the lock's wheels now: before anything runs in the env. Then the site's
         entries so far (the lock's and cudaenv's own hook files) are known to the proof of
-        what compiles."""
+        what compiles. ``apart``: entries of site-packages an install running meanwhile
+        writes, which neither this proof nor the known entries count."""
         if self.proven:
             return
         t = time.monotonic() if started is None else started
-        _prove_installed(self.job, self.site, self.packages, self.marker_env, self.made_before)
-        self.made_before = sorted(p.name for p in self.site.iterdir())
+        _prove_installed(
+            self.job, self.site, self.packages, self.marker_env, self.made_before, apart=apart
+        )
+        self.made_before = sorted({p.name for p in self.site.iterdir()} - set(apart))
         self.proven = True
         self.job.stage(f"every file of {len(self.packages)} packages' RECORD in place", t)
 
-    def rest(self, compiled: Sequence[LockedPackage]) -> None:
-        """Prove ``compiled`` (installed since): with the lock's packages where those were not
-        proven yet."""
-        if self.proven:
-            _prove_installed(self.job, self.site, compiled, self.marker_env, self.made_before)
-        else:
+    def before_running(self) -> None:
+        """Something of a package is about to run in the env (sourcebuild.py)."""
+        self.lock()
+
+    def beside_install(self, arriving: Sequence[str]) -> None:
+        """A wheel from the store is installing meanwhile, adding ``arriving`` (sourcebuild.py):
+        its proof is :meth:`rest`'s."""
+        self.lock(apart=arriving)
+
+    def rest(
+        self, made: Sequence[sourcebuild.SourceBuilt], compiled: Sequence[LockedPackage]
+    ) -> None:
+        """Prove ``compiled`` (installed since, as ``made`` says): with the lock's packages
+        where those were not proven yet; alone where each came from the store beside the
+        proof of the lock (its entries of site-packages its own: only its RECORDs are read),
+        else with every RECORD again (a compile ran in the env)."""
+        if not self.proven:
             self.packages += compiled
             self.lock()
+            return
+        apart = [top for m in made for top in m.apart]
+        only = apart if made and all(m.apart for m in made) else None
+        _prove_installed(
+            self.job, self.site, compiled, self.marker_env, self.made_before, only=only
+        )
 
 
 def _build_sources(
@@ -396,9 +418,10 @@ def _build_sources(
     t = time.monotonic()
     made = sourcebuild.build_all(
         job.tmp, job.spec, job.lock, compiled, nvcc=nvcc, target=job.target,
-        progress=job.progress, before_running=proof.lock,
+        progress=job.progress, before_running=proof.before_running,
+        beside_install=proof.beside_install,
     )  # fmt: skip
-    proof.rest(compiled)
+    proof.rest(made, compiled)
     job.stage(f"{len(compiled)} package(s) built from source and proven", t)
     return made
 
@@ -539,17 +562,24 @@ def _prove_installed(
     packages: Sequence[LockedPackage],
     marker_env: dict[str, str],
     made_before: Sequence[str] = (),
+    *,
+    apart: Sequence[str] = (),
+    only: Sequence[str] | None = None,
 ) -> None:
     """BuildError unless every locked package whose marker holds in ``marker_env`` (the
     others uv rightly skips) is installed and every file its RECORD names is there as
     recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
     disk), and the env must not replace a working one then. ``made_before``: the entries of
-    ``site`` before the install (the venv's own), which no RECORD lists."""
+    ``site`` before the install (the venv's own), which no RECORD lists; ``apart``: those an
+    install running meanwhile writes; ``only``: the only ``.dist-info`` entries read
+    (installproof.problems)."""
     problems = installproof.problems(
         site,
         job.tmp,
         [p for p in packages if installproof.applies(p, marker_env)],
         made_before=made_before,
+        apart=apart,
+        only=only,
     )
     if not problems:
         return

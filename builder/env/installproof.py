@@ -11,7 +11,7 @@ import concurrent.futures
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -60,6 +60,8 @@ def problems(
     *,
     hash_linked: bool = False,
     made_before: Iterable[str] = (),
+    apart: Collection[str] = (),
+    only: Collection[str] | None = None,
     errata: Mapping[tuple[str, str, str], tuple[int, str]] | None = None,
 ) -> list[str]:
     """What is not as the RECORD files below ``site`` say; empty when every file is there.
@@ -87,13 +89,21 @@ def problems(
     the env's: a file cut short in the cache would vouch for itself). A few published wheels
     ship a RECORD their own files contradict; ``errata`` (default :data:`RECORD_ERRATA`)
     names those files by (dist-info, path, RECORD's digest) with the size and sha256 the
-    wheel really holds, measured from wheels whose hash matched their lock."""
+    wheel really holds, measured from wheels whose hash matched their lock.
+
+    ``apart``: entries of ``site`` that another install is writing while this proof reads
+    (a wheel taken from the store, builder/env/sourcebuild.py): neither read nor counted here,
+    since a ``.dist-info`` may not have its RECORD yet; the proof of that install judges them.
+    ``only``: the entries of ``site`` that install added (its ``.dist-info`` the only RECORD
+    read), where the rest of ``site``, in ``made_before``, was proven before and nothing has
+    run in the env since."""
     errata = RECORD_ERRATA if errata is None else errata
-    infos, problems = _installed(site, packages)
+    infos, problems = _installed(site, packages, apart, only)
     site_text, inside = os.fspath(site), os.fspath(root) + os.sep
     found = recordscan.scan(site_text, list(infos.values()), inside, hash_linked=hash_linked)
     problems += found.unreadable
-    problems += _unlisted(site, found.tops, {*made_before, *(i.name for _v, i in infos.values())})
+    known = {*made_before, *apart, *(i.name for _v, i in infos.values())}
+    problems += _unlisted(site, found.tops, known)
     file_problems, to_hash, differing = _judge(found.slow, inside, hash_linked=hash_linked)
     problems += file_problems
     for path, claimants in sorted(found.shared.items()):
@@ -110,13 +120,19 @@ def problems(
 
 
 def _installed(
-    site: Path, packages: Sequence[LockedPackage]
+    site: Path,
+    packages: Sequence[LockedPackage],
+    apart: Collection[str] = (),
+    only: Collection[str] | None = None,
 ) -> tuple[dict[str, tuple[str, Path]], list[str]]:
-    """The ``.dist-info`` directories below ``site`` by canonical name (with the version each
-    names), and the problems of ``packages`` that are missing or at another version."""
+    """The ``.dist-info`` directories below ``site`` (but those ``apart``, or only those in
+    ``only``) by canonical name (with the version each names), and the problems of
+    ``packages`` that are missing or at another version."""
     problems: list[str] = []
     infos: dict[str, tuple[str, Path]] = {}
     for info in sorted(site.glob("*.dist-info")):
+        if info.name in apart or (only is not None and info.name not in only):
+            continue
         name, _, version = info.name[: -len(".dist-info")].partition("-")
         infos[canonicalize_name(name)] = (version, info)
     for pkg in packages:

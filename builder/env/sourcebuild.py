@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,10 @@ from builder.spec.lockmodel import Lock, LockedPackage
 if TYPE_CHECKING:
     from builder.jit.oci import Remote
 
+# uv's install of one built wheel: seconds for flash-attn's ~250 MB, unzipped into uv's cache
+# and linked; the bound is for a stuck filesystem, never a slow one.
+INSTALL_TIMEOUT = 600.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class SourceBuilt:
@@ -69,6 +74,9 @@ class SourceBuilt:
     reused: bool
     seconds: float
     entry: Path | None = None  # the store entry it came from or went into (none: store off)
+    # The entries of site-packages it added, installed beside the proof of the lock (none:
+    # installed alone, or compiled): only its own RECORD is read to prove it (build.py).
+    apart: tuple[str, ...] = ()
 
 
 def source_packages(packages: Sequence[LockedPackage]) -> list[LockedPackage]:
@@ -123,11 +131,14 @@ def build_all(
     target: Path,
     progress: Callable[[str], None],
     before_running: Callable[[], None] = lambda: None,
+    beside_install: Callable[[Sequence[str]], None] | None = None,
 ) -> tuple[SourceBuilt, ...]:
     """Build (or take from the store) and install each of ``packages`` into the env at ``env``
     (being built; ``target`` is where it will live). ``before_running`` is called before the
-    first fetch or compile runs anything in the env (the build proves its install then).
-    BuildError names the package."""
+    first fetch or compile runs anything in the env (the build proves its install then);
+    ``beside_install`` while a wheel taken from the store installs, with the entries of
+    site-packages that install adds meanwhile (:func:`_install_meanwhile`). BuildError names
+    the package."""
     store = jit_store_here()
     if store is not None:
         try:
@@ -141,7 +152,8 @@ def build_all(
     for pkg in packages:
         done.append(_one(env, spec, lock, pkg, tiers, nvcc=nvcc,
                          target=target, progress=progress,
-                         before_running=before_running))  # fmt: skip
+                         before_running=before_running,
+                         beside_install=beside_install))  # fmt: skip
     if store is not None:
         with contextlib.suppress(OSError):
             store.hasher.save()
@@ -282,6 +294,7 @@ def _one(
     target: Path,
     progress: Callable[[str], None],
     before_running: Callable[[], None],
+    beside_install: Callable[[Sequence[str]], None] | None,
 ) -> SourceBuilt:
     values = values_for(spec, pkg.name)
     k = key(pkg, spec, lock, env, values, tiers.hasher, tiers.recorded)
@@ -294,7 +307,9 @@ def _one(
     if placed is not None:
         progress(f"{pkg.name} {pkg.version}: taken from {where} (built once for this key)")
         wheel, entry, digest = placed
+        apart = _install_meanwhile(env, wheel, pkg, beside_install)
     else:
+        apart = ()
         before_running()
         wheel = _compile(env, spec, lock, pkg, values, work, nvcc=nvcc, target=target,
                          progress=progress)  # fmt: skip
@@ -308,7 +323,7 @@ def _one(
             digest = jit_store.sha256_file(wheel, trusted=False)[1]
         except jit_store.EntryError as exc:
             raise BuildError(f"{pkg.name} {pkg.version}: the built wheel: {exc}") from None
-    _install(env, wheel, pkg)
+        _install(env, wheel, pkg)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         (env / WORK).rmdir()  # the last build's: an env keeps no empty scratch
@@ -321,6 +336,7 @@ def _one(
         reused=placed is not None,
         entry=entry,
         seconds=round(time.monotonic() - started, 1),
+        apart=apart,
     )
 
 
@@ -502,13 +518,78 @@ def _compile(
                          guard=guard)  # fmt: skip
 
 
-def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
-    argv = [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--offline",
-            "--python", str(env / "bin" / "python"), str(wheel)]  # fmt: skip
+def _install_meanwhile(
+    env: Path, wheel: Path, pkg: LockedPackage, meanwhile: Callable[[Sequence[str]], None] | None
+) -> tuple[str, ...]:
+    """Install ``wheel`` (taken from the store: nothing compiles) while ``meanwhile`` runs: the
+    proof of the lock's wheels, which no compile asked for yet, is ~0.1 s of ``lstat`` for a
+    torch env and uv's install ~25 ms of another process, a fifth of what a second env or
+    node adds for such a package. Only where everything the wheel writes goes into new
+    top-level entries of site-packages (``meanwhile`` is told their names: they may appear
+    while it lists the directory, and what they hold is the wheel's alone): a file the lock's
+    wheels hold too, or one under ``bin/`` or the env's root (a ``.data`` scheme, an entry
+    point's script), would be read by the proof half-way through being replaced. Else the
+    install alone, and the proof after it (build.py's _Proof). The entries added beside the
+    proof, or none."""
+    tops = _new_site_tops(env, wheel) if meanwhile is not None else None
+    if meanwhile is None or tops is None:
+        _install(env, wheel, pkg)
+        return ()
     try:
-        proc.run(argv, env=proc.uv_env())
+        with proc.running(_install_argv(env, wheel), env=proc.uv_env(), timeout=INSTALL_TIMEOUT):
+            meanwhile(tops)
     except proc.CommandFailed as exc:
-        raise BuildError(
-            f"{pkg.name} {pkg.version}: installing the wheel built from its sdist failed: "
-            f"{exc.output.strip()[-300:]}"
-        ) from exc
+        raise _install_failed(pkg, exc) from exc
+    return tuple(tops)
+
+
+def _new_site_tops(env: Path, wheel: Path) -> list[str] | None:
+    """The entries of site-packages that installing ``wheel`` adds, or None where it writes
+    anything else: into an entry already there, or outside site-packages (the ``scripts``,
+    ``data`` and ``headers`` schemes of PEP 427's ``.data`` directory, the scripts an
+    installer writes for ``entry_points.txt``)."""
+    import zipfile
+
+    found = sorted(env.glob("lib/python3*/site-packages"))
+    if len(found) != 1:
+        return None
+    tops: set[str] = set()
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None  # uv says what is wrong with it
+    for name in names:
+        parts = name.split("/")
+        if parts[0].endswith(".data"):
+            if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                return None
+            parts = parts[2:]
+        if not parts[0] or parts[0] in (".", ".."):
+            return None
+        if parts[0].endswith(".dist-info") and parts[1:] == ["entry_points.txt"]:
+            return None
+        tops.add(parts[0])
+    if any(os.path.lexists(found[0] / top) for top in tops):
+        return None
+    return sorted(tops)
+
+
+def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
+    try:
+        proc.run(_install_argv(env, wheel), env=proc.uv_env(), timeout=INSTALL_TIMEOUT)
+    except proc.CommandFailed as exc:
+        raise _install_failed(pkg, exc) from exc
+
+
+def _install_argv(env: Path, wheel: Path) -> list[str]:
+    return [proc.uv_bin(), "pip", "install", "--quiet", "--no-deps", "--offline",
+            "--python", str(env / "bin" / "python"), str(wheel)]  # fmt: skip
+
+
+def _install_failed(pkg: LockedPackage, exc: proc.CommandFailed) -> BuildError:
+    how = f"ran past {exc.timed_out:g} s" if exc.timed_out else "failed"
+    return BuildError(
+        f"{pkg.name} {pkg.version}: installing the wheel built from its sdist {how}: "
+        f"{exc.output.strip()[-300:]}"
+    )
