@@ -764,7 +764,7 @@ class Bench:
             sh([b_dir / "bin" / "python", f"{pip}/pip", "install", "--quiet", "--no-deps",
                 "--no-build-isolation", "--no-index", sdist], env=hand, cwd=root)  # fmt: skip
 
-        first_pairs = 3  # each run is a ~90 s compile on 2 cores; two pairs ranged 1.04-1.20
+        first_pairs = 4  # each run is a ~90 s compile on 2 cores; three pairs ranged 1.15-1.24
         ta, tb = alternate(first, by_hand, first_pairs, before=fresh, warmup=False)
         first_ratio = pair_ratios(ta, tb)
 

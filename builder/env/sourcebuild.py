@@ -559,9 +559,14 @@ def _new_site_tops(env: Path, wheel: Path) -> list[str] | None:
             names = archive.namelist()
     except (OSError, zipfile.BadZipFile):
         return None  # uv says what is wrong with it
+    infos = {name.split("/", 1)[0] for name in names if ".dist-info/" in name}
+    if len(infos) != 1 or not next(iter(infos)).endswith(".dist-info"):
+        return None  # uv says what is wrong with it
+    # PEP 427: the wheel's own NAME-VERSION.data, not any top-level directory named so.
+    data = next(iter(infos))[: -len(".dist-info")] + ".data"
     for name in names:
         parts = name.split("/")
-        if parts[0].endswith(".data"):
+        if parts[0] == data:
             if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
                 return None
             parts = parts[2:]
