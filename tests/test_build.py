@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import os
 import subprocess
@@ -11,13 +10,12 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from builder.core import platforms, proc
 from builder.core.errors import BuildError
-from builder.env import build, installproof, place, sourcebuild
+from builder.env import build, installproof, place
 from builder.machine import interpreters
 from builder.spec import lock
 
@@ -410,27 +408,24 @@ def test_the_lock_proven_beside_an_install_counts_only_the_entries_named_as_arri
     (site / "b").mkdir()
     (site / "b-1.dist-info").mkdir()  # uv is still writing it
     said: list[str] = []
-    job = SimpleNamespace(
-        tmp=tmp_path / "env", spec=SimpleNamespace(name="t"),
-        stage=lambda name, _t: said.append(name),
-    )  # fmt: skip
+
+    def proof() -> installproof.Proof:
+        return installproof.Proof(site, tmp_path / "env", "t", {}, [], LOCKED,
+                                  lambda name, _t: said.append(name))  # fmt: skip
+
     with pytest.raises(BuildError, match=r"b: in site-packages, but no installed"):
-        build._Proof(job, site, {}, [], LOCKED).beside_install(["b-1.dist-info"])  # type: ignore[arg-type]
-    proof = build._Proof(job, site, {}, [], LOCKED)  # type: ignore[arg-type]
-    proof.beside_install(["b", "b-1.dist-info"])
+        proof().beside_install(["b-1.dist-info"])
+    beside = proof()
+    beside.beside_install(["b", "b-1.dist-info"])
     assert said == ["every file of 2 packages' RECORD in place"]
-    assert "b" not in proof.made_before and "nvidia" in proof.made_before
+    assert "b" not in beside.made_before and "nvidia" in beside.made_before
     installed_dist(site, "b", "1", {"b/__init__.py": b""})  # the install done
     (site / "nvidia" / "cu13" / "bin" / "ptxas").write_bytes(b"ptxa")  # after the lock's proof
     b = [lock.LockedPackage(name="b", version="1")]
-    taken = sourcebuild.SourceBuilt(
-        name="b", version="1", wheel="b.whl", sha256="", key="", reused=True, seconds=0.0,
-        apart=("b", "b-1.dist-info"),
-    )  # fmt: skip
-    proof.rest([taken], b)  # b's RECORD alone: what the lock's proof saw is not read again
-    compiled = dataclasses.replace(taken, reused=False, apart=())
+    taken = [("b", "b-1.dist-info")]
+    beside.rest(b, taken)  # b's RECORD alone: what the lock's proof saw is not read again
     with pytest.raises(BuildError, match=r"ptxas: 4 bytes, RECORD says 5"):
-        proof.rest([compiled], b)  # a compile ran in the env: every RECORD again
+        beside.rest(b, [()])  # a compile ran in the env: every RECORD again
     (site / "stray.pth").write_text("")
     with pytest.raises(BuildError, match=r"stray.pth: in site-packages, but no installed"):
-        proof.rest([taken], b)
+        beside.rest(b, taken)

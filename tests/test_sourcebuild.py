@@ -195,7 +195,7 @@ def test_the_lock_is_proven_before_anything_runs_in_the_env_and_once_on_a_store_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stored: bool
 ) -> None:
     """A store hit runs nothing of the package in the env, so the build proves the lock's
-    wheels as the placed wheel installs, or with it after (tests below; build.py's _Proof):
+    wheels as the placed wheel installs, or with it after (tests below; installproof.Proof):
     each RECORD read once; a miss proves the lock before the sdist's setup.py (which imports
     torch) runs."""
     sdist = LockedFile(name="b-1.tar.gz", url=None, path=None, size=1, sha256="1" * 64)

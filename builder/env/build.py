@@ -304,7 +304,7 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
     marker_env["python_full_version"] = interp.version
     site = toolchain.site_packages(tmp)
-    proof = _Proof(job, site, marker_env, venv_made, packages)
+    proof = installproof.Proof(site, tmp, spec.name, marker_env, venv_made, packages, job.stage)
     if not compiled:
         proof.lock(started=t)
     t = time.monotonic()
@@ -340,88 +340,21 @@ def _build_into(job: _Job, interp: interpreters.Interpreter) -> Manifest:
     return built
 
 
-class _Proof:
-    """The proof of the install (:func:`_prove_installed`), made once where it can be.
-
-    Where the lock has packages that compile at install, the lock's own proof waits until
-    something is about to run in the env (a compile: the sdist's ``setup.py`` imports torch),
-    so that an env whose every such package comes from the store is proven by one read of
-    all its RECORDs once everything is installed, not one before and one after (each read is
-    an ``lstat`` of every file the RECORDs name: ~0.1 s for a torch env, the largest cost of
-    a second env taking its wheels from the store). A wheel taken from the store is installed
-    while the lock's wheels are proven (sourcebuild.py), where it only adds entries of its
-    own to site-packages: those are left to its own proof."""
-
-    def __init__(
-        self,
-        job: _Job,
-        site: Path,
-        marker_env: dict[str, str],
-        made_before: Sequence[str],
-        packages: Sequence[LockedPackage],
-    ) -> None:
-        self.job, self.site, self.marker_env = job, site, marker_env
-        self.made_before = list(made_before)  # entries of site no RECORD lists: the venv's
-        self.packages = list(packages)  # the lock's, installed by uv
-        self.proven = False
-
-    def lock(self, started: float | None = None, *, apart: Sequence[str] = ()) -> None:
-        """Prove the lock's wheels now: before anything runs in the env. Then the site's
-        entries so far (the lock's and cudaenv's own hook files) are known to the proof of
-        what compiles. ``apart``: entries of site-packages an install running meanwhile
-        writes, which neither this proof nor the known entries count."""
-        if self.proven:
-            return
-        t = time.monotonic() if started is None else started
-        _prove_installed(
-            self.job, self.site, self.packages, self.marker_env, self.made_before, apart=apart
-        )
-        self.made_before = sorted({p.name for p in self.site.iterdir()} - set(apart))
-        self.proven = True
-        self.job.stage(f"every file of {len(self.packages)} packages' RECORD in place", t)
-
-    def before_running(self) -> None:
-        """Something of a package is about to run in the env (sourcebuild.py)."""
-        self.lock()
-
-    def beside_install(self, arriving: Sequence[str]) -> None:
-        """A wheel from the store is installing meanwhile, adding ``arriving`` (sourcebuild.py):
-        its proof is :meth:`rest`'s."""
-        self.lock(apart=arriving)
-
-    def rest(
-        self, made: Sequence[sourcebuild.SourceBuilt], compiled: Sequence[LockedPackage]
-    ) -> None:
-        """Prove ``compiled`` (installed since, as ``made`` says): with the lock's packages
-        where those were not proven yet; alone where each came from the store beside the
-        proof of the lock (its entries of site-packages its own: only its RECORDs are read),
-        else with every RECORD again (a compile ran in the env)."""
-        if not self.proven:
-            self.packages += compiled
-            self.lock()
-            return
-        apart = [top for m in made for top in m.apart]
-        only = apart if made and all(m.apart for m in made) else None
-        _prove_installed(
-            self.job, self.site, compiled, self.marker_env, self.made_before, only=only
-        )
-
-
 def _build_sources(
-    job: _Job, compiled: Sequence[LockedPackage], nvcc: str, proof: _Proof
+    job: _Job, compiled: Sequence[LockedPackage], nvcc: str, proof: installproof.Proof
 ) -> tuple[sourcebuild.SourceBuilt, ...]:
     """Build (or take from the store) the packages that compile at install, then prove their
     install: the env's toolkit and hook are in place by now (sourcebuild.py); the lock's
-    wheels are proven before the first compile runs, else together with them (:class:`_Proof`)."""
+    wheels are proven before the first compile runs, else beside or with them
+    (installproof.Proof)."""
     if not compiled:
         return ()
     t = time.monotonic()
     made = sourcebuild.build_all(
         job.tmp, job.spec, job.lock, compiled, nvcc=nvcc, target=job.target,
-        progress=job.progress, before_running=proof.before_running,
-        beside_install=proof.beside_install,
+        progress=job.progress, before_running=proof.lock, beside_install=proof.beside_install,
     )  # fmt: skip
-    proof.rest(made, compiled)
+    proof.rest(compiled, [m.apart for m in made])
     job.stage(f"{len(compiled)} package(s) built from source and proven", t)
     return made
 
@@ -538,7 +471,8 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     stage(f"unpack {len(packages)} packages for {platform.name}", t)
     t = time.monotonic()
     # uv locks a --target directory with an empty `.lock` it leaves there (no RECORD has it).
-    _prove_installed(job, site, packages, platform.marker_environment(spec.python), [".lock"])
+    marker_env = platform.marker_environment(spec.python)
+    installproof.prove(site, tmp, spec.name, packages, marker_env, [".lock"])
     overlay = toolchain.wheel_overlay(tmp, spec, platform)
     hooks.write_hooks(tmp, spec, env_archs)
     problems = toolchain.assembly_problems(tmp, platform)
@@ -554,44 +488,6 @@ def _assemble_into(job: _Job, platform: platforms.Platform) -> Manifest:
     )  # fmt: skip
     manifest.write(built, tmp)
     return built
-
-
-def _prove_installed(
-    job: _Job,
-    site: Path,
-    packages: Sequence[LockedPackage],
-    marker_env: dict[str, str],
-    made_before: Sequence[str] = (),
-    *,
-    apart: Sequence[str] = (),
-    only: Sequence[str] | None = None,
-) -> None:
-    """BuildError unless every locked package whose marker holds in ``marker_env`` (the
-    others uv rightly skips) is installed and every file its RECORD names is there as
-    recorded: uv can exit 0 over packages a failed earlier run left half-copied (a full
-    disk), and the env must not replace a working one then. ``made_before``: the entries of
-    ``site`` before the install (the venv's own), which no RECORD lists; ``apart``: those an
-    install running meanwhile writes; ``only``: the only ``.dist-info`` entries read
-    (installproof.problems)."""
-    problems = installproof.problems(
-        site,
-        job.tmp,
-        [p for p in packages if installproof.applies(p, marker_env)],
-        made_before=made_before,
-        apart=apart,
-        only=only,
-    )
-    if not problems:
-        return
-    free = shutil.disk_usage(job.tmp.parent).free // 2**20
-    shown = "; ".join(problems[:5]) + (
-        f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
-    )
-    raise BuildError(
-        f"{job.spec.name}: the install is incomplete: {len(problems)} file(s) or package(s) "
-        f"are not as their RECORD says ({shown}); {free} MiB free in {job.tmp.parent}. Nothing "
-        "was replaced: the previous env, if any, is intact"
-    )
 
 
 def _check_hook(venv: Path) -> None:

@@ -10,8 +10,10 @@ import base64
 import concurrent.futures
 import hashlib
 import os
+import shutil
 import stat
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,11 +21,12 @@ from packaging.markers import InvalidMarker, Marker, UndefinedComparison, Undefi
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.core.errors import BuildError
 from builder.env import recordscan
 from builder.env.recordscan import record_rows
 from builder.spec.lock import LockedPackage
 
-__all__ = ["RECORD_ERRATA", "applies", "problems", "record_rows"]
+__all__ = ["RECORD_ERRATA", "Proof", "applies", "problems", "prove", "record_rows"]
 
 # Files above this many bytes in all are hashed by a pool of threads (hashlib releases the GIL
 # for large updates); below it, one thread is faster than starting a pool.
@@ -321,3 +324,99 @@ def _hash_problems(entries: Sequence[_Recorded]) -> list[tuple[_Recorded, str]]:
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             found = list(pool.map(check, entries))
     return [(e, p) for e, p in zip(entries, found, strict=True) if p is not None]
+
+
+def prove(
+    site: Path,
+    root: Path,
+    name: str,
+    packages: Sequence[LockedPackage],
+    marker_env: dict[str, str],
+    made_before: Sequence[str] = (),
+    *,
+    apart: Sequence[str] = (),
+    only: Sequence[str] | None = None,
+) -> None:
+    """BuildError (naming the env ``name`` being built at ``root``) unless every locked package
+    whose marker holds in ``marker_env`` (the others uv rightly skips) is installed and every
+    file its RECORD names is there as recorded: uv can exit 0 over packages a failed earlier
+    run left half-copied (a full disk), and the env must not replace a working one then.
+    ``made_before``, ``apart`` and ``only`` as :func:`problems`'s."""
+    found = problems(
+        site,
+        root,
+        [p for p in packages if applies(p, marker_env)],
+        made_before=made_before,
+        apart=apart,
+        only=only,
+    )
+    if not found:
+        return
+    free = shutil.disk_usage(root.parent).free // 2**20
+    shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+    raise BuildError(
+        f"{name}: the install is incomplete: {len(found)} file(s) or package(s) "
+        f"are not as their RECORD says ({shown}); {free} MiB free in {root.parent}. Nothing "
+        "was replaced: the previous env, if any, is intact"
+    )
+
+
+class Proof:
+    """The build's proof of its install (:func:`prove`), made once where it can be.
+
+    Where the lock has packages that compile at install, the lock's own proof waits until
+    something is about to run in the env (a compile: the sdist's ``setup.py`` imports torch),
+    so that an env whose every such package comes from the store is proven by one read of
+    all its RECORDs, not one before and one after (each read is an ``lstat`` of every file
+    the RECORDs name: ~0.1 s for a torch env, the largest cost of a second env taking its
+    wheels from the store). A wheel taken from the store is installed while the lock's wheels
+    are proven (builder/env/sourcebuild.py), where it only adds entries of its own to
+    site-packages: its proof then reads its own RECORD alone."""
+
+    def __init__(
+        self,
+        site: Path,
+        root: Path,
+        name: str,
+        marker_env: dict[str, str],
+        made_before: Sequence[str],
+        packages: Sequence[LockedPackage],
+        stage: Callable[[str, float], None],
+    ) -> None:
+        self.site, self.root, self.name, self.marker_env = site, root, name, marker_env
+        self.made_before = list(made_before)  # entries of site no RECORD lists: the venv's
+        self.packages = list(packages)  # the lock's, installed by uv
+        self.stage = stage
+        self.proven = False
+
+    def lock(self, started: float | None = None, *, apart: Sequence[str] = ()) -> None:
+        """Prove the lock's wheels now: before anything runs in the env. Then the site's
+        entries so far (the lock's and cudaenv's own hook files) are known to the proof of
+        what compiles. ``apart``: entries of site-packages an install running meanwhile
+        writes, which neither this proof nor the known entries count."""
+        if self.proven:
+            return
+        t = time.monotonic() if started is None else started
+        prove(self.site, self.root, self.name, self.packages, self.marker_env,
+              self.made_before, apart=apart)  # fmt: skip
+        self.made_before = sorted({p.name for p in self.site.iterdir()} - set(apart))
+        self.proven = True
+        self.stage(f"every file of {len(self.packages)} packages' RECORD in place", t)
+
+    def beside_install(self, arriving: Sequence[str]) -> None:
+        """A wheel from the store is installing meanwhile, adding ``arriving``: its own proof
+        is :meth:`rest`'s."""
+        self.lock(apart=arriving)
+
+    def rest(self, compiled: Sequence[LockedPackage], apart: Sequence[Sequence[str]]) -> None:
+        """Prove ``compiled`` (installed since; ``apart``: the entries each added beside the
+        lock's proof, none for one installed alone or compiled): with the lock's packages
+        where those were not proven yet; by their own RECORDs alone where each was installed
+        beside the lock's proof; else with every RECORD again (a compile ran in the env)."""
+        if not self.proven:
+            self.packages += compiled
+            self.lock()
+            return
+        only = [top for tops in apart for top in tops] if all(apart) else None
+        prove(self.site, self.root, self.name, compiled, self.marker_env, self.made_before,
+              only=only)  # fmt: skip

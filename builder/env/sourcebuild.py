@@ -39,7 +39,7 @@ from builder import store as jit_store
 from builder.core import platforms, proc
 from builder.core.errors import BuildError
 from builder.core.paths import jit_store_here
-from builder.env import recipes
+from builder.env import recipes, toolchain
 from builder.env.sdistbuild import (
     WORK,
     Guard,
@@ -75,7 +75,7 @@ class SourceBuilt:
     seconds: float
     entry: Path | None = None  # the store entry it came from or went into (none: store off)
     # The entries of site-packages it added, installed beside the proof of the lock (none:
-    # installed alone, or compiled): only its own RECORD is read to prove it (build.py).
+    # installed alone, or compiled): only its own RECORD is read to prove it (installproof.Proof).
     apart: tuple[str, ...] = ()
 
 
@@ -529,7 +529,7 @@ def _install_meanwhile(
     while it lists the directory, and what they hold is the wheel's alone): a file the lock's
     wheels hold too, or one under ``bin/`` or the env's root (a ``.data`` scheme, an entry
     point's script), would be read by the proof half-way through being replaced. Else the
-    install alone, and the proof after it (build.py's _Proof). The entries added beside the
+    install alone, and the proof after it (installproof.Proof). The entries added beside the
     proof, or none."""
     tops = _new_site_tops(env, wheel) if meanwhile is not None else None
     if meanwhile is None or tops is None:
@@ -540,19 +540,17 @@ def _install_meanwhile(
             meanwhile(tops)
     except proc.CommandFailed as exc:
         raise _install_failed(pkg, exc) from exc
-    return tuple(tops)
+    return tops
 
 
-def _new_site_tops(env: Path, wheel: Path) -> list[str] | None:
+def _new_site_tops(env: Path, wheel: Path) -> tuple[str, ...] | None:
     """The entries of site-packages that installing ``wheel`` adds, or None where it writes
     anything else: into an entry already there, or outside site-packages (the ``scripts``,
     ``data`` and ``headers`` schemes of PEP 427's ``.data`` directory, the scripts an
     installer writes for ``entry_points.txt``)."""
     import zipfile
 
-    found = sorted(env.glob("lib/python3*/site-packages"))
-    if len(found) != 1:
-        return None
+    site = toolchain.site_packages(env)
     tops: set[str] = set()
     try:
         with zipfile.ZipFile(wheel) as archive:
@@ -575,9 +573,9 @@ def _new_site_tops(env: Path, wheel: Path) -> list[str] | None:
         if parts[0].endswith(".dist-info") and parts[1:] == ["entry_points.txt"]:
             return None
         tops.add(parts[0])
-    if any(os.path.lexists(found[0] / top) for top in tops):
+    if any(os.path.lexists(site / top) for top in tops):
         return None
-    return sorted(tops)
+    return tuple(sorted(tops))
 
 
 def _install(env: Path, wheel: Path, pkg: LockedPackage) -> None:
