@@ -145,3 +145,23 @@ def test_quoted_records_read_as_csv(tmp_path: Path) -> None:
     ]
     record.write_text("a.py,sha256=x,3\n,,\n\nc.py,,\n")
     assert list(recordscan.record_rows(record)) == [["a.py", "sha256=x", "3"], ["c.py", "", ""]]
+
+
+def test_an_env_named_through_dot_dot_holds_its_dot_files(tmp_path: Path) -> None:
+    """`--env-dir ../env`: a RECORD row with a dot segment (the NVIDIA wheels ship
+    nvidia/cu13/.metadata/) is normalized before it is compared with the env's path, so that
+    path must be normal too; before, each such file was "outside the env" and the build
+    failed. A file really outside (`../`) still is."""
+    env = tmp_path / "env"
+    site = env / "lib" / "python3.12" / "site-packages"
+    installed_dist(site, "nvidia-cuda-cccl", "13.0.85", {"nvidia/cu13/.metadata/.sizes.txt": b"1"})
+    (tmp_path / "work").mkdir()
+    through = tmp_path / "work" / ".." / "env"  # as `cudaenv build --env-dir ../env` has it
+    through_site = through / site.relative_to(env)
+    assert installproof.problems(through_site, through) == []
+    info = site / "nvidia_cuda_cccl-13.0.85.dist-info"
+    (tmp_path / "stray").write_bytes(b"x")
+    with (info / "RECORD").open("a") as record:
+        record.write("../../../../stray,,\n")
+    [problem] = installproof.problems(through_site, through)
+    assert problem.endswith("../../../../stray: outside the env")

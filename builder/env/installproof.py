@@ -101,6 +101,11 @@ def problems(
     read), where the rest of ``site``, in ``made_before``, was proven before and nothing has
     run in the env since."""
     errata = RECORD_ERRATA if errata is None else errata
+    # Absolute and normal: a RECORD row with a dot segment is normalized before it is
+    # compared with ``root``, so an env named `../env` would see its own files as outside.
+    # Not resolve(): a row's path keeps its links too, and must be compared with the same.
+    site = Path(os.path.abspath(site))  # noqa: PTH100 - links kept
+    root = Path(os.path.abspath(root))  # noqa: PTH100 - links kept
     infos, problems = _installed(site, packages, apart, only)
     site_text, inside = os.fspath(site), os.fspath(root) + os.sep
     found = recordscan.scan(site_text, list(infos.values()), inside, hash_linked=hash_linked)
