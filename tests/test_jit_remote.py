@@ -684,3 +684,65 @@ def test_tags() -> None:
             tag_for(bad)
     with pytest.raises(ValueError, match="not an OCI tag"):
         fetch_index(Remote.parse("oci://127.0.0.1:9/jit"), "-bad")
+
+
+class PathOnlyLocation(BaseHTTPRequestHandler):
+    """A registry that answers a blob upload with a Location of a path alone (no scheme or
+    host), which the distribution spec allows."""
+
+    seen: list[str]
+
+    def do_HEAD(self) -> None:
+        self.seen.append(f"HEAD {self.path}")
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        self.seen.append(f"POST {self.path}")
+        self.send_response(202)
+        self.send_header("Location", "/v2/cudaenv/jit/blobs/uploads/u-1?state=s")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.seen.append(f"PUT {self.path} {self.rfile.read(length)!r}")
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_an_upload_location_of_a_path_alone_is_on_the_same_registry() -> None:
+    seen: list[str] = []
+    handler = type("Handler", (PathOnlyLocation,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    data = b"blob"
+    digest = oci.sha256_digest(data)
+    try:
+        remote = Remote.parse(f"oci://127.0.0.1:{server.server_address[1]}/cudaenv/jit")
+        oci.Client(remote, timeout=5).upload(digest, len(data), data)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [
+        f"HEAD /v2/cudaenv/jit/blobs/{digest}",
+        "POST /v2/cudaenv/jit/blobs/uploads/",
+        f"PUT /v2/cudaenv/jit/blobs/uploads/u-1?state=s&digest={digest.replace(':', '%3A')} b'blob'",
+    ]
+
+
+def test_the_client_does_not_import_oras_provider() -> None:
+    """The client's import is paid by a node's build while uv installs beside it: oras's
+    provider module is not needed and pulls in jsonschema (~40% of that import)."""
+    import subprocess
+    import sys
+
+    code = "import sys, builder.jit.oci; print(sorted({'oras.provider', 'jsonschema'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
