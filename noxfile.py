@@ -138,9 +138,13 @@ def fast(session: nox.Session) -> None:
     # (`tests`, `.ci/run`), and a quick check must not reach for apt-get as root.
     # One worker a core (pytest-xdist): most of these tests start the CLI in a child process,
     # and waiting on one at a time is what made this session slow.
+    # Bytecode kept, whatever the shell says: under PYTHONDONTWRITEBYTECODE pytest rewrites
+    # the asserts of every test module again in each worker (~5 s of a minute on 2 cores),
+    # and every CLI child compiles cudaenv again.
     session.run(
-        "pytest", "-n", "auto", "-m", "not network and not e2e and not slow", *session.posargs
-    )
+        "pytest", "-n", "auto", "-m", "not network and not e2e and not slow", *session.posargs,
+        env={"PYTHONDONTWRITEBYTECODE": None},
+    )  # fmt: skip
 
 
 @nox.session

@@ -626,6 +626,7 @@ BUFFERED = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     ],
 )
 @pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_gets_no_traceback(argv: list[str], buffered: bool) -> None:
     # `cudaenv plan SPEC | head -1` where head has gone: the pipe's reading end is closed
     # before cudaenv writes anything, so its first write fails, wherever it happens.

@@ -46,6 +46,7 @@ def test_the_generated_pages_are_what_the_code_says() -> None:
     assert stale == [], "run `python -m builder.cli.docgen` and commit the pages"
 
 
+@pytest.mark.slow
 def test_docgen_check_fails_on_a_stale_page(tmp_path: Path) -> None:
     assert docgen.main(["--root", str(tmp_path)]) == 0  # writes them
     assert docgen.main(["--check", "--root", str(tmp_path)]) == 0

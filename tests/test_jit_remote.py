@@ -379,6 +379,7 @@ def silent_server() -> Iterator[int]:
         yield port
 
 
+@pytest.mark.slow
 def test_a_registry_that_never_answers_times_out(silent_server: int, tmp_path: Path) -> None:
     remote = Remote.parse(f"oci://127.0.0.1:{silent_server}/cudaenv/jit")
     for call in (

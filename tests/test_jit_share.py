@@ -324,6 +324,7 @@ def test_flashinfer_builds_share_through_the_registry(
     assert len(c["warnings"]) == 1 and registry.url in c["warnings"][0]
 
 
+@pytest.mark.slow
 def test_a_warm_list_whose_entries_never_answer_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

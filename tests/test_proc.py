@@ -282,6 +282,7 @@ def test_running_waits_for_its_child_after_the_body_and_says_a_failure() -> None
     assert "boom" in caught.value.output
 
 
+@pytest.mark.slow
 def test_running_kills_its_child_past_the_deadline_and_when_the_body_raises(
     tmp_path: Path,
 ) -> None:

@@ -134,6 +134,7 @@ def test_a_good_env_passes_and_times_each_module(venv: Path, tmp_path: Path) -> 
     assert evidence["import sglang.srt.entrypoints.engine"].endswith(" s")
 
 
+@pytest.mark.slow
 def test_an_unchanged_env_reuses_the_recorded_pass_and_any_change_runs_it_again(
     venv: Path, tmp_path: Path
 ) -> None:

@@ -555,6 +555,7 @@ def most_at_once(log: Path) -> int:
     return most
 
 
+@pytest.mark.slow
 def test_a_warm_builds_modules_at_once_within_its_compile_slots(
     probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
