@@ -93,7 +93,6 @@ class Client:
     a node's build while uv installs beside it."""
 
     def __init__(self, remote: Remote, timeout: float) -> None:
-        self.hostname = remote.host
         self.prefix = "http" if remote.insecure else "https"
         self.remote = remote
         self.session = _TimeoutSession(timeout, remote)
