@@ -165,3 +165,39 @@ def test_an_env_named_through_dot_dot_holds_its_dot_files(tmp_path: Path) -> Non
         record.write("../../../../stray,,\n")
     [problem] = installproof.problems(through_site, through)
     assert problem.endswith("../../../../stray: outside the env")
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_the_collector_is_off_while_records_are_read_and_as_it_was_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, was_on: bool
+) -> None:
+    """Reading 74,000 rows with the cyclic collector on spent a sixth of the proof in
+    collections; it is off for the read, and left as the caller had it, a read that
+    raises included."""
+    import gc
+
+    site, env = _a_site(tmp_path)
+    monkeypatch.setattr(recordscan, "SPLIT_BYTES", 1 << 40)
+    real, seen = recordscan._read, []
+
+    def read(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recordscan, "_read", read)
+    infos = sorted((i.name, i) for i in site.glob("*.dist-info"))
+    (gc.enable if was_on else gc.disable)()
+    try:
+        recordscan.scan(str(site), infos, f"{env}{os.sep}", hash_linked=False)
+        assert seen == [False]
+        assert gc.isenabled() is was_on
+
+        def fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError("the read failed")
+
+        monkeypatch.setattr(recordscan, "_read", fails)
+        with pytest.raises(RuntimeError):
+            recordscan.scan(str(site), infos, f"{env}{os.sep}", hash_linked=False)
+        assert gc.isenabled() is was_on
+    finally:
+        gc.enable()

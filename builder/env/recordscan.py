@@ -12,7 +12,9 @@ found whichever process read each claimant.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -68,6 +70,28 @@ def scan(
 ) -> Scanned:
     """Every claim of the RECORDs of ``infos`` (version, dist-info) below ``site``; ``inside``:
     the env's path and a separator. Split across two processes when large (see above)."""
+    with _collector_paused():
+        return _scan(site, infos, inside, hash_linked=hash_linked)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while RECORDs are read: each row is a new list kept
+    in ``claims``, so every few hundred rows a collection walked the growing set again, a
+    sixth of the proof's time (0.06 s of 0.38 for the default stack's 74,000 rows, measured).
+    The rows are not cyclic; what they hold is freed by reference counting either way."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _scan(
+    site: str, infos: Sequence[tuple[str, Path]], inside: str, *, hash_linked: bool
+) -> Scanned:
     sizes = [_size(info / "RECORD") for _v, info in infos]
     if sum(sizes) < SPLIT_BYTES or not forked.can_fork():
         done = _read(site, infos, inside, hash_linked=hash_linked)
