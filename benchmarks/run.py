@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import glob
 import json
 import os
 import platform
@@ -597,8 +598,7 @@ class Bench:
             cudaenv("build", DEFAULT, "--env-dir", env_dir,
                     env={"CUDAENV_JIT_STORE": str(store)})  # fmt: skip
             # The module's own name, its glob characters escaped: exactly that module.
-            escaped = "".join(f"[{c}]" if c in "*?[" else c for c in longest)
-            _, _, one, _ = self.warm_timed(env_dir, store, "--modules", escaped)
+            _, _, one, _ = self.warm_timed(env_dir, store, "--modules", glob.escape(longest))
             rm_all(env_dir, store)
             alone_s = max((m["seconds"] for m in one["modules"] if m["module"] == longest),
                           default=0.0)  # fmt: skip
