@@ -11,6 +11,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -527,11 +528,6 @@ def test_the_jit_probe_reads_what_ninja_ran_not_what_existed(
     assert env_facts.jit_sampling()["reused"] is False
 
 
-SLEEPER = """rule s
-  command = echo "start $$(date +%s.%N)" >> {log}; sleep {pause}; echo "end $$(date +%s.%N)" >> {log}; touch $out
-"""
-
-
 def jobserver_ninja() -> str:
     found = Path(sys.executable).parent / "ninja"
     if not found.is_file():
@@ -546,7 +542,7 @@ def most_at_once(log: Path) -> int:
     """The most commands running together, from their start and end stamps."""
     events = sorted(
         (float(stamp), 1 if kind == "start" else -1)
-        for kind, stamp in (line.split() for line in log.read_text().splitlines())
+        for kind, _, stamp in (line.split() for line in log.read_text().splitlines())
     )
     running = most = 0
     for _, change in events:
@@ -555,13 +551,30 @@ def most_at_once(log: Path) -> int:
     return most
 
 
-@pytest.mark.slow
-def test_a_warm_builds_modules_at_once_within_its_compile_slots(
-    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """One scheduler for the compiles of a warm: modules are built together on 2 slots (a
-    jobserver every ninja joins), never more than 2 commands at once across all of them, and
-    the module left last gets both slots for its own compiles."""
+SLEEPER = """rule s
+  command = echo "start $out $$(date +%s.%N)" >> {log}; sleep $pause; echo "end $out $$(date +%s.%N)" >> {log}; touch $out
+"""
+
+
+def spans(log: Path) -> dict[str, tuple[float, float]]:
+    """Each command's (start, end), by its output's name, from the sleeper's log."""
+    stamps: dict[str, dict[str, float]] = {}
+    for line in log.read_text().splitlines():
+        kind, out, stamp = line.split()
+        stamps.setdefault(out, {})[kind] = float(stamp)
+    return {out: (s["start"], s["end"]) for out, s in stamps.items()}
+
+
+def warm_sleepers(
+    probe: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edges: dict[str, list[float]],
+) -> tuple[list[dict[str, Any]], float, Path]:
+    """A warm on 2 slots whose modules are real ninjas running ``sleep`` commands (each
+    module's list is its commands' pauses, in build.ninja's order): its events, its wall time
+    and the commands' log."""
     import types
 
     ninja = jobserver_ninja()
@@ -572,14 +585,16 @@ def test_a_warm_builds_modules_at_once_within_its_compile_slots(
     monkeypatch.setenv("MAKEFLAGS", "")
     monkeypatch.setenv("MAX_JOBS", "8")
     log = tmp_path / "log"
-    edges = {"a": 1, "b": 1, "c": 1, "topk": 4}  # topk is built first (the longest)
 
     def build(spec: Any, root: Path, compiled: bool, recipe: Any, waiting: Any) -> dict[str, Any]:
         where = tmp_path / spec.name
         where.mkdir()
-        rules = SLEEPER.format(log=log, pause=0.6)
         (where / "build.ninja").write_text(
-            rules + "".join(f"build o{i}: s\n" for i in range(edges[spec.name]))
+            SLEEPER.format(log=log)
+            + "".join(
+                f"build {spec.name}.o{i}: s\n  pause = {pause}\n"
+                for i, pause in enumerate(edges[spec.name])
+            )
         )
         assert "MAX_JOBS" not in os.environ  # FlashInfer would pass -j and leave the jobserver
         subprocess.run([ninja, "-C", str(where)], check=True, capture_output=True)
@@ -597,6 +612,64 @@ def test_a_warm_builds_modules_at_once_within_its_compile_slots(
     done = [e for e in events if e["event"] == "done"]
     assert sorted(e["module"] for e in done) == sorted(edges)
     assert all(e["status"] == "built" for e in done), done
+    return events, wall, log
+
+
+@pytest.mark.slow
+def test_a_warm_builds_modules_at_once_within_its_compile_slots(
+    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One scheduler for the compiles of a warm: modules are built together on 2 slots (a
+    jobserver every ninja joins), never more than 2 commands at once across all of them, and
+    the module left last gets both slots for its own compiles."""
+    edges = {"a": [0.6], "b": [0.6], "c": [0.6], "topk": [0.6] * 4}  # topk: built first
+    _, wall, log = warm_sleepers(probe, monkeypatch, tmp_path, capsys, edges)
     assert most_at_once(log) == 2  # 7 commands, never more than the 2 slots together
     # 7 commands of 0.6 s on 2 slots: 2.4 s at best, 4.2 s one at a time.
     assert wall < 3.9, wall
+
+
+@pytest.mark.slow
+def test_the_longest_module_gets_its_slots_first_and_lends_one_it_holds_idle(
+    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """topk's long file is its second (as one of FlashInfer's four is): the lead module's
+    ninja starts both of its first commands at once, before any other module takes a slot,
+    and once its short files are done, the slot it holds idle behind the long one (ninja's
+    first command ran on its implicit slot and its last runs on a token it read) builds the
+    other modules meanwhile. Before: the others took the second slot at the start, so the
+    long file waited for the first, and then everything behind it."""
+    edges = {"a": [0.6], "b": [0.6], "c": [0.6], "topk": [0.5, 6.0, 0.5, 0.5]}
+    _, wall, log = warm_sleepers(probe, monkeypatch, tmp_path, capsys, edges)
+    ran = spans(log)
+    assert most_at_once(log) == 2
+    first, long = ran["topk.o0"], ran["topk.o1"]
+    assert long[0] - first[0] < 0.3, ran  # both of the lead's slots at its start
+    others = [span for out, span in ran.items() if not out.startswith("topk.")]
+    assert all(end < long[1] for _, end in others), ran  # built beside the long file
+    # The long file is the bound: 6 s; 7 s when it starts behind the first and the rest
+    # behind it.
+    assert wall < 6.9, wall
+
+
+def test_census_counts_this_process_ninjas_and_their_commands(probe: Any, tmp_path: Path) -> None:
+    """What the warm's slots are counted from: a ninja this process started, with each
+    command it runs, and nothing of another process's ninja."""
+    ninja = shutil.which("ninja") or pytest.skip("no ninja on PATH")
+    (tmp_path / "build.ninja").write_text(
+        SLEEPER.format(log=tmp_path / "log")
+        + "".join(f"build o{i}: s\n  pause = 3\n" for i in range(2))
+    )
+    assert probe.census(os.getpid()) == {}
+    child = subprocess.Popen([ninja, "-j2", "-C", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 2.5
+        seen: dict[int, int] = {}
+        while time.monotonic() < deadline and seen != {child.pid: 2}:
+            seen = probe.census(os.getpid())
+            time.sleep(0.05)
+        assert seen == {child.pid: 2}
+        assert probe.census(child.pid) == {}  # its commands are sh, not ninja
+    finally:
+        child.kill()
+        child.wait()

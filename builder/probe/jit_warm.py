@@ -15,14 +15,17 @@ checked against its recorded sha256 as it is placed. It compiles nothing.
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import json
 import os
 import select as selectors
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import traceback
@@ -42,6 +45,13 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 PREFETCH_LOCK_WAIT = 10.0
 # A recipe names one of these; anything else (an entry from elsewhere) generates nothing.
 KINDS = (*MISC, "act", *ATTENTION)
+# The warm's compile slots (Jobserver): how long a token the lead module's ninja gave back is
+# left to it before another worker takes it (ninja asks again in the same step, within
+# milliseconds), how often the slots in use are counted, and how long the other workers wait
+# at most for the lead's ninja to start (its key and lock come first: seconds).
+GRACE = 0.5
+PERIOD = 0.5
+LEAD_START = 60.0
 
 
 _EMIT = threading.Lock()
@@ -188,7 +198,26 @@ class Jobserver:
     that every ninja the warm starts joins, so the modules built at once never run more
     compiles together than there are slots, and a module left alone gets them all. Each
     module's ninja runs on a token its worker took (make's implicit token) and takes one more
-    for each further compile."""
+    for each further compile.
+
+    Two things ninja's client does are answered here (ninja 1.13's ``build.cc`` and
+    ``jobserver-posix.cc``; ninja-build/ninja#2683):
+
+    - It asks for a token only when it can start a command: at its start and when one of its
+      own commands ends, never while it waits. A worker waiting in ``select`` takes a token
+      the moment it is written, so a module's ninja that began with one slot kept one, and
+      the longest module (topk: one file of ~780 s among four) built its files one after
+      another behind the short ones. So the lead module (the first of ``order``) starts
+      alone: the other workers wait until its ninja runs commands (it has then taken what it
+      can) or it ends, and while it runs they leave a token written to the FIFO for
+      ``GRACE`` seconds first, so its ninja, which gives a token back and asks again in the
+      same step, keeps it.
+    - Its first command runs on the implicit slot, and that slot, not the token it read,
+      is freed when that command ends. A ninja whose last command runs on a token it read
+      holds two slots for one compile. ``balance`` counts the compiles that really run
+      (the commands of this process's ninjas, in /proc) against the tokens held, lends a
+      token to the FIFO for each slot held idle, and takes the loans back as they return.
+    """
 
     def __init__(self, slots: int) -> None:
         self.dir = tempfile.mkdtemp(prefix="cudaenv-jobs-")
@@ -199,36 +228,154 @@ class Jobserver:
         self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
         os.write(self.fd, b"+" * slots)
         self.slots = slots
+        self.lock = threading.Lock()
+        self.held = 0  # tokens the workers hold, each a module's implicit slot
+        self.lent = 0  # tokens written beyond the slots, for slots held idle
+        self.owed = 0  # loans to take back as soon as a token is free
+        self.lead_since = time.monotonic()  # the lead's start, once ``lead`` says it
+        self.lead_running = threading.Event()
+        self.opened = threading.Event()  # the other workers may take tokens
+        self.closed = threading.Event()
+        self.balancer = threading.Thread(target=self.balance, daemon=True)
+        self.balancer.start()
 
     def makeflags(self) -> str:
         return f" -j{self.slots} --jobserver-auth=fifo:{self.path}"
 
-    def take(self, beat: Any) -> bytes:
+    def free(self) -> int:
+        """Tokens in the FIFO now."""
+        count = fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0")
+        return int(struct.unpack("i", count)[0])
+
+    def lead(self, running: bool) -> None:
+        """The lead module starts (``True``) or ends."""
+        if running:
+            self.lead_since = time.monotonic()
+            self.lead_running.set()
+        else:
+            self.lead_running.clear()
+            self.opened.set()
+
+    def take(self, beat: Any, behind_lead: bool = False) -> bytes:
         """One token, waiting as long as it takes (every compile gives its token back);
-        ``beat`` is called every minute of the wait."""
-        waited = 0.0
+        ``beat`` is called every minute of the wait. ``behind_lead``: a module other than the
+        lead, which waits for the lead's start and lets its ninja go first."""
+        started = time.monotonic()
+        beats = 0
+
+        def heartbeat() -> None:
+            nonlocal beats
+            waited = time.monotonic() - started
+            if waited >= (beats + 1) * 60.0:
+                beats = int(waited // 60.0)
+                beat(float(beats * 60))
+
+        while behind_lead and not self.opened.wait(1.0):
+            heartbeat()
         while True:
-            ready, _, _ = selectors.select([self.fd], [], [], 60.0)
+            ready, _, _ = selectors.select([self.fd], [], [], 1.0)
+            if ready and behind_lead and self.lead_running.is_set():
+                time.sleep(GRACE)  # the lead's ninja gives a token back and asks again: first
             if ready:
                 try:
                     token = os.read(self.fd, 1)
                 except BlockingIOError:
-                    continue  # another worker took it first
+                    token = b""  # another worker or a ninja took it first
                 if token:
+                    with self.lock:
+                        if self.owed > 0:  # a loan come back: kept out of the FIFO
+                            self.owed -= 1
+                            self.lent -= 1
+                            continue
+                        self.held += 1
                     return token
-            waited += 60.0
-            beat(waited)
+            heartbeat()
 
     def give(self, token: bytes) -> None:
+        with self.lock:
+            self.held -= 1
         os.write(self.fd, token)
 
+    def balance(self) -> None:
+        """Every ``PERIOD``: open the way for the other workers once the lead's ninja runs
+        commands, and keep as many compiles running as there are slots (see the class)."""
+        idle_before = 0
+        while not self.closed.wait(PERIOD):
+            running: dict[int, int] | None
+            try:
+                running, free = census(os.getpid()), self.free()
+            except OSError:  # no /proc here, or unreadable this time: no loan on a guess
+                running, free = None, 0
+            commands = sum(running.values()) if running else 0
+            if not self.opened.is_set() and (
+                commands > 0 or time.monotonic() - self.lead_since > LEAD_START
+            ):
+                self.opened.set()  # running commands: its ninja has taken what it can
+            if running is None:
+                continue
+            ninjas = len(running)
+            with self.lock:
+                # A worker's token with no ninja of its own is a slot in use (generating a
+                # module, hashing, storing); one with a ninja is used by its commands.
+                busy = commands + max(0, self.held - ninjas)
+                idle = self.slots + self.lent - free - busy
+                # Idle twice running (not a moment's gap between two commands), and never more
+                # loans than ninjas running a command (each can hold one slot idle): a count
+                # gone wrong lends nothing rather than doubling the compiles.
+                wanted = min(idle, idle_before, sum(1 for n in running.values() if n > 0))
+                if wanted > self.lent:
+                    extra = wanted - self.lent
+                    os.write(self.fd, b"+" * extra)
+                    self.lent += extra
+                    self.owed = 0
+                elif idle < self.lent:
+                    self.owed = self.lent - max(0, idle)
+                    while self.owed > 0:
+                        try:
+                            if not os.read(self.fd, 1):
+                                break
+                        except BlockingIOError:
+                            break  # in use: taken back by the next worker that reads it
+                        self.owed -= 1
+                        self.lent -= 1
+                idle_before = idle
+
     def close(self) -> None:
+        self.closed.set()
+        self.opened.set()
+        self.balancer.join(timeout=PERIOD * 4)
         os.close(self.fd)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-# The modules whose compile is longest first (measured on 2 cores: topk 1,014 s, the
-# attention modules minutes each), so the last to finish is not a long one started late.
+def census(me: int) -> dict[int, int]:
+    """The ``ninja`` processes whose parent is ``me``, each with the number of processes
+    whose parent it is (each a command it runs), from /proc."""
+    parents: dict[int, tuple[int, str]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                text = stat.read().decode("utf-8", "replace")
+        except OSError:
+            continue  # ended while we looked
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        head, _, rest = text.rpartition(")")
+        fields = rest.split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            continue
+        parents[int(entry.name)] = (int(fields[1]), head.partition("(")[2])
+    ninjas = {pid: 0 for pid, (ppid, comm) in parents.items() if ppid == me and comm == "ninja"}
+    for ppid, _ in parents.values():
+        if ppid in ninjas:
+            ninjas[ppid] += 1
+    return ninjas
+
+
+# The modules whose compile is longest first (measured on 2 cores: topk 782 s alone, most
+# of it one of its four files; the attention modules minutes each), so the last to finish is
+# not a long one started late. The first of them built is the warm's lead (Jobserver).
 LONGEST_FIRST = ("topk", "prefill", "decode", "sampling", "cascade")
 
 
@@ -272,15 +419,20 @@ def warm(request: dict[str, Any]) -> int:
         workers=workers,
         slots=slots,
     )
+    ordered = order(chosen)
+    lead = next((item[0] for item in ordered if item[2] is not None), None)
+    if pool is not None:
+        pool.lead(True)  # before any worker starts: the others wait for it
     try:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as threads:
             running = [
-                (item, threads.submit(warm_one, root, pool, *item)) for item in order(chosen)
+                (name, threads.submit(warm_one, root, pool, name, recipe, spec, why, name == lead))
+                for name, recipe, spec, why in ordered
             ]
-        for item, future in running:
+        for name, future in running:
             failure = future.exception()
             if failure is not None:  # said as this module's result, never lost
-                emit("done", module=item[0], status="failed", reason=reason(failure), seconds=0)
+                emit("done", module=name, status="failed", reason=reason(failure), seconds=0)
     finally:
         if pool is not None:
             pool.close()
@@ -289,10 +441,17 @@ def warm(request: dict[str, Any]) -> int:
 
 
 def warm_one(
-    root: Path, pool: Jobserver | None, name: str, recipe: Any, spec: Any, why: str | None
+    root: Path,
+    pool: Jobserver | None,
+    name: str,
+    recipe: Any,
+    spec: Any,
+    why: str | None,
+    lead: bool = False,
 ) -> None:
     """One module built through the store (its own thread when the warm builds several at
-    once): a ``start`` and a ``done`` event, and a ``waiting`` one for each long wait."""
+    once): a ``start`` and a ``done`` event, and a ``waiting`` one for each long wait.
+    ``lead``: the module the others wait for (Jobserver)."""
     emit("start", module=name)
     started = time.monotonic()
     done: dict[str, object] = {"module": name}
@@ -311,8 +470,10 @@ def warm_one(
         emit("waiting", module=name, pid=str(os.getpid()), what="a free compile slot",
              since=time.time() - waited, seconds=round(waited))  # fmt: skip
 
-    token = pool.take(slotless) if pool is not None and spec is not None else None
+    token = None
     try:
+        if pool is not None and spec is not None:
+            token = pool.take(slotless, behind_lead=not lead)
         if spec is None:
             done.update(status="failed", reason=why)
         else:
@@ -340,6 +501,8 @@ def warm_one(
     finally:
         if token is not None and pool is not None:
             pool.give(token)
+        if lead and pool is not None:
+            pool.lead(False)
     done["seconds"] = round(time.monotonic() - started, 3)
     emit("done", **done)
 
