@@ -15,6 +15,7 @@ checked against its recorded sha256 as it is placed. It compiles nothing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import json
@@ -29,6 +30,7 @@ import termios
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -205,18 +207,19 @@ class Jobserver:
 
     - It asks for a token only when it can start a command: at its start and when one of its
       own commands ends, never while it waits. A worker waiting in ``select`` takes a token
-      the moment it is written, so a module's ninja that began with one slot kept one, and
-      the longest module (topk: one file of ~780 s among four) built its files one after
-      another behind the short ones. So the lead module (the first of ``order``) starts
-      alone: the other workers wait until its ninja runs commands (it has then taken what it
-      can) or it ends, and while it runs they leave a token written to the FIFO for
-      ``GRACE`` seconds first, so its ninja, which gives a token back and asks again in the
-      same step, keeps it.
-    - Its first command runs on the implicit slot, and that slot, not the token it read,
-      is freed when that command ends. A ninja whose last command runs on a token it read
-      holds two slots for one compile. ``balance`` counts the compiles that really run
-      (the commands of this process's ninjas, in /proc) against the tokens held, lends a
-      token to the FIFO for each slot held idle, and takes the loans back as they return.
+      the moment it is written, so a module's ninja that began with one slot kept one: topk's
+      long file (csrc/cub_topk.cu, ~690 s of its ~700) started behind a short one. So the
+      lead module (the first of ``order``) starts alone: the other workers wait until its
+      ninja runs commands (it has then taken what it can), it ends, or ``LEAD_START`` passes,
+      and while it runs they leave a token written to the FIFO for ``GRACE`` seconds first,
+      so its ninja, which gives a token back and asks again in the same step, keeps it.
+    - Its first command runs on the implicit slot, and that slot, not the token it read, is
+      freed when that command ends. A ninja whose last command runs on a token it read holds
+      two slots for one compile (topk's long file is its second). ``balance`` counts the
+      compiles that really run (the commands of this process's ninjas, in /proc) against the
+      tokens held, lends a token to the FIFO for each slot held idle, and takes the loans
+      back as they return: while any is out, it watches the FIFO and every worker gives way
+      to it, so a returned token is not a compile too many for long.
     """
 
     def __init__(self, slots: int) -> None:
@@ -228,10 +231,14 @@ class Jobserver:
         self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
         os.write(self.fd, b"+" * slots)
         self.slots = slots
+        # Guards the counts below and every use of the FIFO by the balancer and by close().
         self.lock = threading.Lock()
         self.held = 0  # tokens the workers hold, each a module's implicit slot
         self.lent = 0  # tokens written beyond the slots, for slots held idle
         self.owed = 0  # loans to take back as soon as a token is free
+        self.lending = True  # off for good once a look at /proc has failed
+        self.idle_before = 0
+        self.free_seen = -1  # tokens in the FIFO at the last look
         self.lead_since = time.monotonic()  # the lead's start, once ``lead`` says it
         self.lead_running = threading.Event()
         self.opened = threading.Event()  # the other workers may take tokens
@@ -274,8 +281,10 @@ class Jobserver:
             heartbeat()
         while True:
             ready, _, _ = selectors.select([self.fd], [], [], 1.0)
-            if ready and behind_lead and self.lead_running.is_set():
-                time.sleep(GRACE)  # the lead's ninja gives a token back and asks again: first
+            if ready and ((behind_lead and self.lead_running.is_set()) or self.lent > 0):
+                # The lead's ninja gives a token back and asks again in one step; a loan
+                # come back is the balancer's to take: either goes first.
+                time.sleep(GRACE)
             if ready:
                 try:
                     token = os.read(self.fd, 1)
@@ -297,60 +306,145 @@ class Jobserver:
         os.write(self.fd, token)
 
     def balance(self) -> None:
-        """Every ``PERIOD``: open the way for the other workers once the lead's ninja runs
-        commands, and keep as many compiles running as there are slots (see the class)."""
-        idle_before = 0
-        while not self.closed.wait(PERIOD):
-            running: dict[int, int] | None
+        """Every ``PERIOD`` (and as soon as a token is written while a loan is out): open the
+        way for the other workers once the lead's ninja runs commands, and keep as many
+        compiles running as there are slots (see the class)."""
+        pause = PERIOD
+        while not self.closed.wait(pause):
             try:
-                running, free = census(os.getpid()), self.free()
-            except OSError:  # no /proc here, or unreadable this time: no loan on a guess
-                running, free = None, 0
-            commands = sum(running.values()) if running else 0
-            if not self.opened.is_set() and (
-                commands > 0 or time.monotonic() - self.lead_since > LEAD_START
-            ):
-                self.opened.set()  # running commands: its ninja has taken what it can
-            if running is None:
-                continue
-            ninjas = len(running)
-            with self.lock:
-                # A worker's token with no ninja of its own is a slot in use (generating a
-                # module, hashing, storing); one with a ninja is used by its commands.
-                busy = commands + max(0, self.held - ninjas)
-                idle = self.slots + self.lent - free - busy
-                # Idle twice running (not a moment's gap between two commands), and never more
-                # loans than ninjas running a command (each can hold one slot idle): a count
-                # gone wrong lends nothing rather than doubling the compiles.
-                wanted = min(idle, idle_before, sum(1 for n in running.values() if n > 0))
-                if wanted > self.lent:
-                    extra = wanted - self.lent
-                    os.write(self.fd, b"+" * extra)
-                    self.lent += extra
-                    self.owed = 0
-                elif idle < self.lent:
-                    self.owed = self.lent - max(0, idle)
-                    while self.owed > 0:
-                        try:
-                            if not os.read(self.fd, 1):
-                                break
-                        except BlockingIOError:
-                            break  # in use: taken back by the next worker that reads it
-                        self.owed -= 1
-                        self.lent -= 1
-                idle_before = idle
+                self.look()
+            except Exception:  # no look may leave loans out or the way shut
+                self.opened.set()
+                with self.lock:
+                    self.lending = False
+                    with contextlib.suppress(OSError):
+                        self.settle(0, 0)
+            pause = PERIOD
+            if self.lent > 0 and self.free_seen == 0:
+                # A loan is out and the FIFO was empty: a token written now may be a loan
+                # come back, taken back before a ninja or a worker reads it.
+                try:
+                    ready, _, _ = selectors.select([self.fd], [], [], PERIOD)
+                except (OSError, ValueError):
+                    return  # closed under it: the warm has ended
+                pause = 0.05 if ready else 0.0  # the ninja that wrote it has started its next
+
+    def look(self) -> None:
+        """One count of the compiles running: the gate, then a loan or a loan taken back."""
+        try:
+            running: dict[int, int] | None = census(os.getpid())
+        except OSError:  # no /proc here, or unreadable this time: no loan on a guess
+            running = None
+        commands = sum(running.values()) if running else 0
+        if not self.opened.is_set() and (
+            commands > 0 or time.monotonic() - self.lead_since > LEAD_START
+        ):
+            self.opened.set()  # running commands: its ninja has taken what it can
+        with self.lock:
+            if self.closed.is_set():
+                return
+            self.free_seen = self.free()
+            if running is None or not self.lending:
+                self.settle(0, 0)  # every loan taken back, none made
+                return
+            self.settle(*self.idle(running, self.free_seen))
+
+    def idle(self, running: dict[int, int], free: int) -> tuple[int, int]:
+        """(slots held idle, loans wanted) for ``running`` (each ninja's commands) and
+        ``free`` tokens in the FIFO; the lock held."""
+        # A worker's token with no ninja of its own is a slot in use (generating a module,
+        # hashing, storing); one with a ninja is used by its commands.
+        busy = sum(running.values()) + max(0, self.held - len(running))
+        idle = self.slots + self.lent - free - busy
+        # Idle twice running (not a moment's gap between two commands), and never more loans
+        # than ninjas running a command (each can hold one slot idle): a count gone wrong
+        # lends nothing rather than doubling the compiles.
+        wanted = min(idle, self.idle_before, sum(1 for n in running.values() if n > 0))
+        self.idle_before = idle
+        return idle, max(0, wanted)
+
+    def settle(self, idle: int, wanted: int) -> None:
+        """Lend up to ``wanted`` loans, or take back those beyond ``idle``; the lock held."""
+        if wanted > self.lent:
+            os.write(self.fd, b"+" * (wanted - self.lent))
+            self.lent = wanted
+            self.owed = 0
+        elif idle < self.lent:
+            self.owed = self.lent - max(0, idle)
+            while self.owed > 0:
+                try:
+                    if not os.read(self.fd, 1):
+                        break
+                except BlockingIOError:
+                    break  # in use: taken back by the next worker that reads it
+                self.owed -= 1
+                self.lent -= 1
 
     def close(self) -> None:
         self.closed.set()
         self.opened.set()
         self.balancer.join(timeout=PERIOD * 4)
-        os.close(self.fd)
+        with self.lock:  # the balancer never uses the FIFO after this
+            os.close(self.fd)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def census(me: int) -> dict[int, int]:
     """The ``ninja`` processes whose parent is ``me``, each with the number of processes
-    whose parent it is (each a command it runs), from /proc."""
+    whose parent it is (each a command it runs), from /proc. Where such a ``ninja`` runs a
+    ``ninja`` (a wrapper script that starts the real one), the inner one's commands count.
+    Read from each process's ``children`` lists (a few files), or, on a kernel without them,
+    from every process's ``stat``."""
+    try:
+        children, comm = _children_lists(me)
+    except OSError:
+        children, comm = _process_table()
+    ninjas: dict[int, int] = {}
+    for pid in children(me):
+        if comm(pid) != "ninja":
+            continue
+        below = children(pid)
+        inner = [c for c in below if comm(c) == "ninja"]
+        ninjas[pid] = sum(len(children(c)) for c in inner) if inner else len(below)
+    return ninjas
+
+
+# (pid -> the pids whose parent it is, pid -> its command name)
+Lookup = tuple[Callable[[int], list[int]], Callable[[int], str]]
+
+
+def _children_lists(me: int) -> Lookup:
+    """Lookups from /proc/PID/task/TID/children (one list a thread: the warm's ninjas are
+    started by its worker threads); OSError where the kernel has none."""
+    if not os.path.exists(f"/proc/{me}/task/{me}/children"):
+        raise FileNotFoundError(f"/proc/{me}/task/{me}/children")
+
+    def children(pid: int) -> list[int]:
+        found: list[int] = []
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return found  # ended while we looked
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as listed:
+                    found += [int(c) for c in listed.read().split()]
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def comm(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as named:
+                return named.read().decode("utf-8", "replace").rstrip("\n")
+        except OSError:
+            return ""
+
+    return children, comm
+
+
+def _process_table() -> Lookup:
+    """Lookups from every process's /proc/PID/stat."""
     parents: dict[int, tuple[int, str]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -366,16 +460,15 @@ def census(me: int) -> dict[int, int]:
         if len(fields) < 2 or not fields[1].isdigit():
             continue
         parents[int(entry.name)] = (int(fields[1]), head.partition("(")[2])
-    ninjas = {pid: 0 for pid, (ppid, comm) in parents.items() if ppid == me and comm == "ninja"}
-    for ppid, _ in parents.values():
-        if ppid in ninjas:
-            ninjas[ppid] += 1
-    return ninjas
+    below: dict[int, list[int]] = {}
+    for pid, (ppid, _) in parents.items():
+        below.setdefault(ppid, []).append(pid)
+    return (lambda pid: below.get(pid, [])), (lambda pid: parents.get(pid, (0, ""))[1])
 
 
-# The modules whose compile is longest first (measured on 2 cores: topk 782 s alone, most
-# of it one of its four files; the attention modules minutes each), so the last to finish is
-# not a long one started late. The first of them built is the warm's lead (Jobserver).
+# The modules whose compile is longest first (measured on 2 cores: topk 684-782 s alone,
+# ~690 s of it csrc/cub_topk.cu; the attention modules minutes each), so the last to finish
+# is not a long one started late. The first of them built is the warm's lead (Jobserver).
 LONGEST_FIRST = ("topk", "prefill", "decode", "sampling", "cascade")
 
 
@@ -499,10 +592,10 @@ def warm_one(
                         status="failed", reason=f"built, but not kept in the JIT store: {why}"
                     )
     finally:
+        if lead and pool is not None:
+            pool.lead(False)  # first: a worker woken by the token below need not give way
         if token is not None and pool is not None:
             pool.give(token)
-        if lead and pool is not None:
-            pool.lead(False)
     done["seconds"] = round(time.monotonic() - started, 3)
     emit("done", **done)
 
