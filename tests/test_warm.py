@@ -5,6 +5,7 @@ FlashInfer, a registry) is tests/test_warm_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import io
@@ -307,8 +308,6 @@ def test_the_prefetch_probe_goes_on_past_a_module_that_fails(
             self.hasher = types.SimpleNamespace(save=lambda: None)
 
         def locked(self, key: str, timeout: float) -> Any:
-            import contextlib
-
             return contextlib.nullcontext()
 
     fake = types.SimpleNamespace(Store=Store, place_ninja=lambda *a: object())
@@ -670,30 +669,42 @@ def lookups(request: pytest.FixtureRequest, probe: Any, monkeypatch: pytest.Monk
     return probe
 
 
+@contextlib.contextmanager
+def sleeping_ninja(argv: list[str], where: Path) -> Iterator[int]:
+    """A ninja (``argv`` starts it) running two 3 s commands, in a session of its own: its
+    pid while it runs; it and everything it started killed after."""
+    (where / "build.ninja").write_text(
+        SLEEPER.format(log=where / "log")
+        + "".join(f"build o{i}: s\n  pause = 3\n" for i in range(2))
+    )
+    child = subprocess.Popen(
+        [*argv, "-j2", "-C", str(where)], stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        yield child.pid
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def counted(probe: Any, want: dict[int, int]) -> dict[int, int]:
+    """The census of this process once it says ``want``, or its last answer after 2.5 s."""
+    deadline = time.monotonic() + 2.5
+    seen: dict[int, int] = probe.census(os.getpid())
+    while time.monotonic() < deadline and seen != want:
+        time.sleep(0.05)
+        seen = probe.census(os.getpid())
+    return seen
+
+
 def test_census_counts_this_process_ninjas_and_their_commands(lookups: Any, tmp_path: Path) -> None:
     """What the warm's slots are counted from: a ninja this process started, with each
     command it runs, and nothing of another process's ninja."""
-    probe = lookups
     ninja = shutil.which("ninja") or pytest.skip("no ninja on PATH")
-    (tmp_path / "build.ninja").write_text(
-        SLEEPER.format(log=tmp_path / "log")
-        + "".join(f"build o{i}: s\n  pause = 3\n" for i in range(2))
-    )
-    assert probe.census(os.getpid()) == {}
-    child = subprocess.Popen(
-        [ninja, "-j2", "-C", str(tmp_path)], stdout=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 2.5
-        seen: dict[int, int] = {}
-        while time.monotonic() < deadline and seen != {child.pid: 2}:
-            seen = probe.census(os.getpid())
-            time.sleep(0.05)
-        assert seen == {child.pid: 2}
-        assert probe.census(child.pid) == {}  # its commands are sh, not ninja
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)  # ninja and its commands
-        child.wait()
+    assert lookups.census(os.getpid()) == {}
+    with sleeping_ninja([ninja], tmp_path) as pid:
+        assert counted(lookups, {pid: 2}) == {pid: 2}
+        assert lookups.census(pid) == {}  # its commands are sh, not ninja
 
 
 def never(waited: float) -> None:
@@ -799,26 +810,10 @@ def test_census_counts_the_commands_of_a_ninja_a_wrapper_starts(
 ) -> None:
     """A ``ninja`` on PATH that is a script starting the real one: the real one's commands
     count, not the real ninja as one command."""
-    probe = lookups
     ninja = shutil.which("ninja") or pytest.skip("no ninja on PATH")
-    (tmp_path / "build.ninja").write_text(
-        SLEEPER.format(log=tmp_path / "log")
-        + "".join(f"build o{i}: s\n  pause = 3\n" for i in range(2))
-    )
     wrapper = tmp_path / "bin" / "ninja"
     wrapper.parent.mkdir()
     wrapper.write_text(f'#!/bin/sh\n"{ninja}" "$@"\n')  # no exec: the script stays
     wrapper.chmod(0o755)
-    child = subprocess.Popen(
-        [wrapper, "-j2", "-C", str(tmp_path)], stdout=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 2.5
-        seen: dict[int, int] = {}
-        while time.monotonic() < deadline and seen != {child.pid: 2}:
-            seen = probe.census(os.getpid())
-            time.sleep(0.05)
-        assert seen == {child.pid: 2}
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)  # the wrapper, the real ninja, their commands
-        child.wait()
+    with sleeping_ninja([str(wrapper)], tmp_path) as pid:
+        assert counted(lookups, {pid: 2}) == {pid: 2}
