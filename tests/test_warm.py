@@ -210,7 +210,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """builder/probe/jit_warm.py imported as the env's interpreter imports it (its directory
     first on sys.path), FlashInfer's generators replaced."""
     monkeypatch.syspath_prepend(str(PROBE_DIR))
-    for name in ("jit_warm", "env_facts"):
+    for name in ("jit_warm", "env_facts", "jobserver"):
         sys.modules.pop(name, None)
     module = importlib.import_module("jit_warm")
     monkeypatch.setattr(module, "activations", lambda: ["gelu", "silu"])
@@ -234,6 +234,12 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(module, "generate", generate)
     yield module
     sys.modules.pop("jit_warm", None)
+
+
+@pytest.fixture
+def jobs(probe: Any) -> Any:
+    """builder/probe/jobserver.py as jit_warm.py imported it (the module its warm uses)."""
+    return sys.modules["jobserver"]
 
 
 def test_the_default_set_is_flashinfers_misc_activations_and_attention(probe: Any) -> None:
@@ -631,7 +637,11 @@ def test_a_warm_builds_modules_at_once_within_its_compile_slots(
 
 @pytest.mark.slow
 def test_the_longest_module_gets_its_slots_first_and_lends_one_it_holds_idle(
-    probe: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    probe: Any,
+    jobs: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """topk's long file is its second (as csrc/cub_topk.cu is in FlashInfer's topk): the
     lead module's ninja starts both of its first commands at once, before any other module
@@ -642,8 +652,8 @@ def test_the_longest_module_gets_its_slots_first_and_lends_one_it_holds_idle(
     edges = {"a": [0.6], "b": [0.6], "c": [0.6], "topk": [1.0, 8.0, 1.0, 1.0]}
     # Shorter looks and grace than the warm's (0.5 s each, for compiles of minutes): the
     # same steps, with room on a loaded box between the last of the others and the long end.
-    monkeypatch.setattr(probe, "GRACE", 0.1, raising=False)
-    monkeypatch.setattr(probe, "PERIOD", 0.1, raising=False)
+    monkeypatch.setattr(jobs, "GRACE", 0.1)
+    monkeypatch.setattr(jobs, "PERIOD", 0.1)
     _, wall, log = warm_sleepers(probe, monkeypatch, tmp_path, capsys, edges)
     ran = spans(log)
     assert most_at_once(log) == 2
@@ -657,16 +667,16 @@ def test_the_longest_module_gets_its_slots_first_and_lends_one_it_holds_idle(
 
 
 @pytest.fixture(params=["children lists", "process table"])
-def lookups(request: pytest.FixtureRequest, probe: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The probe, its census reading the kernel's children lists or (a kernel without them)
+def lookups(request: pytest.FixtureRequest, jobs: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The jobserver module, its census reading the kernel's children lists or (a kernel without them)
     every process's stat."""
     if request.param == "process table":
 
         def none(me: int) -> Any:
             raise FileNotFoundError(f"/proc/{me}/task/{me}/children")
 
-        monkeypatch.setattr(probe, "_children_lists", none)
-    return probe
+        monkeypatch.setattr(jobs, "_children_lists", none)
+    return jobs
 
 
 @contextlib.contextmanager
@@ -687,13 +697,13 @@ def sleeping_ninja(argv: list[str], where: Path) -> Iterator[int]:
         child.wait()
 
 
-def counted(probe: Any, want: dict[int, int]) -> dict[int, int]:
+def counted(jobs: Any, want: dict[int, int]) -> dict[int, int]:
     """The census of this process once it says ``want``, or its last answer after 2.5 s."""
     deadline = time.monotonic() + 2.5
-    seen: dict[int, int] = probe.census(os.getpid())
+    seen: dict[int, int] = jobs.census(os.getpid())
     while time.monotonic() < deadline and seen != want:
         time.sleep(0.05)
-        seen = probe.census(os.getpid())
+        seen = jobs.census(os.getpid())
     return seen
 
 
@@ -711,75 +721,74 @@ def never(waited: float) -> None:
     raise AssertionError(f"waited {waited} s for a token that was there")
 
 
-def test_a_slot_held_idle_is_lent_and_taken_back_when_it_returns(
-    probe: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def pool(jobs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A warm's slots (2) that no look but the test's own changes, closed after."""
+    monkeypatch.setattr(jobs, "PERIOD", 1000.0)
+    slots = jobs.Jobserver(2)
+    try:
+        yield slots
+    finally:
+        slots.close()
+
+
+def test_a_slot_held_idle_is_lent_and_taken_back_when_it_returns(pool: Any) -> None:
     """The accounting of the warm's slots, each look given (ninja pid: its commands) and
     the FIFO's count: a ninja whose one compile runs on a token it read holds its worker's
     slot idle; on the second look running, one token is lent; once that compile ends and
     the token comes back, the loan is taken back and 2 slots are in circulation again."""
-    monkeypatch.setattr(probe, "PERIOD", 1000.0)  # no look but the test's own
-    pool = probe.Jobserver(2)
-    try:
-        lead = pool.take(never)
-        assert os.read(pool.fd, 1) == b"+"  # the lead's ninja reads the second
-        with pool.lock:
-            assert pool.idle({101: 1}, pool.free()) == (1, 0)  # once: maybe a moment's gap
-            pool.settle(*pool.idle({101: 1}, pool.free()))
-        assert (pool.lent, pool.free()) == (1, 1)
-        other = pool.take(never)  # the other module builds on the loan
-        with pool.lock:
-            assert pool.idle({101: 1, 102: 1}, pool.free()) == (1, 1)  # no second loan
-            pool.settle(1, 1)
-        assert (pool.lent, pool.free()) == (1, 0)
-        os.write(pool.fd, b"+")  # the long compile ends: its ninja's token back, it exits
-        pool.give(lead)
-        with pool.lock:
-            pool.settle(*pool.idle({102: 1}, pool.free()))
-        assert (pool.lent, pool.owed, pool.free(), pool.held) == (0, 0, 1, 1)
-        pool.give(other)
-        assert pool.free() == 2
-    finally:
-        pool.close()
+    lead = pool.take(never)
+    assert os.read(pool.fd, 1) == b"+"  # the lead's ninja reads the second
+    with pool.lock:
+        assert pool.idle({101: 1}, pool.free()) == (1, 0)  # once: maybe a moment's gap
+        pool.settle(*pool.idle({101: 1}, pool.free()))
+    assert (pool.lent, pool.free()) == (1, 1)
+    other = pool.take(never)  # the other module builds on the loan
+    with pool.lock:
+        assert pool.idle({101: 1, 102: 1}, pool.free()) == (1, 1)  # no second loan
+        pool.settle(1, 1)
+    assert (pool.lent, pool.free()) == (1, 0)
+    os.write(pool.fd, b"+")  # the long compile ends: its ninja's token back, it exits
+    pool.give(lead)
+    with pool.lock:
+        pool.settle(*pool.idle({102: 1}, pool.free()))
+    assert (pool.lent, pool.owed, pool.free(), pool.held) == (0, 0, 1, 1)
+    pool.give(other)
+    assert pool.free() == 2
 
 
 def test_a_loan_not_free_to_take_back_is_taken_by_the_next_worker_that_reads_it(
-    probe: Any, monkeypatch: pytest.MonkeyPatch
+    pool: Any, jobs: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A loan owed while every token is in use is kept out of the FIFO by the next read."""
-    monkeypatch.setattr(probe, "PERIOD", 1000.0)
-    monkeypatch.setattr(probe, "GRACE", 0.0)
-    pool = probe.Jobserver(2)
-    try:
-        first = pool.take(never)
-        assert os.read(pool.fd, 1) == b"+"  # its ninja's second compile
-        with pool.lock:
-            pool.settle(1, 1)  # lent
-        second = pool.take(never)
-        with pool.lock:
-            pool.settle(0, 0)  # no slot idle any more, and nothing in the FIFO to read
-        assert (pool.lent, pool.owed, pool.free()) == (1, 1, 0)
-        os.write(pool.fd, b"+")  # the ninja's token back
-        pool.give(first)
-        third = pool.take(never)  # reads the loan, keeps it out, returns the next
-        assert (pool.lent, pool.owed, pool.free(), pool.held) == (0, 0, 0, 2)
-        pool.give(second)
-        pool.give(third)
-        assert pool.free() == 2
-    finally:
-        pool.close()
+    monkeypatch.setattr(jobs, "GRACE", 0.0)
+    first = pool.take(never)
+    assert os.read(pool.fd, 1) == b"+"  # its ninja's second compile
+    with pool.lock:
+        pool.settle(1, 1)  # lent
+    second = pool.take(never)
+    with pool.lock:
+        pool.settle(0, 0)  # no slot idle any more, and nothing in the FIFO to read
+    assert (pool.lent, pool.owed, pool.free()) == (1, 1, 0)
+    os.write(pool.fd, b"+")  # the ninja's token back
+    pool.give(first)
+    third = pool.take(never)  # reads the loan, keeps it out, returns the next
+    assert (pool.lent, pool.owed, pool.free(), pool.held) == (0, 0, 0, 2)
+    pool.give(second)
+    pool.give(third)
+    assert pool.free() == 2
 
 
 def test_the_others_wait_for_the_lead_at_most_lead_start(
-    probe: Any, monkeypatch: pytest.MonkeyPatch
+    jobs: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lead whose ninja never runs a command (its key's lock held elsewhere, a pull) keeps
     the other workers waiting no longer than LEAD_START; a look that fails opens the way and
     lends nothing after."""
-    monkeypatch.setattr(probe, "PERIOD", 0.05)
-    monkeypatch.setattr(probe, "GRACE", 0.0)
-    monkeypatch.setattr(probe, "LEAD_START", 0.4)
-    pool = probe.Jobserver(2)
+    monkeypatch.setattr(jobs, "PERIOD", 0.05)
+    monkeypatch.setattr(jobs, "GRACE", 0.0)
+    monkeypatch.setattr(jobs, "LEAD_START", 0.4)
+    pool = jobs.Jobserver(2)
     try:
         pool.lead(True)
         lead = pool.take(never)
@@ -794,9 +803,9 @@ def test_the_others_wait_for_the_lead_at_most_lead_start(
     def broken(me: int) -> dict[int, int]:
         raise RuntimeError("an odd /proc")
 
-    monkeypatch.setattr(probe, "census", broken)
-    monkeypatch.setattr(probe, "LEAD_START", 1000.0)
-    pool = probe.Jobserver(2)
+    monkeypatch.setattr(jobs, "census", broken)
+    monkeypatch.setattr(jobs, "LEAD_START", 1000.0)
+    pool = jobs.Jobserver(2)
     try:
         pool.lead(True)
         assert pool.opened.wait(2.0)
