@@ -1221,9 +1221,10 @@ class Bench:
         startup = self.startup("import builder.cli.main, builder.commands.matrix")
         relock = Case(
             name="re-lock, unchanged spec",
-            what="cudaenv lock vs raw uv pip compile of the same request for each of the spec's "
-            f"platforms ({', '.join(self.default.platforms)}); ratio: median of the alternated "
-            "pairs' ratios",
+            what="cudaenv lock (its platforms' resolutions run at once) vs raw uv pip compile "
+            f"of the same request for each of the spec's platforms "
+            f"({', '.join(self.default.platforms)}), one after the other as a script would; "
+            "ratio: median of the alternated pairs' ratios",
             figures={
                 "cudaenv lock": ta.to_json(),
                 "uv pip compile": tb.to_json(),
@@ -1238,7 +1239,7 @@ class Bench:
         if not relock.met:
             relock.note = (
                 f"median of {pairs['pairs']} pairs {ratio:.3f} (range {pairs['min']:.2f}-"
-                f"{pairs['max']:.2f}); cudaenv's uv call is the same command as the anchor; the "
+                f"{pairs['max']:.2f}); cudaenv's uv calls are the anchor's commands; the "
                 f"difference ({ta.median - tb.median:.2f} s of medians) is cudaenv's own Python: "
                 f"interpreter start and imports take {startup.median:.2f} s of it, the rest is "
                 "reading the spec and the existing lock and writing the new one"

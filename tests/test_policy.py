@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -156,6 +158,7 @@ class FakeUv:
         self.answers = answers
         self.calls: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
         self.platforms: list[str] = []
+        self.lock = threading.Lock()
 
     def __call__(
         self,
@@ -166,14 +169,16 @@ class FakeUv:
         *,
         extra_args: Sequence[str] = (),
     ) -> resolve.Resolution:
-        self.calls.append((tuple(reqs), tuple(cons), (*over, *extra_args)))
-        self.platforms.append(resolve.platform_of(s).name)
+        platform = resolve.platform_of(s).name
+        with self.lock:  # the platforms resolve at once (resolve.each_platform)
+            self.calls.append((tuple(reqs), tuple(cons), (*over, *extra_args)))
+            self.platforms.append(platform)
         key = " + ".join(reqs) + (" lowest" if "--resolution=lowest" in extra_args else "")
         # A recorded answer for one platform ("linux-aarch64: torch==...") wins over the
         # answer for every platform.
-        answer = self.answers.get(f"{self.platforms[-1]}: {key}", self.answers.get(key))
+        answer = self.answers.get(f"{platform}: {key}", self.answers.get(key))
         if answer is None:
-            raise KeyError(f"{self.platforms[-1]}: {key}")
+            raise KeyError(f"{platform}: {key}")
         return resolve.Resolution(packages=tuple(answer), seconds=0.0)
 
 
@@ -195,7 +200,7 @@ def test_resolve_refuses_before_the_full_resolution(
     )
     # Torch alone, once per platform: nothing more was resolved.
     assert [c[0] for c in fake.calls] == [("torch==2.14.1",)] * 2
-    assert fake.platforms == ["linux-x86_64", "linux-aarch64"]
+    assert sorted(fake.platforms) == ["linux-aarch64", "linux-x86_64"]
 
 
 def test_resolve_pins_the_toolkit_torch_pins(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,7 +248,7 @@ def test_resolve_pins_the_toolkit_torch_pins(in_tmp: Path, monkeypatch: pytest.M
     fake.platforms.clear()
     resolve.resolve(s, compile_=fake)
     assert [c[0][0] for c in fake.calls] == ["torch==2.14.1"] * 2
-    assert fake.platforms == ["linux-x86_64", "linux-aarch64"]
+    assert sorted(fake.platforms) == ["linux-aarch64", "linux-x86_64"]
     assert len(fake.calls[0][0]) == 3
 
 
@@ -275,6 +280,84 @@ def cuda_torch_answers(**extra: list[LockedPackage]) -> dict[str, list[LockedPac
         "torch==2.14.1 + " + TOOLKIT_REQ: final,
         **extra,
     }
+
+
+class MeetingUv(FakeUv):
+    """A FakeUv whose resolutions of ``final`` wait for each other: each platform's call
+    returns only once the other platform's has started (at most ``wait`` seconds)."""
+
+    def __init__(self, answers: dict[str, list[LockedPackage]], final: str, wait: float) -> None:
+        super().__init__(answers)
+        self.final, self.met = final, threading.Barrier(2, timeout=wait)
+
+    def __call__(
+        self,
+        s: spec.EnvSpec,
+        reqs: Sequence[str],
+        cons: Sequence[str],
+        over: Sequence[str],
+        *,
+        extra_args: Sequence[str] = (),
+    ) -> resolve.Resolution:
+        if " + ".join(reqs) == self.final:
+            self.met.wait()  # BrokenBarrierError where the other platform never came
+        return super().__call__(s, reqs, cons, over, extra_args=extra_args)
+
+
+def test_the_platforms_resolve_at_once(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-lock of a two-platform spec is one uv resolution per platform, each about one
+    core's work: they run together, so a lock takes about the slowest one's time, not the sum
+    (one after the other, each call here would wait for a partner that never comes)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(in_tmp / "cache"))
+    s = spec.load(
+        write(in_tmp / "s.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\n')
+    )
+    assert s.platforms == ("linux-x86_64", "linux-aarch64")
+    fake = MeetingUv(cuda_torch_answers(), "torch==2.14.1 + " + TOOLKIT_REQ, wait=10.0)
+    plan = resolve.resolve(s, compile_=fake)
+    assert fake.met.n_waiting == 0 and not fake.met.broken
+    assert sorted(fake.platforms[-2:]) == ["linux-aarch64", "linux-x86_64"]
+    assert plan.lock.platforms == ("linux-x86_64", "linux-aarch64")
+    assert {p.name for p in plan.lock.packages} >= {"torch", "cuda-toolkit", "nvidia-cuda-nvcc"}
+
+
+def test_a_platform_that_fails_is_said_once_every_platform_has_ended(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platforms resolve at once; where one fails, the error raised is the first
+    platform's (in the spec's order) and only after the other's uv call has ended: no
+    resolution is left running behind a refusal."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(in_tmp / "cache"))
+    s = spec.load(
+        write(in_tmp / "s.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\n')
+    )
+    ended: list[str] = []
+
+    class Failing(FakeUv):
+        def __call__(
+            self,
+            s: spec.EnvSpec,
+            reqs: Sequence[str],
+            cons: Sequence[str],
+            over: Sequence[str],
+            *,
+            extra_args: Sequence[str] = (),
+        ) -> resolve.Resolution:
+            name = resolve.platform_of(s).name
+            try:
+                if len(reqs) > 1 and name == "linux-aarch64":
+                    time.sleep(0.3)  # the slower one: still running when x86_64's fails
+                    raise ResolveError("aarch64's own failure")
+                if len(reqs) > 1:
+                    raise ResolveError("x86_64's failure")
+                return super().__call__(s, reqs, cons, over, extra_args=extra_args)
+            finally:
+                ended.append(name)
+
+    with pytest.raises(ResolveError, match="x86_64's failure"):
+        resolve.resolve(s, compile_=Failing(cuda_torch_answers()))
+    # Both platforms' final calls had ended by the time the error came out.
+    assert sorted(ended[-2:]) == ["linux-aarch64", "linux-x86_64"]
 
 
 def test_a_cpu_only_torch_on_one_platform_is_refused_naming_it(
