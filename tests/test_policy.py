@@ -345,11 +345,13 @@ def test_a_platform_that_fails_is_said_once_every_platform_has_ended(
         ) -> resolve.Resolution:
             name = resolve.platform_of(s).name
             try:
-                if len(reqs) > 1 and name == "linux-aarch64":
-                    time.sleep(0.3)  # the slower one: still running when x86_64's fails
-                    raise ResolveError("aarch64's own failure")
-                if len(reqs) > 1:
+                if len(reqs) > 1 and name == "linux-x86_64":
+                    # The slower one: still running when aarch64's has failed, and yet the
+                    # error said, as the platforms are listed first.
+                    time.sleep(0.3)
                     raise ResolveError("x86_64's failure")
+                if len(reqs) > 1:
+                    raise ResolveError("aarch64's own failure")
                 return super().__call__(s, reqs, cons, over, extra_args=extra_args)
             finally:
                 ended.append(name)
@@ -357,7 +359,7 @@ def test_a_platform_that_fails_is_said_once_every_platform_has_ended(
     with pytest.raises(ResolveError, match="x86_64's failure"):
         resolve.resolve(s, compile_=Failing(cuda_torch_answers()))
     # Both platforms' final calls had ended by the time the error came out.
-    assert sorted(ended[-2:]) == ["linux-aarch64", "linux-x86_64"]
+    assert ended[-2:] == ["linux-aarch64", "linux-x86_64"]
 
 
 def test_a_cpu_only_torch_on_one_platform_is_refused_naming_it(

@@ -4,8 +4,8 @@ verified, several at once (``-j``), one report of them all, regressions against 
 Each cell is a `cudaenv build` of one spec (commands.args.BuildArgs), in a process of its own
 (``python -m builder.cli build SPEC --env-dir ... --verify --record ...``) started through
 builder/core/proc.py, rather than in a thread: each cell's uv and nvcc output lands in its own log,
-a cell that crashes or is killed costs that cell only, and the children's die-with-parent
-setup (proc.py) is only safe to run from a single-threaded process. Each cell writes a
+and a cell that crashes or is killed costs that cell only. A pool thread waits for its cell's
+process (a child dies with the thread that started it: proc.py). Each cell writes a
 structured build record (report.BuildRecord) that the grid is made from. uv's cache is shared
 (envs are hard links into it) and an unchanged cell reuses its env and JIT cache.
 """

@@ -55,7 +55,14 @@ _PRCTL = _prctl() if sys.platform.startswith("linux") else None
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """PR_SET_PDEATHSIG: if cudaenv is SIGKILLed, its uv/nvcc children die with it instead of
-    writing on into a build directory the next build is removing."""
+    writing on into a build directory the next build is removing.
+
+    The signal comes when the *thread* that started the child ends, not only the process: a
+    child started from a worker thread (a lock's platforms, resolve.each_platform; a matrix
+    cell; the warm's modules) must be waited for before that thread returns, as each of
+    those does. Python calls a preexec_fn unsafe where threads run (a lock another thread
+    held at the fork stays held in the child); this one only calls prctl through a function
+    looked up before any fork, and imports and locks nothing."""
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]  # 1 = PR_SET_PDEATHSIG
 
@@ -195,7 +202,7 @@ def _start(
             stderr=stderr,
             text=True,
             errors="replace",
-            preexec_fn=_PREEXEC,  # cudaenv is single-threaded when it spawns: see _die_with_parent
+            preexec_fn=_PREEXEC,  # prctl alone, safe beside other threads: see _die_with_parent
             start_new_session=new_session,
         )
     except FileNotFoundError as exc:
