@@ -6,7 +6,7 @@ import dataclasses
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -154,8 +154,13 @@ def test_cuda_python_bindings_of_another_major_are_refused(default_spec: spec.En
 class FakeUv:
     """Replaces the one subprocess seam (uv pip compile) with recorded answers."""
 
-    def __init__(self, answers: dict[str, list[LockedPackage]]) -> None:
+    def __init__(
+        self,
+        answers: dict[str, list[LockedPackage]],
+        before: Callable[[str, Sequence[str]], None] | None = None,
+    ) -> None:
         self.answers = answers
+        self.before = before  # called with (platform, requirements) as each call starts
         self.calls: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
         self.platforms: list[str] = []
         self.lock = threading.Lock()
@@ -173,6 +178,8 @@ class FakeUv:
         with self.lock:  # the platforms resolve at once (resolve.each_platform)
             self.calls.append((tuple(reqs), tuple(cons), (*over, *extra_args)))
             self.platforms.append(platform)
+        if self.before is not None:
+            self.before(platform, reqs)
         key = " + ".join(reqs) + (" lowest" if "--resolution=lowest" in extra_args else "")
         # A recorded answer for one platform ("linux-aarch64: torch==...") wins over the
         # answer for every platform.
@@ -282,28 +289,6 @@ def cuda_torch_answers(**extra: list[LockedPackage]) -> dict[str, list[LockedPac
     }
 
 
-class MeetingUv(FakeUv):
-    """A FakeUv whose resolutions of ``final`` wait for each other: each platform's call
-    returns only once the other platform's has started (at most ``wait`` seconds)."""
-
-    def __init__(self, answers: dict[str, list[LockedPackage]], final: str, wait: float) -> None:
-        super().__init__(answers)
-        self.final, self.met = final, threading.Barrier(2, timeout=wait)
-
-    def __call__(
-        self,
-        s: spec.EnvSpec,
-        reqs: Sequence[str],
-        cons: Sequence[str],
-        over: Sequence[str],
-        *,
-        extra_args: Sequence[str] = (),
-    ) -> resolve.Resolution:
-        if " + ".join(reqs) == self.final:
-            self.met.wait()  # BrokenBarrierError where the other platform never came
-        return super().__call__(s, reqs, cons, over, extra_args=extra_args)
-
-
 def test_the_platforms_resolve_at_once(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-lock of a two-platform spec is one uv resolution per platform, each about one
     core's work: they run together, so a lock takes about the slowest one's time, not the sum
@@ -313,9 +298,15 @@ def test_the_platforms_resolve_at_once(in_tmp: Path, monkeypatch: pytest.MonkeyP
         write(in_tmp / "s.yaml", 'name: x\npython: "3.12"\ncuda: "13.0"\ntorch: "2.14.1"\n')
     )
     assert s.platforms == ("linux-x86_64", "linux-aarch64")
-    fake = MeetingUv(cuda_torch_answers(), "torch==2.14.1 + " + TOOLKIT_REQ, wait=10.0)
+    met = threading.Barrier(2, timeout=10.0)
+
+    def meet(platform: str, reqs: Sequence[str]) -> None:
+        if " + ".join(reqs) == "torch==2.14.1 + " + TOOLKIT_REQ:
+            met.wait()  # BrokenBarrierError where the other platform never came
+
+    fake = FakeUv(cuda_torch_answers(), before=meet)
     plan = resolve.resolve(s, compile_=fake)
-    assert fake.met.n_waiting == 0 and not fake.met.broken
+    assert met.n_waiting == 0 and not met.broken
     assert sorted(fake.platforms[-2:]) == ["linux-aarch64", "linux-x86_64"]
     assert plan.lock.platforms == ("linux-x86_64", "linux-aarch64")
     assert {p.name for p in plan.lock.packages} >= {"torch", "cuda-toolkit", "nvidia-cuda-nvcc"}
@@ -333,31 +324,18 @@ def test_a_platform_that_fails_is_said_once_every_platform_has_ended(
     )
     ended: list[str] = []
 
-    class Failing(FakeUv):
-        def __call__(
-            self,
-            s: spec.EnvSpec,
-            reqs: Sequence[str],
-            cons: Sequence[str],
-            over: Sequence[str],
-            *,
-            extra_args: Sequence[str] = (),
-        ) -> resolve.Resolution:
-            name = resolve.platform_of(s).name
-            try:
-                if len(reqs) > 1 and name == "linux-x86_64":
-                    # The slower one: still running when aarch64's has failed, and yet the
-                    # error said, as the platforms are listed first.
-                    time.sleep(0.3)
-                    raise ResolveError("x86_64's failure")
-                if len(reqs) > 1:
-                    raise ResolveError("aarch64's own failure")
-                return super().__call__(s, reqs, cons, over, extra_args=extra_args)
-            finally:
-                ended.append(name)
+    def fail_final(platform: str, reqs: Sequence[str]) -> None:
+        if len(reqs) == 1:
+            return
+        if platform == "linux-x86_64":
+            # The slower one: still running when aarch64's has failed, and yet the error
+            # said, as the platforms are listed first.
+            time.sleep(0.3)
+        ended.append(platform)
+        raise ResolveError(f"{platform.removeprefix('linux-')}'s failure")
 
     with pytest.raises(ResolveError, match="x86_64's failure"):
-        resolve.resolve(s, compile_=Failing(cuda_torch_answers()))
+        resolve.resolve(s, compile_=FakeUv(cuda_torch_answers(), before=fail_final))
     # Both platforms' final calls had ended by the time the error came out.
     assert ended[-2:] == ["linux-aarch64", "linux-x86_64"]
 
