@@ -122,11 +122,23 @@ def _test_programs(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every test: unit, slow, network and e2e (gpu tests skip with their reason without a
-    GPU)."""
+    """Every test but the heavy ones: unit, slow, network and e2e (gpu tests skip with their
+    reason without a GPU). `-m ...` in the posargs replaces the marker choice."""
     _install(session, "test")
     _test_programs(session)
-    session.run("pytest", *session.posargs)
+    # The heavy builds (half an hour of nvcc each on 2 cores) have their own session: a later
+    # -m in the posargs wins (pytest keeps the last).
+    session.run("pytest", "-m", "not heavy", *session.posargs)
+
+
+@nox.session
+def heavy(session: nox.Session) -> None:
+    """The heavy tests alone: real sdists whose own gencode lists take tens of minutes of nvcc
+    (causal-conv1d 1.7.0: about 30 minutes on 2 cores, cold). Run weekly by
+    .github/workflows/heavy.yml, and by hand with `sh tools/nox.sh -s heavy`."""
+    _install(session, "test")
+    _test_programs(session)
+    session.run("pytest", "-m", "heavy", *session.posargs)
 
 
 @nox.session

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,18 @@ def gpu_reason() -> str | None:
 
     gpus, why = archs.visible_gpus()
     return None if gpus else why or "no visible NVIDIA GPU"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A process a non-interactive shell starts in the background (a CI runner, `cmd &`, nohup)
+    # inherits SIGINT ignored, and every child of it too (POSIX; Python then installs no
+    # KeyboardInterrupt handler): a test that sends SIGINT as a terminal's Ctrl-C does would
+    # reach a cudaenv that ignores it, and wait out whatever it was doing. Measured: the two
+    # Ctrl-C-at-the-swap tests timed out under CI's runner and passed from a terminal. A
+    # handler here (not SIG_IGN) is reset to the default in each child at exec, so the
+    # tests' children start as a terminal's foreground process does.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from builder.audit.fatbin import DeviceCode, Needed, Scan, is_elf, needed, scan
+from builder.core import proc
 from builder.machine.archs import Arch
+from builder.verify import cubin
+from tests.helpers import cudaenv, index_view, workspace
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "data" / "fatbin"
@@ -114,17 +117,30 @@ def test_is_elf(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- against cuobjdump
 
 
-def find_cuobjdump() -> Path | None:
-    """cuobjdump on PATH, in an env built here, or where cudaenv's verify installs it in the
-    user's cache (read from HOME: the tests point CUDAENV_CACHE_DIR elsewhere); never installed."""
+@pytest.fixture(scope="module")
+def cuobjdump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cuobjdump on PATH, else NVIDIA's wheel of it (the one verify's cubin check installs)
+    fetched here at the committed locks' index view: never a copy an earlier run or test left
+    in a cache or under .envs/."""
     on_path = shutil.which("cuobjdump")
     if on_path:
         return Path(on_path)
-    candidates = [
-        *sorted(REPO.glob(".envs/*/cuda-home/bin/cuobjdump")),
-        Path.home() / ".cache/cudaenv/tools/cuobjdump/nvidia/cu13/bin/cuobjdump",
-    ]
-    return next((c for c in candidates if c.exists()), None)
+    target = tmp_path_factory.mktemp("cuobjdump")
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--target", str(target),
+              "--exclude-newer", index_view(), cubin.TOOL_REQUIREMENT], timeout=600)  # fmt: skip
+    tool = target / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    assert tool.is_file(), sorted(target.rglob("cuobjdump*"))
+    return tool
+
+
+@pytest.fixture(scope="module")
+def real_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default spec's env, built here from its committed lock (uv's cache makes it quick
+    after the other e2e tests): never one a user or an earlier run left under .envs/."""
+    ws = workspace(tmp_path_factory.mktemp("real-env"), "default.yaml")
+    cudaenv("build", "envspecs/default.yaml", "--env-dir", str(ws / "env"), cwd=ws,
+            env={"CUDAENV_JIT_STORE": "off"})  # fmt: skip
+    return ws / "env"
 
 
 def cuobjdump_names(tool: Path, path: Path) -> set[str]:
@@ -147,12 +163,10 @@ def as_cuobjdump_names(found: Scan) -> set[str]:
     return names
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_fixture_agrees_with_cuobjdump(name: str) -> None:
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump on PATH, in .envs/ or in ~/.cache/cudaenv")
-    assert as_cuobjdump_names(scan(FIXTURES / name)) == cuobjdump_names(tool, FIXTURES / name)
+def test_a_fixture_agrees_with_cuobjdump(name: str, cuobjdump: Path) -> None:
+    assert as_cuobjdump_names(scan(FIXTURES / name)) == cuobjdump_names(cuobjdump, FIXTURES / name)
 
 
 # Libraries of the default envs worth comparing and cheap for cuobjdump (each < 100 MB): a
@@ -166,29 +180,28 @@ REAL_LIBS = (
 )
 
 
-def test_real_env_libraries_agree_with_cuobjdump() -> None:
-    tool = find_cuobjdump()
+@pytest.mark.network
+@pytest.mark.e2e
+def test_real_env_libraries_agree_with_cuobjdump(cuobjdump: Path, real_env: Path) -> None:
     libs = [
         lib
         for pattern in REAL_LIBS
-        for lib in sorted(REPO.glob(f".envs/*/lib/python3*/site-packages/{pattern}"))
+        for lib in sorted(real_env.glob(f"lib/python3*/site-packages/{pattern}"))
         if lib.stat().st_size < 100_000_000
     ]
-    if tool is None or not libs:
-        pytest.skip(
-            "needs cuobjdump and a built env under .envs/ holding one of " + ", ".join(REAL_LIBS)
-        )
+    assert libs, f"the default env holds none of {', '.join(REAL_LIBS)}"
     for lib in libs:
         found = scan(lib)
         assert found.error is None, lib
         assert found.codes, lib
-        assert as_cuobjdump_names(found) == cuobjdump_names(tool, lib), lib
+        assert as_cuobjdump_names(found) == cuobjdump_names(cuobjdump, lib), lib
 
 
-def test_libtorch_cuda_is_scanned_fast() -> None:
-    libs = sorted(REPO.glob(".envs/*/lib/python3*/site-packages/torch/lib/libtorch_cuda.so"))
-    if not libs:
-        pytest.skip("no env under .envs/ holds torch/lib/libtorch_cuda.so")
+@pytest.mark.network
+@pytest.mark.e2e
+def test_libtorch_cuda_is_scanned_fast(real_env: Path) -> None:
+    libs = sorted(real_env.glob("lib/python3*/site-packages/torch/lib/libtorch_cuda.so"))
+    assert libs, "the default env holds no torch/lib/libtorch_cuda.so"
     scan(libs[0])  # the headers into the page cache: what is timed is the parse
     started = time.monotonic()
     found = scan(libs[0])

@@ -533,16 +533,21 @@ def test_an_air_gapped_first_verify_reuses_the_exported_jit_results(tmp_path: Pa
 @pytest.mark.e2e
 @pytest.mark.parametrize("point", ["swap", "swapped"])
 def test_ctrl_c_says_which_env_is_there(tmp_path: Path, point: str) -> None:
-    """Before the swap the previous env is there; after it, the new one, complete."""
+    """Before the swap the previous env is there; after it, the new one, complete. Ctrl-C
+    ends the build at once: the pause is ten minutes, the bound 30 s, so a build that waits
+    the pause out (or finishes its work first) fails rather than winning a race."""
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     cudaenv("build", TOOLCHAIN, cwd=ws)
-    child = start(ws, "--force", CUDAENV_FAULT_PAUSE=point, CUDAENV_FAULT_PAUSE_SECONDS="60")
+    child = start(ws, "--force", CUDAENV_FAULT_PAUSE=point, CUDAENV_FAULT_PAUSE_SECONDS="600")
     assert child.stderr is not None
     for line in child.stderr:
         if f"fault point {point}" in line:
             break
     child.send_signal(signal.SIGINT)
-    _, rest = child.communicate(timeout=60)
+    try:
+        _, rest = child.communicate(timeout=30)
+    finally:
+        child.kill()
     assert child.returncode == 130
     env = (ws / ENV).absolute()
     says = {
@@ -551,6 +556,15 @@ def test_ctrl_c_says_which_env_is_there(tmp_path: Path, point: str) -> None:
     }[point]
     assert rest.strip().splitlines()[-1] == f"error: interrupted; {says}"
     assert works(ws / ENV)
+
+
+def test_a_tests_child_starts_with_sigint_at_its_default() -> None:
+    """What the Ctrl-C tests rely on, whoever started pytest: a child of a test does not
+    inherit SIGINT ignored (a CI runner's background shell ignores it; conftest.py)."""
+    done = subprocess.run(["sh", "-c", "grep SigIgn /proc/$$/status"], capture_output=True,
+                          text=True, check=True, timeout=30)  # fmt: skip
+    ignored = int(done.stdout.split()[-1], 16)
+    assert not ignored & (1 << (signal.SIGINT - 1)), done.stdout
 
 
 def test_shipped_specs_are_the_ones_tested() -> None:

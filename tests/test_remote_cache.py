@@ -30,7 +30,7 @@ from builder.env import hooks, toolchain
 from builder.machine import archs
 from builder.spec import envspec as spec
 from tests.conftest import Redis
-from tests.helpers import loopback_server, write
+from tests.helpers import index_view, loopback_server, write
 
 BARE = {"PATH": "/usr/bin:/bin", "PYTHONCOERCECLOCALE": "0"}
 
@@ -549,16 +549,14 @@ def trickle_server(head: bytes, *, every: float = 0.5, size: int = 1024) -> Iter
 
 @pytest.fixture
 def redis_env(tmp_path: Path) -> Path:
-    """A venv with the real Redis client (redis-py, from uv's cache: no index is asked) and
-    the hook and Triton backend a build writes into an env that has it; wired at each start
-    from CUDAENV_REMOTE_CACHE. Skips where uv's cache has no redis-py (the e2e tests run the
-    same against a built env's own)."""
+    """A venv with the real Redis client (redis-py, fetched from the index at the committed
+    locks' view where uv's cache lacks it: the tests that use it are marked network) and the
+    hook and Triton backend a build writes into an env that has it; wired at each start from
+    CUDAENV_REMOTE_CACHE."""
     path = tmp_path / "env"
     proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)])
-    done = proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--offline", "--python",
-                     str(path / "bin" / "python"), remote_cache.CLIENT], check=False)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"redis-py is not in uv's cache here: {done.stderr.strip()[-300:]}")
+    proc.run([proc.uv_bin(), "pip", "install", "--quiet", "--exclude-newer", index_view(),
+              "--python", str(path / "bin" / "python"), remote_cache.CLIENT])  # fmt: skip
     s = spec.load(write(tmp_path / "env.yaml", SPEC))
     hooks.write_hooks(path, s, archs.DEFAULT_ARCHS)
     assert (toolchain.site_packages(path) / f"{remote_cache.BACKEND_MODULE}.py").is_file()
@@ -620,6 +618,7 @@ def warnings_of(err: str, tool: str) -> list[str]:
     return [line for line in err.splitlines() if f"{tool}'s remote cache is not used" in line]
 
 
+@pytest.mark.network
 @pytest.mark.slow
 def test_a_trickled_reply_costs_triton_one_warning_at_the_deadline(redis_env: Path) -> None:
     """A reply under the size bound, trickled: redis-py's socket_timeout bounds each read and
@@ -638,6 +637,7 @@ def test_a_trickled_reply_costs_triton_one_warning_at_the_deadline(redis_env: Pa
     ], err
 
 
+@pytest.mark.network
 @pytest.mark.slow
 def test_a_trickled_reply_costs_inductors_client_one_error_at_the_deadline(
     redis_env: Path,
@@ -649,6 +649,7 @@ def test_a_trickled_reply_costs_inductors_client_one_error_at_the_deadline(
     assert remote_cache.TIMEOUT * 0.9 <= seconds < remote_cache.TIMEOUT + 2, found
 
 
+@pytest.mark.network
 def test_a_huge_announced_reply_is_refused_unread(redis_env: Path) -> None:
     """2 GiB announced: refused at its header, long before the deadline, by both tools'
     client, whatever the server would send after it."""
@@ -666,6 +667,7 @@ def test_a_huge_announced_reply_is_refused_unread(redis_env: Path) -> None:
     assert float(str(inductor["seconds"])) < remote_cache.TIMEOUT / 3, inductor
 
 
+@pytest.mark.network
 def test_a_reply_nested_past_the_parsers_recursion_is_an_error_of_redis(redis_env: Path) -> None:
     """redis-py's parser recurses once a level: "*1\\r\\n" 5000 times is a RecursionError,
     which the hook's Inductor guard (it catches redis' errors) would let fail the compile."""
@@ -698,6 +700,7 @@ print(json.dumps({"hit": hit, "over": plain.exists(cache._name("over.cubin")),
 """
 
 
+@pytest.mark.network
 @pytest.mark.slow
 def test_an_entry_over_the_bound_is_neither_written_nor_read(
     redis_env: Path, redis_server: Redis

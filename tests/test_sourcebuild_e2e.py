@@ -338,7 +338,66 @@ def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
 
 CAUSAL_CONV1D = "causal_conv1d_cuda"
 
+DEEPSPEED_SPEC = """\
+name: deepspeed-cu130
+python: "3.12"
+cuda: "13.0"
+torch: "2.14.1"
+packages: [deepspeed==0.19.8]
+archs: ["12.0f"]
+build-env: {DS_ACCELERATOR: cuda, DS_BUILD_OPS: "0", DS_BUILD_FUSED_ADAM: "1"}
+verify: [toolchain]
+"""
+FUSED_ADAM = "deepspeed/ops/adam/fused_adam_op"
 
+
+def test_a_real_release_from_pypi_builds_its_cuda_op_with_the_envs_nvcc_once_per_machine(
+    tmp_path: Path,
+) -> None:
+    """DeepSpeed 0.19.8 from its PyPI sdist with its fused Adam op built at install (about
+    130 s of nvcc on 2 cores: the default suite's real release; causal-conv1d 1.7.0's nine
+    gencodes take half an hour and run in the heavy session). DS_ACCELERATOR=cuda, as a build
+    box without a GPU needs: without it DeepSpeed picks its CPU accelerator from what torch
+    sees and builds the op for the CPU. Compiled with the env's nvcc 13.0 while the shell's
+    CUDA_HOME names a 12.8 toolkit, the op links cudart and holds sm_120 code, imports after
+    torch, and a second env takes it from the store with no compile."""
+    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
+    write(tmp_path / "envspecs" / "ds.yaml", DEEPSPEED_SPEC)
+    fake = write(
+        tmp_path / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n"
+    )
+    fake.chmod(0o755)
+    environ = {
+        "CUDA_HOME": str(tmp_path / "cuda-12.8"),
+        "CUDAENV_JIT_STORE": str(tmp_path / "store"),
+    }
+    cudaenv("lock", "envspecs/ds.yaml", *VIEW, cwd=tmp_path, env=environ)
+    first = cudaenv("build", "envspecs/ds.yaml", "--env-dir", str(tmp_path / "a"),
+                    cwd=tmp_path, env=environ)  # fmt: skip
+    assert "deepspeed 0.19.8: compiling from its sdist with nvcc 13.0 for 12.0f" in first.stderr, (
+        first.stderr[-3000:]
+    )
+    [op] = (tmp_path / "a").glob(f"lib/python3.12/site-packages/{FUSED_ADAM}*.so")
+    codes = {(c.kind, c.arch) for c in fatbin.scan(op).codes}
+    assert ("sass", Arch(major=12, minor=0, suffix="")) in codes, codes
+    needed = subprocess.run(["readelf", "-d", op], capture_output=True, text=True, timeout=60)
+    assert "libcudart.so.13" in needed.stdout, needed.stdout
+    done = subprocess.run(
+        [tmp_path / "a" / "bin" / "python", "-c",
+         "import torch, deepspeed.ops.adam.fused_adam_op as op; print(op.__file__)"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip().endswith(".so"), done.stderr[-3000:]
+
+    second = cudaenv("build", "envspecs/ds.yaml", "--env-dir", str(tmp_path / "b"),
+                     cwd=tmp_path, env=environ)  # fmt: skip
+    assert COMPILING not in second.stderr
+    assert "deepspeed 0.19.8: taken from the store" in second.stderr, second.stderr[-3000:]
+    [again] = (tmp_path / "b").glob(f"lib/python3.12/site-packages/{FUSED_ADAM}*.so")
+    assert again.read_bytes() == op.read_bytes()
+
+
+@pytest.mark.heavy
 def test_a_real_release_from_pypi_builds_with_the_envs_nvcc_and_once_per_machine(
     tmp_path: Path,
 ) -> None:

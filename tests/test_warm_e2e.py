@@ -224,19 +224,22 @@ def test_a_module_flashinfer_cannot_build_for_an_arch_is_listed_with_its_reason(
 @pytest.mark.e2e
 def test_an_interrupted_warm_keeps_what_it_finished_and_resumes(ws: Path) -> None:
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once the first
-    module is built: that module stays in the store, and the rerun builds only the other."""
-    if not (ws / "a" / "cudaenv.json").exists():
-        build(ws, "a", None)
+    module is built: that module stays in the store, and the rerun builds only the other.
+    An env and a store of its own, built here: the other tests' env "a" holds these modules
+    in its own JIT cache once they ran, and a warm of an env that has them builds nothing
+    there is to interrupt (it must pass first, last or alone)."""
+    build(ws, "interrupted", None)
+    cached = ws / "interrupted" / CACHED_OPS
+    assert not cached.exists() or not any(cached.iterdir()), list(cached.iterdir())
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        **node(ws, "a", None),
-        "CUDAENV_JIT_STORE": str(ws / "store-interrupted"),
+        **node(ws, "interrupted", None),
         # One module after the other (a MAX_JOBS of the user's own): built at once, both
         # would finish together and leave nothing to resume.
         "MAX_JOBS": "2",
     }
-    argv = [sys.executable, "-m", "builder.cli", "warm", SPEC, "--env-dir", str(ws / "a")]
+    argv = [sys.executable, "-m", "builder.cli", "warm", SPEC, "--env-dir", str(ws / "interrupted")]
     warm = [*argv, "--modules", *MODULES]
     child = subprocess.Popen(
         warm, cwd=ws, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
