@@ -13,6 +13,7 @@ from pathlib import Path
 
 from builder import store as jit_store
 from builder.core import cachefiles, context, settings
+from builder.core.errors import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,6 +73,16 @@ def owned(st: os.stat_result) -> bool:
     return group.gr_mem in ([], [owner.pw_name]) and owner.pw_gid == st.st_gid
 
 
+def safe_directory(path: Path) -> bool:
+    """``path`` lies in a directory the user trusts although another user owns or can write
+    it (CUDAENV_SAFE_DIRECTORIES, git's ``safe.directory``: ``*`` trusts every one)."""
+    listed = settings.current().safe_directories or ""
+    for entry in filter(None, listed.split(os.pathsep)):
+        if entry == "*" or path.is_relative_to(Path(entry).absolute()):
+            return True
+    return False
+
+
 def trusted_dirs(start: Path) -> list[Path]:
     """``start`` and the directories above it, up to the first that another user owns or can
     write (``/tmp`` is one), which ends the list: what lies there is not the user's project,
@@ -85,7 +96,7 @@ def trusted_dirs(start: Path) -> list[Path]:
             st = directory.stat()
         except OSError:
             break
-        if not owned(st):
+        if not owned(st) and not safe_directory(directory):
             _say_ignored(directory, st)
             break
         out.append(directory)
@@ -140,7 +151,27 @@ def envs_dir(start: Path | None = None) -> Path:
     """Where envs are built (absolute): ``.envs/`` in the project root, else in the current
     directory (outside any project, as before there was a root to find)."""
     here = start.absolute() if start is not None else current_dir()
-    return (project_root(here) or here) / ENVS
+    root = project_root(here)
+    if root is not None:
+        return root / ENVS
+    # Outside any project the current directory holds the envs: one another user owns or can
+    # write (/tmp) could hold her `.envs/NAME/bin/python`, which `run` would start as root.
+    try:
+        st = here.stat()
+    except OSError:
+        return here / ENVS
+    if not owned(st) and not safe_directory(here):
+        who = (
+            f"belongs to uid {st.st_uid}"
+            if st.st_uid not in (os.geteuid(), 0)
+            else f"can be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+        raise UsageError(
+            f"{here} {who}: cudaenv keeps, lists and starts no envs there (as git's "
+            "safe.directory rule); run it from a directory of your own, name the env's "
+            f"directory with --env-dir, or trust this one with CUDAENV_SAFE_DIRECTORIES={here}"
+        )
+    return here / ENVS
 
 
 def matrix_dir(start: Path | None = None) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from builder.core import settings
-from builder.core.errors import CommandFailed, ToolMissing
+from builder.core.errors import CommandFailed, ToolMissing, UsageError
 
 __all__ = [
     "CommandFailed",
@@ -179,7 +179,11 @@ def _start(
     """The one place a child starts: text mode, die-with-parent, a missing program named, and
     a program named without a directory found only where no other user could have put it
     (:func:`which`)."""
-    if args and os.sep not in args[0]:
+    if args and os.sep in args[0]:
+        refusal = refused(args[0])
+        if refusal is not None:
+            raise refusal
+    elif args:
         path = (env if env is not None else settings.child_environ()).get("PATH")
         found = which(args[0], path)
         if found is None:
@@ -416,6 +420,9 @@ def replace_process(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     """Become ``argv`` (``cudaenv run``): signals and the exit status are the command's own,
     with no cudaenv process left in between."""
     log.debug("exec %s", shlex.join(argv))
+    refusal = refused(argv[0])
+    if refusal is not None:
+        raise refusal
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(argv[0], list(argv), dict(env))  # noqa: S606 - argv is an exact program path
@@ -449,6 +456,96 @@ def _path_dirs(path: str | None) -> list[str]:
     """The directories of ``path``, else of this process's PATH."""
     return (path if path is not None else settings.child_environ().get("PATH", "")).split(
         os.pathsep
+    )
+
+
+# What a Python interpreter runs at start from its env, besides its own file: a `.pth` file
+# is executed by site.py, and sitecustomize/usercustomize are imported (CPython's site docs).
+_STARTUP_FILES = ("sitecustomize.py", "usercustomize.py")
+
+
+def _env_root(program: Path) -> Path | None:
+    """The venv or conda env ``program`` belongs to (``ENV/bin/PROGRAM``), if any."""
+    root = program.parent.parent
+    if (root / "pyvenv.cfg").exists() or (root / "conda-meta").is_dir():
+        return root
+    return None
+
+
+def _not_owned_why(where: Path) -> str | None:
+    from builder.core.paths import owned
+
+    try:
+        st = where.lstat() if where.is_symlink() else where.stat()
+    except OSError:
+        return f"{where} cannot be read"
+    if owned(st):
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{where} belongs to uid {st.st_uid}"
+    return f"{where} can be written by other users"
+
+
+def env_why(root: Path) -> str | None:
+    """Why the env at ``root`` may hold another user's code (None: it does not): the env
+    directory, ``pyvenv.cfg``, each ``site-packages`` directory (and ``lib``, ``lib/pythonX.Y``
+    above it), and each file an interpreter runs from there at start (``*.pth``,
+    sitecustomize, usercustomize), owned by another user or writable by one. Directories
+    and start-up files only: a module under ``site-packages`` that she owns was put there by
+    someone who could write that directory, which is checked."""
+    checked = [root, root / "pyvenv.cfg"] if (root / "pyvenv.cfg").exists() else [root]
+    for lib in ("lib", "lib64"):
+        if not (root / lib).is_dir() or (root / lib).is_symlink():
+            continue
+        checked.append(root / lib)
+        for version in sorted((root / lib).glob("python*")):
+            checked.append(version)
+            site = version / "site-packages"
+            if not site.is_dir():
+                continue
+            checked.append(site)
+            try:
+                entries = sorted(site.iterdir())
+            except OSError:
+                entries = []
+            checked += [e for e in entries if e.suffix == ".pth" or e.name in _STARTUP_FILES]
+    for where in checked:
+        why = _not_owned_why(where)
+        if why is not None:
+            return why
+    return None
+
+
+def launch_why(program: str | os.PathLike[str]) -> str | None:
+    """Why cudaenv will not start ``program`` (None: it may): :func:`planted_why` for the file,
+    its directory and where its link leads, then, for a program of a venv or conda env (an
+    interpreter given with ``--python``, an env's ``bin/`` tool), :func:`env_why` for that env.
+    cudaenv often runs as root: a ``.pth`` another user put in an env's ``site-packages`` would
+    run as root at the interpreter's start. A path in CUDAENV_SAFE_DIRECTORIES is trusted."""
+    from builder.core.paths import safe_directory
+
+    given = Path(program).absolute()
+    if safe_directory(given) or not (given.exists() or given.is_symlink()):
+        return None  # nothing there: starting it fails as a missing program (ToolMissing)
+    why = planted_why(str(given))
+    if why is not None:
+        return why
+    root = _env_root(given)
+    return None if root is None else env_why(root)
+
+
+def refused(program: str | os.PathLike[str]) -> UsageError | None:
+    """The one-line refusal for starting ``program`` (:func:`launch_why`), naming the override;
+    None where it may start."""
+    why = launch_why(program)
+    if why is None:
+        return None
+    given = Path(program).absolute()
+    root = _env_root(given) or given.parent
+    return UsageError(
+        f"{program}: not run: {why}, and cudaenv runs no program another user could have "
+        f"written (as git's safe.directory rule): run cudaenv as that user, or trust it with "
+        f"CUDAENV_SAFE_DIRECTORIES={root}"
     )
 
 

@@ -316,6 +316,12 @@ TABLE: tuple[Variable, ...] = (
              reader="cudaenv (the uv binary to run; default the one installed with cudaenv, "
              "else PATH's)", read_at="builder/core/proc.py", reserved=True,
              setting=Setting(field="uv")),
+    Variable(name="CUDAENV_SAFE_DIRECTORIES", kind=Kind.CUDAENV,
+             reader="cudaenv (directories, separated by `:`, whose programs, envs and project "
+             "files cudaenv uses although another user owns or can write them, as git's "
+             "`safe.directory`; `*`: every directory; default none)",
+             read_at="builder/core/proc.py", reserved=True,
+             setting=Setting(field="safe_directories")),
     Variable(name="CUDAENV_EXCLUDE_NEWER", kind=Kind.CUDAENV,
              reader="cudaenv lock, init and a build that locks (the index view of a resolution "
              "that keeps none: a new lock, `--upgrade`; a UTC time like 2026-12-01T05:23:12Z "
