@@ -55,9 +55,14 @@ def write(path: Path, text: str) -> Path:
 
 
 def cudaenv(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child process, on this checkout's sources."""
+    """The CLI in a child process, on this checkout's sources (``timeout``: seconds before it
+    is killed and the test fails)."""
     done = subprocess.run(
         [sys.executable, "-m", "builder.cli", *args],
         cwd=cwd,
@@ -65,6 +70,7 @@ def cudaenv(
         capture_output=True,
         text=True,
         check=False,
+        timeout=timeout,
     )
     if check and done.returncode != 0:
         raise AssertionError(f"cudaenv {' '.join(args)} -> {done.returncode}\n{done.stderr}")

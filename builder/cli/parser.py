@@ -40,7 +40,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(2, f"error: {self.prog}: {message}\n")
+        self.exit(2, f"error: {self.prog}: {errors.printable(message)}\n")
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         # Every value goes through here. An empty one is a mistake wherever it is given

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.core import settings
+from builder.core.errors import printable_block
 
 # A memo, a list of interpreters, uv's output: far below this. A file above it is not a cache
 # file cudaenv wrote, and reading it would only cost memory.
@@ -53,7 +54,11 @@ def warn(why: str) -> None:
     if why in _warned:
         return
     _warned.add(why)
-    print(f"cudaenv: warning: {why}; going on without it", file=sys.stderr, flush=True)
+    print(
+        f"cudaenv: warning: {printable_block(why)}; going on without it",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _trusted(st: os.stat_result) -> bool:

@@ -8,10 +8,43 @@ means, for ``cudaenv --help`` and the generated reference.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 
 from builder.core.statuses import CellStatus
+
+# What a terminal acts on or a reader takes for a new line: C0 controls but the tab, DEL, C1
+# controls (0x9b is a CSI on some terminals), Unicode's line and paragraph separators, and the
+# bytes that were not UTF-8 (os.fsdecode's surrogateescape gives U+DC80..U+DCFF for them).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\udc80-\udcff]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    c = match.group()
+    if "\udc80" <= c <= "\udcff":
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` as one line a terminal shows as it is: every control character (newline,
+    carriage return, ESC, ...) and every byte that was not UTF-8 written as its escape
+    (``\\n``, ``\\x1b``, ``\\xff``). The one formatter every line cudaenv prints to stderr
+    passes (an error, a progress line, a warning): an argument or a file's text that holds
+    ``\\nerror: forged`` cannot forge a second line, nor an ESC sequence act."""
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def printable_block(text: str, indent: str = "  ") -> str:
+    """``text`` whose first line is cudaenv's and whose later lines may be a tool's own output:
+    each line :func:`printable`, every line after the first indented, so no line of it reads
+    as one of cudaenv's (``error:``, ``cudaenv:``) however the text was made."""
+    first, *rest = text.split("\n")
+    return "\n".join([printable(first), *(indent + printable(line) for line in rest)])
 
 
 class CudaenvError(Exception):
@@ -126,10 +159,15 @@ STATUS_OF_EXIT: dict[int, CellStatus] = {
 def error_lines(exc: CudaenvError) -> list[str]:
     """What a command prints for an error: one line each (a spec's problems, then a count)."""
     if isinstance(exc, SpecError):
-        return [f"error: {p}" for p in exc.problems] + [
+        return [f"error: {printable(str(p))}" for p in exc.problems] + [
             f"error: {len(exc.problems)} problem(s) in the {exc.what}; nothing was done"
         ]
-    return [f"error: {exc}"]
+    if isinstance(exc, UsageError):
+        # Bad input is one line, whatever the argument or the file held.
+        return [f"error: {printable(str(exc))}"]
+    # Other errors may carry a tool's own output (uv's, nvcc's, after the line that says what
+    # failed): its lines are kept, each escaped and indented, so none reads as an error line.
+    return [f"error: {printable_block(str(exc))}"]
 
 
 # Every exit status cudaenv has, with a short form (``cudaenv --help``) and the meaning the

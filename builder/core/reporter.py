@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TextIO
 
-from builder.core.errors import CudaenvError, error_lines
+from builder.core.errors import CudaenvError, error_lines, printable, printable_block
 
 NOTHING_BUILT = "nothing was built"
 
@@ -35,7 +35,7 @@ class Reporter:
         """Report one progress line; a Reporter is a ``Callable[[str], None]``."""
         if not self.quiet:
             out = self.stream or sys.stderr
-            print(f"cudaenv: {msg}", file=out, flush=True)
+            print(f"cudaenv: {printable_block(msg)}", file=out, flush=True)
 
     def leaves(self, note: str) -> None:
         """What an interrupt from now on leaves behind."""
@@ -91,7 +91,7 @@ def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False
             print(line, file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
-        print(f"error: interrupted; {reporter.interrupt_note}", file=sys.stderr)
+        print(f"error: interrupted; {printable(reporter.interrupt_note)}", file=sys.stderr)
         code = 130
     except BrokenPipeError:
         return _stdout_gone()
