@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import os
 import re
 import shutil
 import sys
@@ -536,3 +537,98 @@ def test_an_interpreter_without_a_spec_is_sent_to_the_doctor_not_to_a_rebuild(
         f"`cudaenv doctor --python {venv}` names the installed packages that do not work "
         "together, with the command that repairs them"
     )
+
+
+NOBODY = 65534  # another user's uid
+
+
+def _two_identical_envs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path], Path]:
+    marker = tmp_path / "imported"
+    engine = f"open({str(marker)!r}, 'a').write('x')\n"
+    envs = {n: uv_venv(Path(sys.executable).resolve(), tmp_path / n) for n in ("theirs", "mine")}
+    for python in envs.values():
+        install(python, "sglang", "0.5.23", sglang_files(engine=engine))
+    sites = {n: next(p.parent.parent.glob("lib/python3*/site-packages")) for n, p in envs.items()}
+    for rel in sglang_files():
+        st = (sites["theirs"] / rel).stat()
+        os.utime(sites["mine"] / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return envs, sites, marker
+
+
+def test_nothing_is_borrowed_from_an_env_another_user_owns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Her env B and root's env R hold the same distributions: B's recorded pass and its
+    bytecode (which she can rewrite) are never taken for R; R's check imports for itself."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    envs, _, marker = _two_identical_envs(tmp_path)
+    run = {n: target_of(p, tmp_path / f"work-{n}", ("sglang==0.5.23",)) for n, p in envs.items()}
+    assert run_imports(run["theirs"]).status == PASSED and marker.read_text() == "x"
+    for dirpath, dirnames, filenames in os.walk(tmp_path / "theirs"):
+        for name in [*dirnames, *filenames]:
+            os.lchown(Path(dirpath) / name, NOBODY, NOBODY)
+    os.lchown(tmp_path / "theirs", NOBODY, NOBODY)
+    mine = run_imports(run["mine"])
+    assert mine.status == PASSED
+    assert marker.read_text() == "xx", "root's env took her env's pass"
+    assert "an identical env" not in mine.summary and "bytecode" not in dict(mine.evidence)
+
+
+def test_bytecode_is_borrowed_only_for_the_same_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other env's source has this env's size and mtime but other bytes: a .pyc header
+    (mtime, size) would match, and the code it holds is not this source's."""
+    import importlib.util
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    envs, sites, _ = _two_identical_envs(tmp_path)
+    ran = run_imports(target_of(envs["theirs"], tmp_path / "w1", ("sglang==0.5.23",)))
+    assert ran.status == PASSED
+    theirs = sites["theirs"] / ENGINE
+    st = theirs.stat()
+    theirs.write_text(theirs.read_text().replace("'x'", "'y'"))  # same size, other bytes
+    os.utime(theirs, ns=(st.st_atime_ns, st.st_mtime_ns))
+    borrowed = run_imports(target_of(envs["mine"], tmp_path / "w2", ("sglang==0.5.23",)))
+    assert "an identical env" in borrowed.summary, borrowed.summary
+    assert not Path(importlib.util.cache_from_source(str(sites["mine"] / ENGINE))).exists()
+
+
+def test_a_pyc_swapped_after_its_check_is_not_the_one_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file judged through a descriptor is the file linked or copied: one renamed over
+    its path between the check and the link (her RENAME_EXCHANGE loop) is never taken."""
+    from builder.verify import imports
+
+    pycache = tmp_path / "theirs" / "__pycache__"
+    pycache.mkdir(parents=True)
+    (tmp_path / "theirs" / "m.py").write_text("X = 1\n")
+    (tmp_path / "mine").mkdir()
+    source = tmp_path / "mine" / "m.py"
+    os.link(tmp_path / "theirs" / "m.py", source)  # one cache's file in both envs
+    st = source.stat()
+    header = (
+        b"\x00" * 4
+        + (0).to_bytes(4, "little")
+        + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+        + st.st_size.to_bytes(4, "little")
+    )
+    src = pycache / "m.cpython-312.pyc"
+    src.write_bytes(header + b"judged")
+    evil = pycache / "evil"
+    evil.write_bytes(header + b"swapped in")
+    real_pread = os.pread
+
+    def pread_then_swap(fd: int, n: int, offset: int) -> bytes:
+        data = real_pread(fd, n, offset)
+        if evil.exists():
+            evil.replace(src)  # after the descriptor was judged, before the link
+        return data
+
+    monkeypatch.setattr(os, "pread", pread_then_swap)
+    into = tmp_path / "mine" / "__pycache__"
+    assert imports._borrow_one(str(src), str(into), src.name, made=False)
+    assert (into / src.name).read_bytes() == header + b"judged"

@@ -83,6 +83,37 @@ def safe_directory(path: Path) -> bool:
     return False
 
 
+def tree_why(root: Path) -> str | None:
+    """Why what lies under ``root`` may be another user's (None: it is not): ``root`` itself
+    another user owns or can write, or a directory above it that another user can write
+    without the sticky bit (in ``/tmp``, 1777, she can neither rename nor remove what root
+    owns; in a 0777 directory she can swap ``root`` for her own). What cudaenv borrows from
+    another env (its bytecode, a recorded pass) comes only from such a tree; a path in
+    CUDAENV_SAFE_DIRECTORIES is trusted."""
+    root = root.absolute()
+    if safe_directory(root):
+        return None
+    try:
+        st = root.stat()
+    except OSError as exc:
+        return f"{root} cannot be read ({exc.strerror})"
+    if not owned(st):
+        if st.st_uid not in (os.geteuid(), 0):
+            return f"{root} belongs to uid {st.st_uid}"
+        return f"{root} can be written by other users"
+    for directory in root.parents:
+        try:
+            st = directory.stat()
+        except OSError as exc:
+            return f"{directory} cannot be read ({exc.strerror})"
+        foreign = st.st_uid not in (os.geteuid(), 0)
+        writable = not owned(st) and not st.st_mode & stat.S_ISVTX
+        if foreign or writable:
+            who = f"belongs to uid {st.st_uid}" if foreign else "can be written by other users"
+            return f"{directory} (above {root}) {who}"
+    return None
+
+
 def trusted_dirs(start: Path) -> list[Path]:
     """``start`` and the directories above it, up to the first that another user owns or can
     write (``/tmp`` is one), which ends the list: what lies there is not the user's project,

@@ -307,47 +307,55 @@ def borrow_bytecode(other: Path, target: Target) -> tuple[str, str]:
 
 def _borrow_one(src: str, into: str, name: str, made: bool) -> bool:
     """Copy one .pyc ``src`` into the ``__pycache__`` ``into`` (see :func:`borrow_bytecode`);
-    False when it is not copied. ``made``: ``into`` exists already, made by this walk."""
+    False when it is not copied. ``made``: ``into`` exists already, made by this walk.
+
+    The file is judged and taken through one descriptor (opened without following a link):
+    linked into this env from that descriptor, or copied from it, never by its path again,
+    so a file swapped in after the check is never the one taken. Its source in the other env
+    must be this env's own source (the same file, as uv's links from one cache make it, or
+    the same bytes): a header's mtime and size say nothing of what the source holds."""
     import stat
 
     dst = os.path.join(into, name)  # noqa: PTH118
-    source = os.path.join(os.path.dirname(into), name.split(".", 1)[0] + ".py")  # noqa: PTH118, PTH120
+    stem = name.split(".", 1)[0] + ".py"
+    source = os.path.join(os.path.dirname(into), stem)  # noqa: PTH118, PTH120
+    theirs = os.path.join(os.path.dirname(os.path.dirname(src)), stem)  # noqa: PTH118, PTH120
     try:
         if os.path.lexists(dst):
             return False
         here = os.lstat(source)
+        if not stat.S_ISREG(here.st_mode) or not _same_source(source, here, theirs):
+            return False
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
-                return False
-            if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
-                return False
-            header = os.pread(fd, 16, 0)
-        finally:
-            os.close(fd)
     except OSError:
         return False
-    if not stat.S_ISREG(here.st_mode) or len(header) < 16:
-        return False
-    # PEP 552's header: magic, flags (0: checked by the source's mtime and size), mtime, size.
-    flags, mtime, size = (int.from_bytes(header[i : i + 4], "little") for i in (4, 8, 12))
-    mine = (int(here.st_mtime) & 0xFFFFFFFF, here.st_size & 0xFFFFFFFF)
-    if flags != 0 or (mtime, size) != mine:
-        return False
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
+            return False
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+            return False
+        header = os.pread(fd, 16, 0)
+        if len(header) < 16:
+            return False
+        # PEP 552's header: magic, flags (0: checked by the source's mtime and size), mtime,
+        # size.
+        flags, mtime, size = (int.from_bytes(header[i : i + 4], "little") for i in (4, 8, 12))
+        mine = (int(here.st_mtime) & 0xFFFFFFFF, here.st_size & 0xFFFFFFFF)
+        if flags != 0 or (mtime, size) != mine:
+            return False
         if not made:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(into, 0o755)  # noqa: PTH102
             if not stat.S_ISDIR(os.lstat(into).st_mode):
                 return False  # a link where __pycache__ would be: never written through
         try:
-            # Python replaces a stale .pyc by renaming a new one over it, never by writing
-            # into it: a hard link shares nothing that either env changes.
-            os.link(src, dst, follow_symlinks=False)
-        except OSError:  # another file system: copied whole, renamed into place
-            with open(src, "rb") as fh:  # noqa: PTH123
-                data = fh.read(MAX_RECORD)
+            # The open file itself (linkat of /proc/self/fd/N follows that one link to the
+            # inode judged above). Python replaces a stale .pyc by renaming a new one over
+            # it, never by writing into it: a hard link shares nothing either env changes.
+            os.link(f"/proc/self/fd/{fd}", dst, follow_symlinks=True)
+        except OSError:  # no /proc, or another file system: copied from the descriptor
+            data = os.pread(fd, st.st_size, 0)
             tmp = f"{dst}.{os.getpid()}.tmp"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(out, "wb") as sink:
@@ -355,7 +363,28 @@ def _borrow_one(src: str, into: str, name: str, made: bool) -> bool:
             os.replace(tmp, dst)
     except OSError:
         return False
+    finally:
+        os.close(fd)
     return True
+
+
+def _same_source(mine: str, here: os.stat_result, theirs: str) -> bool:
+    """Whether the other env's source ``theirs`` is this env's ``mine``: the same file (one
+    inode, linked from uv's cache into both), else the same bytes (read both: a copy)."""
+    import stat
+
+    try:
+        there = os.lstat(theirs)
+        if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+            return True
+        if not stat.S_ISREG(there.st_mode) or there.st_size != here.st_size:
+            return False
+        if there.st_size > MAX_RECORD:
+            return False
+        with open(mine, "rb") as a, open(theirs, "rb") as b:  # noqa: PTH123
+            return a.read() == b.read()
+    except OSError:
+        return False
 
 
 @dataclass

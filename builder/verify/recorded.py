@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from builder.core import cachefiles
+from builder.core import cachefiles, paths, proc
 from builder.core.errors import CudaenvError
 from builder.core.statuses import PASSED
 from builder.formats.jsondoc import Reader
@@ -163,6 +163,10 @@ def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path]
         return None
     if not any(Path(other).glob("lib/python3*/site-packages")):
         return None  # gone: the check runs here, and this env is the one named next time
+    if paths.tree_why(Path(other)) is not None or proc.env_why(Path(other)) is not None:
+        # Another user owns or can write that env (or a directory above it): neither its
+        # pass nor its bytecode is taken; the check runs here.
+        return None
     said = CheckResult(
         name=name,
         status=PASSED,
