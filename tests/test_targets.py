@@ -77,9 +77,15 @@ def test_every_problem_of_a_fleet_file_is_located_at_once(in_tmp: Path) -> None:
         "fleet.yaml:4:26: targets[2].platfrom: unknown key; did you mean 'platform'?",
         "fleet.yaml:5:75: targets[3].required: expected true or false, got the string 'yes'",
     ]
-    assert problems(write(tmp_path / "x.yaml", "fleet: []\n")) == [
-        "x.yaml:1:1: fleet: unknown key; expected one of: targets",
+    # A mistyped `targets` gets its "did you mean"; a file none of whose keys is close to a
+    # fleet file's is said to be none, its keys unshown (a secret's names are its text too).
+    assert problems(write(tmp_path / "x.yaml", "target: []\n")) == [
+        "x.yaml:1:1: target: unknown key; did you mean 'targets'?",
         "x.yaml:1:1: targets: required key is missing",
+    ]
+    assert problems(write(tmp_path / "y.yaml", "fleet: []\ntoken: x\n")) == [
+        "y.yaml:1:1: y.yaml is not a fleet file: none of its 2 key(s) is a fleet file's (the "
+        "first at y.yaml:1:1; its text is not shown)",
     ]
 
 
@@ -190,7 +196,7 @@ def test_a_file_of_another_kind_named_as_a_fleet_file_is_never_echoed(tmp_path: 
     with pytest.raises(SpecError) as err:
         targets.load_file(secret)
     said = "\n".join(err.value.problems)
-    assert "is not a fleet file: none of its 2 key(s) is `targets`" in said
+    assert "is not a fleet file: none of its 2 key(s) is a fleet file's" in said
     assert "saltsalt" not in said and "daemon" not in said
 
 

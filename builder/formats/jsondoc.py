@@ -14,21 +14,41 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from builder.core.errors import ReportError
+from builder.formats.yamldoc import Unreadable, read_input
 
 # One of a closed set of strings (a Literal alias: a status, a severity, a toolchain source).
 Choice = TypeVar("Choice", bound=str)
 
 
+# cudaenv's largest JSON files are matrix reports of many cells: a few MiB.
+MAX_BYTES = 64 << 20
+
+
 def load(path: Path, what: str) -> object:
-    """The JSON of ``path``; ReportError naming the file and ``what`` it should be."""
+    """The JSON of ``path``; ReportError naming the file and ``what`` it should be. Read as
+    every input file is (yamldoc.read_input): a regular file under a size cap, never a FIFO,
+    a device or a directory; bytes that are not UTF-8 and nesting past the parser's depth are
+    one line each, and no text of the file is shown."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
+        raw = read_input(path, MAX_BYTES, what)
+    except Unreadable as exc:
+        raise ReportError(f"{path}: cannot read the {what} ({exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError(
+            f"{path}: the {what} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ReportError(f"{path}: the {what} is nested too deep to be one") from None
     except ValueError as exc:
-        raise ReportError(f"{path}: the {what} is not JSON ({exc})") from exc
+        # The position only: json's message quotes no text, but say so by construction.
+        at = (
+            f"line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        )
+        raise ReportError(f"{path}: the {what} is not JSON ({at or 'unreadable'})") from None
 
 
 class Reader:

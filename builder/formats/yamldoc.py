@@ -153,8 +153,31 @@ def display(path: Path) -> str:
     """The name a message gives ``path``: relative to the cwd when it lies below it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):
+        # Not below the cwd; or a symlink loop (RuntimeError before Python 3.13, OSError
+        # after): the read says why it is no file, in one line.
         return str(path)
+
+
+def not_of_kind(root: Item, known: Sequence[str], what: str, problems: Problems) -> bool:
+    """Whether the mapping ``root`` has no key a ``what`` has (a file of another kind named by
+    mistake, or by someone who wants it printed: ``/etc/shadow`` reads as a mapping whose
+    keys are its lines, a JSON secrets file as one whose keys are its names). Then it is said
+    to be no ``what``, at its first key's position, and none of its text is shown."""
+    assert isinstance(root.value, dict)
+    strange = [item for key, item in root.value.items() if key not in known]
+    if not strange or len(strange) < len(root.value):
+        return False
+    if any(difflib.get_close_matches(str(key), known, n=1, cutoff=0.6) for key in root.value):
+        return False  # a mistyped key of a file of this kind: "did you mean" says which
+    first = strange[0]
+    problems.add(
+        root.mark,
+        "",
+        f"{root.mark.file} is not a {what}: none of its {len(strange)} key(s) is a {what}'s "
+        f"(the first at {first.key_mark or first.mark}; its text is not shown)",
+    )
+    return True
 
 
 def kind(v: object) -> str:

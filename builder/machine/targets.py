@@ -19,7 +19,16 @@ from pathlib import Path
 from builder.core import platforms, proc
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import SpecError, UsageError
-from builder.formats.yamldoc import Item, Problems, compose, display, kind, string, suggest
+from builder.formats.yamldoc import (
+    Item,
+    Problems,
+    compose,
+    display,
+    kind,
+    not_of_kind,
+    string,
+    suggest,
+)
 from builder.machine import archs
 from builder.machine import driver as driver_mod
 from builder.machine.archs import Arch
@@ -181,28 +190,13 @@ def parse(item: Item, path: str, problems: Problems) -> tuple[Target, ...]:
     return tuple(out)
 
 
-# What a mistyped key looks like ("fleet", "target"); a line of another kind of file read as
-# a key ("root:$6$...:19000:...") does not, and is never echoed.
-_KEYLIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,40}")
-
-
 def read_file(path: Path, problems: Problems) -> tuple[Target, ...]:
     """The targets of the fleet file at ``path``; problems recorded (located)."""
     root = compose(path, problems, what="fleet file", max_bytes=MAX_FLEET_BYTES)
     if root is None:
         return ()
     assert isinstance(root.value, dict)
-    strange = [sub for key, sub in root.value.items() if key not in FILE_KEYS]
-    if len(strange) == len(root.value) and not all(_KEYLIKE.fullmatch(k) for k in root.value):
-        # No key a fleet file has: a file of another kind (/etc/shadow reads as a mapping
-        # whose keys are its lines), said to be none, its text never echoed (as spec.py).
-        first = strange[0]
-        problems.add(
-            root.mark,
-            "",
-            f"{where(path)} is not a fleet file: none of its {len(strange)} key(s) is "
-            f"`targets` (the first at {first.key_mark or first.mark}; its text is not shown)",
-        )
+    if not_of_kind(root, FILE_KEYS, "fleet file", problems):
         return ()
     for key, sub in root.value.items():
         if key not in FILE_KEYS:

@@ -40,6 +40,7 @@ from builder.formats.yamldoc import (
     compose,
     display,
     kind,
+    not_of_kind,
     read_input,
     suggest,
 )
@@ -159,6 +160,8 @@ class _Loader:
     def load(self) -> Matrix:
         root = compose(self.path, self.problems, what="matrix file")
         if root is None or not isinstance(root.value, dict):
+            raise SpecError(self.problems.messages(), what="matrix file")
+        if not_of_kind(root, MATRIX_KEYS, "matrix file", self.problems):
             raise SpecError(self.problems.messages(), what="matrix file")
         data: dict[str, Item] = root.value
         for key, item in data.items():

@@ -1,0 +1,113 @@
+"""One reader for every file a user names: every command's every argument that names an input
+file, found in the command table (a new one is tested without editing this), given what a
+hostile or careless user could name instead: a 0600 secret in YAML, JSON and TOML shapes, a
+FIFO, a symlink loop, /dev/zero, a directory, 50,000-deep nesting and bytes that are not
+UTF-8. Each: one error line (and the count after a file's problems), exit 2, none of the file's
+text printed, no traceback, within 10 s."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+
+from builder.cli.parser import COMMANDS, Sub
+from builder.commands.options import KEY, Option
+from tests.helpers import ENVSPECS, cudaenv, workspace
+
+SECRET = "AKIA0SECRET0TOKEN"  # noqa: S105 (a marker the output must not hold, no credential)
+# Options that name a file cudaenv reads (the other Path options are written: --report, ...).
+READ_OPTIONS = ("--targets", "--baseline")
+
+
+def input_arguments() -> list[tuple[tuple[str, ...], str]]:
+    """(command words, the flag or '' for its positional) for every argument that names a file
+    cudaenv reads: a Path-typed positional (the specs, a matrix file), a report merge's
+    reports, and the read options above."""
+    found: list[tuple[tuple[str, ...], str]] = []
+
+    def walk(subs: tuple[Sub, ...], above: tuple[str, ...]) -> None:
+        for sub in subs:
+            words = (*above, sub.name)
+            if sub.args is not None:
+                hints = typing.get_type_hints(sub.args)
+                for f in dataclasses.fields(sub.args):
+                    option = f.metadata.get(KEY)
+                    if not isinstance(option, Option):
+                        continue
+                    if option.flags and set(option.flags) & set(READ_OPTIONS):
+                        found.append((words, option.flags[0]))
+                    elif not option.flags and ("Path" in str(hints[f.name]) or f.name == "reports"):
+                        found.append((words, ""))
+            walk(sub.subs, words)
+
+    walk(COMMANDS, ())
+    return found
+
+
+def shapes(tmp: Path) -> dict[str, Path]:
+    """Each thing a file argument could name instead of its kind of file."""
+    out: dict[str, Path] = {}
+
+    def secret(name: str, text: str) -> Path:
+        path = tmp / name
+        path.write_text(text)
+        path.chmod(0o600)
+        return path
+
+    out["secret-yaml"] = secret("s.yaml", f"aws_key: {SECRET}\npassword: {SECRET}\n")
+    out["secret-json"] = secret("s.json", f'{{"token": "{SECRET}", "{SECRET}": 1}}')
+    out["secret-toml"] = secret("s.toml", f'[creds]\ntoken = "{SECRET}"\n')
+    out["shadow"] = secret("shadow", f"root:$6${SECRET}:19000:0:99999:7:::\n")
+    fifo = tmp / "fifo.yaml"
+    os.mkfifo(fifo)
+    out["fifo"] = fifo
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+    out["symlink-loop"] = tmp / "loop-a"
+    out["dev-zero"] = Path("/dev/zero")
+    (tmp / "adir.yaml").mkdir()
+    out["directory"] = tmp / "adir.yaml"
+    deep = tmp / "deep.yaml"
+    deep.write_text("[" * 50_000 + "]" * 50_000 + "\n")
+    out["deep-nesting"] = deep
+    raw = tmp / "bytes.yaml"
+    raw.write_bytes(b"name: \xff\xfe" + SECRET.encode() + b"\n")
+    out["not-utf8"] = raw
+    return out
+
+
+SHAPES = ("secret-yaml", "secret-json", "secret-toml", "shadow", "fifo", "symlink-loop",
+          "dev-zero", "directory", "deep-nesting", "not-utf8")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(
+    ("words", "flag"), input_arguments(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else v
+)
+def test_an_input_file_argument_given_what_is_not_its_kind(
+    words: tuple[str, ...], flag: str, shape: str, tmp_path: Path
+) -> None:
+    given = shapes(tmp_path)[shape]
+    argv = [*words, *((flag, str(given)) if flag else (str(given),))]
+    if flag:
+        # The rest of a command line that reads the flag's file: a real spec (or matrix).
+        ws = workspace(tmp_path / "ws", "default.yaml")
+        shutil.copytree(ENVSPECS / "matrix", ws / "envspecs" / "matrix")
+        first = "envspecs/matrix/release.yaml" if words[0] == "matrix" else "envspecs/default.yaml"
+        argv = [*words, first, flag, str(given)]
+        tmp_path = ws
+    try:
+        done = cudaenv(*argv, cwd=tmp_path, check=False, timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"cudaenv {' '.join(argv)} waited past 10 s")
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out
+    assert SECRET not in out, out
+    assert done.returncode == 2, out
