@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.pylock import Pylock, is_valid_pylock_path
 
-from builder.core.errors import BuildError, ResolveError
+from builder.core.errors import BuildError, LockUnreadable, ResolveError
 from builder.env import build
 from builder.formats import tomlwriter
 from builder.spec import envspec as spec
@@ -209,24 +209,24 @@ TOOL = (
 
 def test_broken_lock_files(tmp_path: Path) -> None:
     bad = write(tmp_path / "pylock.x.toml", "lock-version = [\n")
-    with pytest.raises(BuildError, match="not a valid TOML lock"):
+    with pytest.raises(LockUnreadable, match="not a valid TOML lock"):
         lock.read(bad)
     foreign = write(tmp_path / "pylock.y.toml", 'lock-version = "1.0"\n[[packages]]\nname = "a"\n')
-    with pytest.raises(BuildError, match=r"not a cudaenv lock \(no \[tool.cudaenv\]\)"):
+    with pytest.raises(LockUnreadable, match=r"not a cudaenv lock \(no \[tool.cudaenv\]\)"):
         lock.read(foreign)
     nohash = write(
         tmp_path / "pylock.z.toml",
         'lock-version = "1.0"\ncreated-by = "t"\n[[packages]]\nname = "a"\nversion = "1"\n'
         'wheels = [{name = "a-1-py3-none-any.whl", path = "a-1-py3-none-any.whl"}]\n' + TOOL,
     )
-    with pytest.raises(BuildError, match="without a sha256 hash cannot be installed safely"):
+    with pytest.raises(LockUnreadable, match="without a sha256 hash cannot be installed safely"):
         lock.read(nohash)
     md5 = write(
         tmp_path / "pylock.m.toml",
         'lock-version = "1.0"\ncreated-by = "t"\n[[packages]]\nname = "a"\nversion = "1"\n'
         'wheels = [{path = "a-1-py3-none-any.whl", hashes = {md5 = "0"}}]\n' + TOOL,
     )
-    with pytest.raises(BuildError) as info:
+    with pytest.raises(LockUnreadable) as info:
         lock.read(md5)
     assert str(info.value) == (
         f"{md5}: packages[0].wheels[0]: a file without a sha256 hash cannot be installed safely; "
@@ -241,7 +241,7 @@ def test_a_lock_that_is_not_pep751_is_refused_with_packagings_key_path(tmp_path:
         'lock-version = "1.0"\ncreated-by = "t"\n[[packages]]\nname = "a"\nversion = "1"\n'
         'wheels = [{name = "a-1-py3-none-any.whl", hashes = {sha256 = "00"}}]\n' + TOOL,
     )
-    with pytest.raises(BuildError) as info:
+    with pytest.raises(LockUnreadable) as info:
         lock.read(nowhere)
     assert str(info.value) == (
         f"{nowhere}: not a valid PEP 751 lock: path or url must be provided in "
@@ -290,7 +290,9 @@ def test_a_lock_written_before_platforms_reads_as_its_one_platform(tmp_path: Pat
     out = write(tmp_path / "pylock.old.toml", old)
     assert lock.read(out).platforms == ("linux-x86_64",)
     write(out, text[:start] + text[end + 1 :])
-    with pytest.raises(BuildError, match=r"\[tool.cudaenv\] lacks 'platforms'; run `cudaenv lock`"):
+    with pytest.raises(
+        LockUnreadable, match=r"\[tool.cudaenv\] lacks 'platforms'; run `cudaenv lock`"
+    ):
         lock.read(out)
 
 

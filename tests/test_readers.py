@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import typing
@@ -18,7 +19,7 @@ import pytest
 
 from builder.cli.parser import COMMANDS, Sub
 from builder.commands.options import KEY, Option
-from tests.helpers import ENVSPECS, cudaenv, workspace
+from tests.helpers import ENVSPECS, cudaenv, lock_of, workspace
 
 SECRET = "AKIA0SECRET0TOKEN"  # noqa: S105 (a marker the output must not hold, no credential)
 # Options that name a file cudaenv reads (the other Path options are written: --report, ...).
@@ -111,3 +112,29 @@ def test_an_input_file_argument_given_what_is_not_its_kind(
     assert "Traceback" not in out, out
     assert SECRET not in out, out
     assert done.returncode == 2, out
+
+
+LOCK_DAMAGE = {
+    "not-utf8": lambda text: text.encode() + b"\xff\xfe",
+    "wrong-type": lambda text: text.replace("size = ", 'size = "big"  # ', 1).encode(),
+    "negative-size": lambda text: re.sub(r"size = \d+", "size = -1", text, count=1).encode(),
+    "path-out-of-tree": lambda text: re.sub(
+        r'path = "wheels/[^"]*"', 'path = "../../../../etc/passwd"', text, count=1
+    ).encode(),
+    "deep-nesting": lambda text: (text + "x = " + "[" * 50_000 + "]" * 50_000 + "\n").encode(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(LOCK_DAMAGE))
+def test_a_damaged_lock_is_bad_input_in_one_line(damage: str, tmp_path: Path) -> None:
+    """A lock is an input file like a spec: whatever is wrong with it exits 2 (the code the
+    exit codes give a bad lock) in one line naming it, before anything is resolved or built."""
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    lock = lock_of(ws / "envspecs" / "toolchain-cu130.yaml")
+    lock.write_bytes(LOCK_DAMAGE[damage](lock.read_text()))
+    done = cudaenv("plan", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False, timeout=30)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
+    assert lines[-1] == "error: 1 problem(s) in the lock; nothing was done", done.stderr
+    assert len(lines) == 2 and lock.name in lines[0], done.stderr

@@ -71,6 +71,14 @@ class SpecError(CudaenvError):
         super().__init__("\n".join(self.problems))
 
 
+class LockUnreadable(SpecError):
+    """A lock file that does not parse as a PEP 751 lock cudaenv wrote (not TOML, not UTF-8,
+    a key of the wrong type): bad input, exit 2; a re-lock replaces it."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem], "lock")
+
+
 class ReportError(CudaenvError):
     """A report or manifest JSON file is missing, not JSON, or not of a known schema."""
 

@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 
 from builder.core import indexview
 from builder.core import platforms as platforms_mod
-from builder.core.errors import BuildError, ReportError, ResolveError, SpecError
+from builder.core.errors import BuildError, LockUnreadable, ReportError, ResolveError, SpecError
 from builder.core.paths import cache_dir
 from builder.core.proc import atomic_write_text
 from builder.formats import codec, tomlwriter
@@ -66,13 +66,15 @@ else:  # pragma: no cover - exercised on 3.10 only
 # times that still reads in well under a second, and /dev/zero or a runaway file stops here.
 MAX_LOCK_BYTES = 16 * 1024 * 1024
 # The parse memo (:func:`_read`): v3 carries the sha256 of the lock text it was parsed from.
-MEMO_VERSION = 4  # v4: the index view (exclude_newer, exclude_newer_packages)
+MEMO_VERSION = 5  # v5: a negative file size refused (a memo of v4 was validated without it)
 
 
 def _file(entry: PackageWheel | PackageSdist, where: str) -> LockedFile:
     sha256 = entry.hashes.get("sha256")
     if not isinstance(sha256, str):
         raise ResolveError(f"{where}: a file without a sha256 hash cannot be installed safely")
+    if entry.size is not None and entry.size < 0:
+        raise ResolveError(f"{where}.size: a file's size is a number of bytes, got {entry.size}")
     return LockedFile(
         name=entry.filename,
         sha256=sha256,
@@ -277,8 +279,8 @@ def read(path: Path, *, spec: EnvSpec | None = None, spec_name: str | None = Non
     """The lock at ``path``; with ``spec`` (or only its ``spec_name``), refused unless that
     spec wrote it. Every entry that names an index, or a file path, is held to the spec (see
     the module's docstring): without ``spec``, no entry may name an index. Raises SpecError
-    (exit 2, a bad input file) with every such entry, BuildError for a lock that does not
-    parse (re-lock it)."""
+    (exit 2, a bad input file) with every such entry, LockUnreadable (a SpecError) for a lock
+    that does not parse (re-lock it), BuildError for one that is not there."""
     lk = _read(path)
     if spec is not None or spec_name is not None:
         check_owner(lk, path, spec.name if spec is not None else str(spec_name))
@@ -445,16 +447,25 @@ def _from_memo(doc: object) -> Lock:
 
 
 def _parse(path: Path, raw: bytes) -> Lock:
+    """The lock in ``raw``; a file that is no valid lock is bad input (LockUnreadable, exit 2,
+    as the exit codes document for a lock), one line naming the file and what is wrong."""
     try:
         doc = tomllib.loads(raw.decode())
     except UnicodeDecodeError as exc:
-        raise BuildError(f"{path}: the lock is not UTF-8; run `cudaenv lock`") from exc
+        raise LockUnreadable(
+            f"{path}: the lock is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "run `cudaenv lock`"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise BuildError(f"{path}: not a valid TOML lock: {exc}; run `cudaenv lock`") from exc
+        raise LockUnreadable(f"{path}: not a valid TOML lock: {exc}; run `cudaenv lock`") from None
+    except RecursionError:
+        raise LockUnreadable(
+            f"{path}: not a lock: nested deeper than the TOML reader goes; run `cudaenv lock`"
+        ) from None
     try:
         return _lock_of(doc, str(path))
     except ResolveError as exc:
-        raise BuildError(f"{exc}; run `cudaenv lock`") from exc
+        raise LockUnreadable(f"{exc}; run `cudaenv lock`") from None
 
 
 def _lock_of(doc: dict[str, Any], where: str) -> Lock:

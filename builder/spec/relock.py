@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from builder.core import indexview, settings
-from builder.core.errors import BuildError
+from builder.core.errors import BuildError, LockUnreadable
 from builder.formats import tomlwriter
 from builder.spec.envspec import EnvSpec
 from builder.spec.lock import LOCK_VERSION_LINE, Lock, LockedFile, LockedPackage
@@ -43,7 +43,7 @@ def previous_versions(previous: Path | None, spec: EnvSpec) -> Lock | None:
         return None
     try:
         return read_lock(previous, spec=spec)
-    except BuildError:
+    except (BuildError, LockUnreadable):
         return None
 
 
