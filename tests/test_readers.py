@@ -114,24 +114,32 @@ def test_an_input_file_argument_given_what_is_not_its_kind(
     assert done.returncode == 2, out
 
 
-LOCK_DAMAGE = {
-    "not-utf8": lambda text: text.encode() + b"\xff\xfe",
-    "wrong-type": lambda text: text.replace("size = ", 'size = "big"  # ', 1).encode(),
-    "negative-size": lambda text: re.sub(r"size = \d+", "size = -1", text, count=1).encode(),
-    "path-out-of-tree": lambda text: re.sub(
-        r'path = "wheels/[^"]*"', 'path = "../../../../etc/passwd"', text, count=1
-    ).encode(),
-    "deep-nesting": lambda text: (text + "x = " + "[" * 50_000 + "]" * 50_000 + "\n").encode(),
-}
+def _damaged(damage: str, text: str) -> bytes:
+    """The committed lock's ``text`` with one kind of damage."""
+    if damage == "not-utf8":
+        return text.encode() + b"\xff\xfe"
+    if damage == "wrong-type":
+        return text.replace("size = ", 'size = "big"  # ', 1).encode()
+    if damage == "negative-size":
+        return re.sub(r"size = \d+", "size = -1", text, count=1).encode()
+    if damage == "path-out-of-tree":
+        return re.sub(
+            r'path = "wheels/[^"]*"', 'path = "../../../../etc/passwd"', text, count=1
+        ).encode()
+    assert damage == "deep-nesting"
+    return (text + "x = " + "[" * 50_000 + "]" * 50_000 + "\n").encode()
 
 
-@pytest.mark.parametrize("damage", sorted(LOCK_DAMAGE))
+LOCK_DAMAGE = ("not-utf8", "wrong-type", "negative-size", "path-out-of-tree", "deep-nesting")
+
+
+@pytest.mark.parametrize("damage", LOCK_DAMAGE)
 def test_a_damaged_lock_is_bad_input_in_one_line(damage: str, tmp_path: Path) -> None:
     """A lock is an input file like a spec: whatever is wrong with it exits 2 (the code the
     exit codes give a bad lock) in one line naming it, before anything is resolved or built."""
     ws = workspace(tmp_path, "toolchain-cu130.yaml")
     lock = lock_of(ws / "envspecs" / "toolchain-cu130.yaml")
-    lock.write_bytes(LOCK_DAMAGE[damage](lock.read_text()))
+    lock.write_bytes(_damaged(damage, lock.read_text()))
     done = cudaenv("plan", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False, timeout=30)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, done.stdout + done.stderr
