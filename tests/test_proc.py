@@ -301,3 +301,38 @@ def test_running_kills_its_child_past_the_deadline_and_when_the_body_raises(
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped: no such process
         os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_run_lines_keeps_its_deadline_when_a_grandchild_leaves_the_group() -> None:
+    """A child starts a grandchild in a session of its own that holds stdout for 45 s, then
+    hangs: the deadline (3 s) ends the call, though killing the child's group does not reach
+    the grandchild and the pipe stays open."""
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen(['sleep', '45'], start_new_session=True)\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    seen: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(CommandFailed, match="timed out after 3 s"):
+        proc.run_lines([sys.executable, "-c", code], seen.append, timeout=3, merged=True)
+    assert time.monotonic() - started < 10
+    assert seen == ["started"]
+
+
+@pytest.mark.slow
+def test_run_lines_returns_when_the_child_ends_and_a_grandchild_keeps_its_output() -> None:
+    """The child ends at once, its daemon (another session) holds stdout for 45 s: the call
+    returns the child's result within seconds, not when the daemon lets go."""
+    code = (
+        "import subprocess\n"
+        "subprocess.Popen(['sleep', '45'], start_new_session=True)\n"
+        "print('done', flush=True)\n"
+    )
+    seen: list[str] = []
+    started = time.monotonic()
+    done = proc.run_lines([sys.executable, "-c", code], seen.append, timeout=60, merged=True)
+    assert done.returncode == 0 and seen == ["done"]
+    assert time.monotonic() - started < 15

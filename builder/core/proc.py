@@ -338,6 +338,7 @@ def run_lines(
         new_session=merged,
     )
     assert child.stdin is not None and child.stdout is not None
+    out_pipe = child.stdout
     err_parts: list[str] = []
     threads: list[threading.Thread] = []
     if child.stderr is not None:
@@ -354,34 +355,50 @@ def run_lines(
             else:
                 child.kill()
 
-    # The deadline is told by the timer having fired, not by the clock read afterwards: on a
-    # loaded box the timer can fire before a clock read after its start (the kill then looked
-    # like the child's own failure).
-    expired = threading.Event()
+    # The lines are read in a thread and the wait is on the child, against the deadline: a
+    # grandchild that left the process group (its own session, a daemon) and holds stdout
+    # would keep a read here waiting for EOF long past it. A line that comes once this call
+    # has returned is not handed on.
+    gate = threading.Lock()
+    returned = False
 
-    def deadline() -> None:
-        expired.set()
-        kill()
+    def pump() -> None:
+        for line in out_pipe:
+            with gate:
+                if returned:
+                    return
+                on_line(line.rstrip("\n"))
 
-    killer = threading.Timer(timeout, deadline)
-    killer.daemon = True
-    killer.start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    expired = False
     try:
         with contextlib.suppress(BrokenPipeError):
             child.stdin.write(input_text)
             child.stdin.close()
-        for line in child.stdout:
-            on_line(line.rstrip("\n"))
-        child.wait()
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            expired = True
+            kill()
+            child.wait()
+        # The child is gone; what it printed is read to EOF, up to the deadline (or 5 s once
+        # it ended on its own): a grandchild holding the pipe does not hold this call.
+        left = max(deadline - time.monotonic(), 0.0)
+        reader.join(timeout=1.0 if expired else min(left, 5.0))
+        _join(threads, until=time.monotonic() + 5)
     except BaseException:
         kill()
         child.wait()
         raise
     finally:
-        killer.cancel()
-    _join(threads, until=time.monotonic() + 5)
-    if expired.is_set() and child.returncode != 0:
+        with gate:
+            returned = True
+    if expired and child.returncode != 0:
         raise _timed_out(args, timeout, "".join(err_parts)[-4000:])
+    if reader.is_alive():
+        log.debug("%s: a process it left holds its output; not read further", args[0])
     return Completed(
         argv=tuple(args), returncode=child.returncode, stdout="", stderr="".join(err_parts)
     )
