@@ -3,6 +3,9 @@ verified; a failed resolve leaves the spec and its lock as they were."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from builder.commands import add
 from builder.core.errors import UsageError
 from builder.formats.yamldoc import Problems, compose
 from builder.spec import envspec as spec
-from tests.helpers import cudaenv, lock_of, workspace, write
+from tests.helpers import FAULTS_PYTHONPATH, cudaenv, lock_of, workspace, write
 
 BLOCK = """\
 # The stack we serve with.
@@ -120,3 +123,47 @@ def test_a_package_whose_name_yaml_would_read_as_no_string_is_quoted(
     assert spec.load(write(tmp_path / "s.yaml", out)).packages[-1] == name
     flow = 'name: demo\npython: "3.12"\ncuda: "13.0"\npackages: [six]\n'
     assert edited(tmp_path, flow, name).splitlines()[3] == f'packages: [six, "{name}"]'
+
+
+@pytest.mark.network
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", ["add-edited", "add-locked", "swap", "swapped"])
+def test_a_killed_add_leaves_spec_lock_and_env_together(tmp_path: Path, point: str) -> None:
+    """SIGKILL at each step of `cudaenv add six` (no handler runs): the next command that
+    reads the spec finds the spec, the lock and the env of one piece: all as before the add
+    where the env was not swapped yet, the add whole where it was."""
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    spec_file = ws / "envspecs" / "toolchain-cu130.yaml"
+    cudaenv("build", str(spec_file), cwd=ws)
+    before, lock = spec_file.read_bytes(), lock_of(spec_file)
+    lock_before = lock.read_bytes()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "add", "six", "--spec", str(spec_file),
+         "--no-verify"],
+        cwd=ws, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, "CUDAENV_FAULT_PAUSE": point,
+             "CUDAENV_FAULT_PAUSE_SECONDS": "600"},
+    )  # fmt: skip
+    assert child.stderr is not None
+    seen = []
+    for line in child.stderr:
+        seen.append(line)
+        if f"fault point {point}" in line:
+            break
+    child.kill()
+    child.wait(timeout=30)
+    assert any(f"fault point {point}" in line for line in seen), "".join(seen)
+    name = spec.load(spec_file).name
+    done = cudaenv("plan", str(spec_file), cwd=ws, timeout=120)
+    has_six = cudaenv("run", name, "--", "python", "-c", "import six", cwd=ws, check=False)
+    if point == "swapped":
+        assert b"six" in spec_file.read_bytes() and lock.read_bytes() != lock_before
+        assert has_six.returncode == 0, has_six.stderr
+        assert "as they were" not in done.stderr
+    else:
+        assert spec_file.read_bytes() == before and lock.read_bytes() == lock_before
+        assert has_six.returncode != 0
+        assert "both are as they were before it" in done.stderr, done.stderr
+    assert not list(spec_file.parent.glob(".*.edit.json"))
+    listed = cudaenv("list", "--json", cwd=ws)
+    assert '"up to date"' in listed.stdout, listed.stdout

@@ -26,6 +26,8 @@ from builder.commands.args import BuildArgs
 from builder.core import proc
 from builder.core.errors import UsageError
 from builder.core.reporter import Reporter
+from builder.env import specedit
+from builder.env.build import fault_point
 from builder.formats.yamldoc import Item, Problems, compose, plain_reads_back
 from builder.spec import envspec as spec
 
@@ -164,22 +166,24 @@ def add(
     text = edit(original.decode(), root, reqs, inherited)
     spec.load(path, text=text)  # the edited file must still be a valid spec
     lock_path = pipeline.lock_file(before)
-    old_lock = lock_path.read_bytes() if lock_path.exists() else None
+    # Journaled before the spec changes: a kill from here on (no handler runs) is settled by
+    # the next command that loads the spec (specedit.settle): put back, or kept where the
+    # env was already built from the edit.
+    journal = specedit.begin(path, original, text, lock_path)
     proc.atomic_write_text(path, text)
     reporter(f"added {', '.join(reqs)} to packages: of {spec_arg}")
     try:
+        fault_point("add-edited", reporter)
         pipeline.write_lock(path, upgrade=False, reporter=reporter)
+        fault_point("add-locked", reporter)
         request = BuildArgs(specs=(path,), verify=verify)
         built, verified = buildrun.build_and_verify(request, reporter, show=show)
     except BaseException:
         # Nothing half-done: the spec and its lock as they were (the env was not swapped).
-        proc.atomic_write_text(path, original.decode())
-        if old_lock is None:
-            lock_path.unlink(missing_ok=True)
-        else:
-            lock_path.write_bytes(old_lock)
+        specedit.put_back(path, journal)
         reporter(f"{spec_arg} and {lock_path} are as they were")
         raise
+    specedit.end(journal)
     if verified is not None:
         verifyrun.raise_verdict(verified)
     return built

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder.core import context, platforms
 from builder.core.cudaversion import CudaVersion
-from builder.core.errors import BuildError, UsageError
+from builder.core.errors import BuildError, CudaenvError, UsageError
 from builder.core.paths import project_root
 from builder.core.reporter import Reporter
 from builder.machine import archs, driver, targets
@@ -49,12 +49,30 @@ def load_spec(arg: Path | str, *, write: bool = False) -> spec.EnvSpec:
     found = matrixfile.split_cell_arg(str(arg))
     if found is None:
         _spec_file_is_there(Path(arg))
+        _settle_edit(Path(arg))
         return spec.load(arg)
     mx = matrixfile.load(found[0])
     cell = mx.cell(found[1])
     if write:
         matrixfile.write_cell_spec(cell)
     return mx.spec_of(cell)
+
+
+def _settle_edit(path: Path) -> None:
+    """What an interrupted `cudaenv add` left of this spec, settled (env/specedit.py) before
+    the spec is read: its journal is there only after a kill."""
+    from builder.env import build, specedit
+
+    if not specedit.journal_path(path).exists():
+        return
+
+    def env_of() -> Path | None:
+        try:
+            return build.default_env_dir(spec.load(path))
+        except CudaenvError:
+            return None
+
+    specedit.settle(path, env_of, Reporter())
 
 
 def _spec_file_is_there(path: Path) -> None:

@@ -24,4 +24,5 @@ MODULES = (
     "build",
     "export",
     "envs",
+    "specedit",
 )
