@@ -279,3 +279,20 @@ def test_a_second_node_places_a_warmers_modules_by_its_plan_from_the_registry(
     assert (done.pulled, done.by_plan, len(ran)) == (1, 0, 1)
     assert plans.read_plan(jit_store.Store(tmp_path / "store-c"), sig) == {}
     assert not (tmp_path / "c" / "var/flashinfer/cached_ops/sampling/other.so").exists()
+
+
+def test_keep_plans_never_reaches_through_a_link_under_var(tmp_path: Path) -> None:
+    """A build directory named under the env's var/ through a linked directory lies elsewhere
+    on disk: neither planned (its files' text kept in a plan) nor removed."""
+    from builder import store as jit_store
+    from builder.jit import prefetch
+
+    env = tmp_path / "env"
+    (env / "var").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    (outside / "module").mkdir(parents=True)
+    (outside / "module" / "secret.txt").write_text("0600 text")
+    (env / "var" / "linked").symlink_to(outside)
+    planned = [{"dir": str(env / "var" / "linked" / "module"), "made": True, "name": "m"}]
+    prefetch.keep_plans(jit_store.Store(tmp_path / "store"), env, planned)
+    assert (outside / "module" / "secret.txt").read_text() == "0600 text"

@@ -299,17 +299,32 @@ def keep_plans(store: jit_store.Store, env: Path, planned: Any, placed: Sequence
         if not (isinstance(found, dict) and isinstance(found.get("dir"), str)):
             continue
         build_dir = Path(found["dir"])
-        if sig is not None and build_dir.is_relative_to(env / "var") and ninja.is_file():
+        inside = _within(build_dir, env / "var")
+        if sig is not None and inside and ninja.is_file():
             item = plans.planned_module(
                 str(env), str(ninja), build_dir, str(found.get("key")), str(found.get("name"))
             )
             if item is not None:
                 modules[json.dumps(found.get("recipe"), sort_keys=True)] = item
         left = found.get("made") and found.get("name") not in placed
-        if left and build_dir.is_relative_to(env / "var") and not build_dir.is_symlink():
+        if left and inside:
             shutil.rmtree(build_dir, ignore_errors=True)
     if sig is not None:
         plans.record_plan(store, sig, modules)
+
+
+def _within(path: Path, root: Path) -> bool:
+    """``path`` lies in ``root`` on disk, not only by its text: no link on the way from
+    ``root`` to it (a ``var/x`` linked to another directory would have a plan keep what a
+    0600 file there holds, or a removal reach past the env)."""
+    if not path.is_relative_to(root):
+        return False
+    here = root
+    for part in path.relative_to(root).parts:
+        here = here / part
+        if here.is_symlink():
+            return False
+    return not root.is_symlink()
 
 
 def with_env_bin(bin_dir: Path, env: dict[str, str]) -> dict[str, str]:
