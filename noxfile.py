@@ -128,7 +128,15 @@ def tests(session: nox.Session) -> None:
     _test_programs(session)
     # The heavy builds (half an hour of nvcc each on 2 cores) have their own session: a later
     # -m in the posargs wins (pytest keeps the last).
-    session.run("pytest", "-m", "not heavy", *session.posargs)
+    # Two workers a file at a time (pytest-xdist's loadfile: a file's tests keep their order
+    # and its module fixtures are made once): the e2e tests spend much of their time in one
+    # core (a single nvcc, Python imports) or on the network (a cold uv cache), and another
+    # file's test fills the other core. On 2 cores from a fresh machine this took the suite
+    # from 2,801 s to the figure in docs/development/testing.md.
+    session.run(
+        "pytest", "-n", "auto", "--maxprocesses", "4", "--dist", "loadfile", "-m", "not heavy",
+        *session.posargs, env={"PYTHONDONTWRITEBYTECODE": None},
+    )  # fmt: skip
 
 
 @nox.session
