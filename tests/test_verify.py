@@ -526,3 +526,24 @@ def test_the_audit_says_a_failed_sgl_kernel_import_is_expected_without_a_driver(
     monkeypatch.setattr(driver, "PROC_VERSION", write(tmp_path / "version", "NVRM 580\n"))
     assert audit.probe_failure_note("sgl_kernel", short).startswith("; not expected")
     assert audit.probe_failure_note("vllm", "ImportError: x") == ""
+
+
+def test_a_torch_without_its_version_is_a_fact_not_the_probes_traceback(tmp_path: Path) -> None:
+    """A damaged torch (no __version__, no torch.version): verify reports it in the toolchain
+    check's line; the probe's traceback is never the answer."""
+    import sys
+
+    from builder.core import proc
+    from tests.helpers import cudaenv, write
+
+    env = tmp_path / "env"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(env)])
+    [site] = env.glob("lib/python3*/site-packages")
+    write(site / "torch" / "__init__.py", "")
+    write(site / "torch-2.14.1.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: torch\n"
+          "Version: 2.14.1\n")  # fmt: skip
+    write(site / "torch-2.14.1.dist-info" / "RECORD", "torch/__init__.py,,\n")
+    done = cudaenv("verify", "--python", str(env / "bin" / "python"), cwd=tmp_path, check=False)
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "torch does not import: AttributeError: module 'torch' has no attribute" in done.stdout

@@ -100,9 +100,13 @@ def cudart(cuda_home: str) -> dict[str, object]:
 def torch_facts() -> dict[str, object]:
     try:
         import torch
+
+        # Read inside the try: a torch without __version__ or torch.version (a damaged or
+        # stub install) is a fact to report, not the probe's traceback.
+        version, cuda = str(torch.__version__), torch.version.cuda
     except Exception as exc:  # a broken install is a fact, not a crash
         return {"installed": installed("torch"), "error": f"{type(exc).__name__}: {exc}"}
-    return {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda}
+    return {"installed": True, "version": version, "cuda": None if cuda is None else str(cuda)}
 
 
 def flashinfer_facts(jit: bool) -> dict[str, object]:
