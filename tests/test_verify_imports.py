@@ -576,24 +576,51 @@ def test_nothing_is_borrowed_from_an_env_another_user_owns(
     assert "an identical env" not in mine.summary and "bytecode" not in dict(mine.evidence)
 
 
-def test_bytecode_is_borrowed_only_for_the_same_source(
+def test_nothing_is_borrowed_for_an_env_whose_files_differ(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The other env's source has this env's size and mtime but other bytes: a .pyc header
-    (mtime, size) would match, and the code it holds is not this source's."""
+    """This env's source has the other's size and mtime but other bytes (its RECORD as it
+    was): a .pyc header (mtime, size) would match, and the RECORDs are equal; neither the
+    pass nor the bytecode is taken, the check imports here."""
     import importlib.util
 
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    envs, sites, _ = _two_identical_envs(tmp_path)
+    envs, sites, marker = _two_identical_envs(tmp_path)
     ran = run_imports(target_of(envs["theirs"], tmp_path / "w1", ("sglang==0.5.23",)))
-    assert ran.status == PASSED
-    theirs = sites["theirs"] / ENGINE
-    st = theirs.stat()
-    theirs.write_text(theirs.read_text().replace("'x'", "'y'"))  # same size, other bytes
-    os.utime(theirs, ns=(st.st_atime_ns, st.st_mtime_ns))
-    borrowed = run_imports(target_of(envs["mine"], tmp_path / "w2", ("sglang==0.5.23",)))
-    assert "an identical env" in borrowed.summary, borrowed.summary
-    assert not Path(importlib.util.cache_from_source(str(sites["mine"] / ENGINE))).exists()
+    assert ran.status == PASSED and marker.read_text() == "x"
+    mine = sites["mine"] / ENGINE
+    st = mine.stat()
+    mine.write_text(mine.read_text().replace("'x'", "'y'"))  # same size, other bytes
+    os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns))
+    checked = run_imports(target_of(envs["mine"], tmp_path / "w2", ("sglang==0.5.23",)))
+    assert "an identical env" not in checked.summary, checked.summary
+    assert marker.read_text() == "xy", "the check did not import in this env"
+    assert not Path(importlib.util.cache_from_source(str(mine))).exists() or (
+        "bytecode" not in dict(checked.evidence)
+    )
+
+
+def test_a_recorded_pass_is_not_believed_once_a_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env that passed, then a module edited with its size and mtime put back (RECORD
+    unchanged): the next verify imports again and fails, as `import` would."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    envs, sites, _ = _two_identical_envs(tmp_path)
+    target = target_of(envs["mine"], tmp_path / "w", ("sglang==0.5.23",))
+    assert run_imports(target).status == PASSED
+    engine = sites["mine"] / ENGINE
+    st = engine.stat()
+    broken = ("import no_such_module_cudaenv  # " + "x" * st.st_size)[: st.st_size - 1] + "\n"
+    engine.write_text(broken)
+    os.utime(engine, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (engine.stat().st_size, engine.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    again = run_imports(target)
+    # Run again, not believed: Python itself takes the old bytecode here (its header holds
+    # the source's mtime and size), so the run says what an import does.
+    assert "env unchanged" not in again.summary and "recorded" not in dict(again.evidence)
+    engine.write_text(broken)  # now as an editor leaves it: a new mtime
+    assert run_imports(target).status == FAILED
 
 
 def test_a_pyc_swapped_after_its_check_is_not_the_one_taken(

@@ -19,6 +19,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,12 @@ from builder.core import cachefiles, paths, proc
 from builder.core.errors import CudaenvError
 from builder.core.statuses import PASSED
 from builder.formats.jsondoc import Reader
+from builder.store import env_roots, plans
 from builder.verify.model import CheckResult, Target
 
 # Bump when what a record holds, or what a recorded check proves, changes.
-RECORD_VERSION = 1
+# v2: the env's files by their stat (a record without it is not believed).
+RECORD_VERSION = 2
 # The evidence a reuse adds (verify/__init__.py's borrowers add the second).
 REUSE_EVIDENCE = ("recorded", "bytecode")
 
@@ -39,6 +42,83 @@ def fingerprint(inputs: Mapping[str, Any]) -> str:
     """The sha256 of a check's inputs, as canonical JSON."""
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def files_signature(env: Path) -> str | None:
+    """The sha256 of every file under the env's ``site-packages`` as git's index keys a file
+    (path, inode, size, mtime_ns, ctime_ns), the bytecode the imports write left out: a file
+    edited since the pass, even with its size and mtime put back, changes its ctime, and the
+    pass is not believed (RECORD lists what the installer wrote, not what is there now). A
+    stat a file, ~0.15 s for 20,000 files; None where the env has no site-packages."""
+    sites = sorted(env.glob("lib/python3*/site-packages"))
+    if not sites:
+        return None
+    digest = hashlib.sha256()
+    for site in sites:
+        for dirpath, dirnames, filenames in os.walk(site):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)  # noqa: PTH118 - 20,000 paths: strings
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                digest.update(
+                    f"{full}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode(
+                        errors="surrogateescape"
+                    )
+                )
+    return digest.hexdigest()
+
+
+# A file each env wrote itself (a RECORD, INSTALLER, a .pth) is compared by its bytes, up to
+# this much in all: two envs whose files were copied, not linked, are told apart by running
+# the check rather than by reading gigabytes.
+COMPARED_BYTES = 256 << 20
+
+
+def same_files(mine: Path, other: Path) -> bool:
+    """Whether every file under the two envs' ``site-packages`` is one file (one inode: uv
+    links both from its cache) or, for a small file each env wrote itself, the same bytes,
+    with no file more on either side (bytecode left out). A pass is taken from another env
+    only for this one: its RECORDs being equal says what the installer wrote, not that no
+    file was edited since."""
+    files: list[dict[str, os.stat_result]] = []
+    for env in (mine, other):
+        found: dict[str, os.stat_result] = {}
+        for site in sorted(env.glob("lib/python3*/site-packages")):
+            top = str(site)
+            for dirpath, dirnames, filenames in os.walk(top):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                for name in filenames:
+                    full = os.path.join(dirpath, name)  # noqa: PTH118
+                    with contextlib.suppress(OSError):
+                        found[full[len(str(env)) :]] = os.lstat(full)
+        files.append(found)
+    here, there = files
+    roots = (env_roots(str(mine)), env_roots(str(other)))
+    if not here or here.keys() != there.keys():
+        return False
+    budget = COMPARED_BYTES
+    for rel, a in here.items():
+        b = there[rel]
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            continue
+        budget -= a.st_size
+        if budget < 0:
+            return False
+        name = rel.rsplit("/", 1)[-1]
+        try:
+            with open(f"{mine}{rel}", "rb") as x, open(f"{other}{rel}", "rb") as y:  # noqa: PTH123
+                # Each env's own path written @ENV@ (its start-up hook, a RECORD's lines for
+                # its console scripts): what the file holds wherever the env lies.
+                ours = plans.placeless(name, x.read(a.st_size + 1), roots[0])
+                theirs = plans.placeless(name, y.read(b.st_size + 1), roots[1])
+        except OSError:
+            return False
+        if ours != theirs:
+            return False
+    return True
 
 
 def path_of(target: Target, name: str) -> Path:
@@ -74,6 +154,8 @@ def recorded(target: Target, name: str, inputs: str) -> CheckResult | None:
     if found is None:
         return None
     result, when, doc = found
+    if doc.get("files") != files_signature(env_root(target)):
+        return None  # a file changed since the pass (its RECORD may say nothing of it)
     return CheckResult(
         name=name,
         status=PASSED,
@@ -135,6 +217,7 @@ def record(
         "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "result": result.to_json(),
         "env": str(env_root(target)),
+        "files": files_signature(env_root(target)),
     }
     cachefiles.write_json(path_of(target, name), doc)
     if shared:
@@ -163,6 +246,10 @@ def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path]
         return None
     if not any(Path(other).glob("lib/python3*/site-packages")):
         return None  # gone: the check runs here, and this env is the one named next time
+    if doc.get("files") != files_signature(Path(other)):
+        return None  # that env changed since its pass: it vouches for nothing now
+    if not same_files(env_root(target), Path(other)):
+        return None  # not the same files here, whatever the RECORDs say
     if paths.tree_why(Path(other)) is not None or proc.env_why(Path(other)) is not None:
         # Another user owns or can write that env (or a directory above it): neither its
         # pass nor its bytecode is taken; the check runs here.
