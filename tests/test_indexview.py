@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from builder.core import indexview
-from builder.core.errors import BuildError
+from builder.core.errors import LockUnreadable
 from builder.spec import envspec as spec
 from builder.spec import lock, resolve
 from tests.helpers import ENVSPECS, lock_of
@@ -121,7 +121,7 @@ def test_a_lock_with_a_bad_view_is_refused_naming_the_key(
     text = text.replace('exclude-newer = "2026-11-30T04:22:14Z"', line)
     path = tmp_path / "pylock.toolchain-cu130.toml"
     path.write_text(text)
-    with pytest.raises(BuildError, match=said.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(LockUnreadable, match=said.replace("[", r"\[").replace("]", r"\]")):
         lock.read(path)
 
 

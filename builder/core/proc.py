@@ -490,16 +490,21 @@ def _env_root(program: Path) -> Path | None:
 
 
 def _not_owned_why(where: Path) -> str | None:
+    """Why ``where`` may be another user's: it, or what a link there names, owned by another
+    user or writable by one. A link's own mode means nothing (always 0777 on Linux); its
+    owner does, and what it names is judged as any file."""
     from builder.core.paths import owned
 
     try:
-        st = where.lstat() if where.is_symlink() else where.stat()
+        link = where.lstat()
+        st = where.stat()
     except OSError:
         return f"{where} cannot be read"
+    for judged in (link, st) if where.is_symlink() else (st,):
+        if judged.st_uid not in (os.geteuid(), 0):
+            return f"{where} belongs to uid {judged.st_uid}"
     if owned(st):
         return None
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"{where} belongs to uid {st.st_uid}"
     return f"{where} can be written by other users"
 
 
