@@ -336,3 +336,40 @@ def test_run_lines_returns_when_the_child_ends_and_a_grandchild_keeps_its_output
     done = proc.run_lines([sys.executable, "-c", code], seen.append, timeout=60, merged=True)
     assert done.returncode == 0 and seen == ["done"]
     assert time.monotonic() - started < 15
+
+
+def test_uv_runs_from_the_root_with_relative_paths_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uv reads uv.toml and pyproject.toml from its working directory and every one above it:
+    every uv cudaenv starts runs from /, and a relative path it was given still names the
+    same file; a bare name stays a requirement."""
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text('#!/bin/sh\npwd\nfor a in "$@"; do echo "$a"; done\n')
+    uv.chmod(0o755)
+    (tmp_path / "reqs").mkdir()
+    (tmp_path / "reqs" / "r.txt").write_text("six\n")
+    (tmp_path / "six").write_text("a file named like a package\n")
+    monkeypatch.chdir(tmp_path)
+    done = proc.run([str(uv), "pip", "install", "-r", "reqs/r.txt", "--target=./reqs", "six"])
+    assert done.stdout.splitlines() == [
+        "/", "pip", "install", "-r", str(tmp_path / "reqs" / "r.txt"),
+        f"--target={tmp_path / 'reqs'}", "six",
+    ]  # fmt: skip
+
+
+@pytest.mark.network
+def test_a_fifo_uv_toml_in_the_project_neither_hangs_nor_steers_a_lock(tmp_path: Path) -> None:
+    """A FIFO uv.toml (or one another user planted) where cudaenv runs: uv never reads it."""
+    import subprocess
+
+    from tests.helpers import cudaenv, workspace
+
+    ws = workspace(tmp_path, "toolchain-cu130.yaml")
+    os.mkfifo(ws / "uv.toml")
+    try:
+        done = cudaenv("lock", "envspecs/toolchain-cu130.yaml", cwd=ws, check=False, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("cudaenv lock waited on the FIFO")
+    assert done.returncode == 0, done.stderr

@@ -183,6 +183,8 @@ def _start(
         refusal = refused(args[0])
         if refusal is not None:
             raise refusal
+        if cwd is None and _is_uv(args[0]):
+            cwd, args = _uv_cwd(args)
     elif args:
         path = (env if env is not None else settings.child_environ()).get("PATH")
         found = which(args[0], path)
@@ -211,6 +213,37 @@ def _start(
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
+
+
+def _is_uv(program: str) -> bool:
+    return Path(program).name == "uv" or program == settings.current().uv
+
+
+def _uv_cwd(args: list[str]) -> tuple[Path, list[str]]:
+    """Where uv runs, and its arguments: from ``/``, each relative path that names something
+    here made absolute. uv reads a ``uv.toml`` and a ``pyproject.toml`` ``[tool.uv]`` from its
+    working directory and every directory above it (its settings: the index it resolves
+    against among them); a project's, or one planted in a shared parent such as ``/tmp``, would
+    choose for cudaenv, and a FIFO there hangs it. ``/`` is root's: nothing above it, and its
+    files are the system's. cudaenv's settings reach uv as arguments and variables; the
+    user's own uv.toml (``~/.config/uv``) and the system's (``/etc/uv``) still apply."""
+    out = [args[0]]
+    for arg in args[1:]:
+        if arg.startswith("--") and "=" in arg:
+            flag, _, value = arg.partition("=")
+            out.append(f"{flag}={_absolute(value)}")
+        else:
+            out.append(arg if arg.startswith("-") else _absolute(arg))
+    return Path("/"), out
+
+
+def _absolute(value: str) -> str:
+    """``value`` made absolute where it is a relative path (it has a ``/`` or starts with
+    ``.``) to something here; a bare name (``six``) is a requirement to uv, never a path."""
+    path = Path(value)
+    if ("/" in value or value.startswith(".")) and not path.is_absolute() and path.exists():
+        return str(path.absolute())
+    return value
 
 
 def _timed_out(args: list[str], timeout: float | None, output: str) -> CommandFailed:
