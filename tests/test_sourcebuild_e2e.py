@@ -338,6 +338,18 @@ def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
 
 CAUSAL_CONV1D = "causal_conv1d_cuda"
 
+
+def real_project(root: Path, name: str, text: str) -> dict[str, str]:
+    """A project at ``root`` whose spec ``envspecs/NAME`` is ``text`` (a real PyPI release),
+    and the environment its builds run in: a store of its own, and a CUDA_HOME whose nvcc
+    says 12.8, which the build must not use."""
+    write(root / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
+    write(root / "envspecs" / name, text)
+    fake = write(root / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n")
+    fake.chmod(0o755)
+    return {"CUDA_HOME": str(root / "cuda-12.8"), "CUDAENV_JIT_STORE": str(root / "store")}
+
+
 DEEPSPEED_SPEC = """\
 name: deepspeed-cu130
 python: "3.12"
@@ -361,16 +373,7 @@ def test_a_real_release_from_pypi_builds_its_cuda_op_with_the_envs_nvcc_once_per
     sees and builds the op for the CPU. Compiled with the env's nvcc 13.0 while the shell's
     CUDA_HOME names a 12.8 toolkit, the op links cudart and holds sm_120 code, imports after
     torch, and a second env takes it from the store with no compile."""
-    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
-    write(tmp_path / "envspecs" / "ds.yaml", DEEPSPEED_SPEC)
-    fake = write(
-        tmp_path / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n"
-    )
-    fake.chmod(0o755)
-    environ = {
-        "CUDA_HOME": str(tmp_path / "cuda-12.8"),
-        "CUDAENV_JIT_STORE": str(tmp_path / "store"),
-    }
+    environ = real_project(tmp_path, "ds.yaml", DEEPSPEED_SPEC)
     cudaenv("lock", "envspecs/ds.yaml", *VIEW, cwd=tmp_path, env=environ)
     first = cudaenv("build", "envspecs/ds.yaml", "--env-dir", str(tmp_path / "a"),
                     cwd=tmp_path, env=environ)  # fmt: skip
@@ -407,16 +410,7 @@ def test_a_real_release_from_pypi_builds_with_the_envs_nvcc_and_once_per_machine
     shell's CUDA_HOME names a 12.8 toolkit, its extension imports after torch and holds
     sm_120 code, verify's imports check covers it, and a second env takes it from the store
     with no compile."""
-    write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
-    write(tmp_path / "envspecs" / "cc.yaml", REAL_SPEC.replace("1.5.2", "1.7.0"))
-    fake = write(
-        tmp_path / "cuda-12.8" / "bin" / "nvcc", "#!/bin/sh\necho 'release 12.8, V12.8.93'\n"
-    )
-    fake.chmod(0o755)
-    environ = {
-        "CUDA_HOME": str(tmp_path / "cuda-12.8"),
-        "CUDAENV_JIT_STORE": str(tmp_path / "store"),
-    }
+    environ = real_project(tmp_path, "cc.yaml", REAL_SPEC.replace("1.5.2", "1.7.0"))
     cudaenv("lock", "envspecs/cc.yaml", *VIEW, cwd=tmp_path, env=environ)
     locked = (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").read_text()
     assert "causal_conv1d-1.7.0.tar.gz" in locked
