@@ -428,3 +428,30 @@ def loopback_server(reply: bytes | None) -> Iterator[int]:
         for conn in held:
             conn.close()
         listener.close()
+
+
+def command_arguments() -> list[tuple[tuple[str, ...], str, Any, Any]]:
+    """Every argument of every (sub)command in the command table (cli/parser.py), as
+    (command words, field name, its Option, its type hint): the tests that must cover each
+    command and argument take them from here, so a command added later is in them."""
+    import dataclasses
+    import typing
+
+    from builder.cli.parser import COMMANDS, Sub
+    from builder.commands.options import KEY, Option
+
+    found: list[tuple[tuple[str, ...], str, Any, Any]] = []
+
+    def walk(subs: tuple[Sub, ...], above: tuple[str, ...]) -> None:
+        for sub in subs:
+            words = (*above, sub.name)
+            if sub.args is not None:
+                hints = typing.get_type_hints(sub.args)
+                for f in dataclasses.fields(sub.args):
+                    option = f.metadata.get(KEY)
+                    if isinstance(option, Option):
+                        found.append((words, f.name, option, hints[f.name]))
+            walk(sub.subs, words)
+
+    walk(COMMANDS, ())
+    return found

@@ -1,4 +1,4 @@
-"""The one launcher's owner rule (proc.launch_why, applied where every child starts): cudaenv
+"""The one launcher's owner rule (core/owners.py, asked where every child starts): cudaenv
 often runs as root, and an interpreter of an env another user owns or can write runs her
 code at its start (a `.pth` in its site-packages), so no such program is started, whichever
 command names it; the current directory is no exception when it would hold the envs. Every
@@ -15,33 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli.parser import COMMANDS, Sub
-from builder.commands.options import KEY, Option
 from builder.core import proc
 from builder.env import manifest
-from tests.helpers import a_manifest, cudaenv, write
+from tests.helpers import a_manifest, command_arguments, cudaenv, write
 
 NOBODY = 65534  # another user's uid: the attacker's files
 
 
 def commands_taking(flag: str) -> list[tuple[str, ...]]:
     """The words of every (sub)command of the command table with an argument ``flag``."""
-    import dataclasses
-
-    found: list[tuple[str, ...]] = []
-
-    def walk(subs: tuple[Sub, ...], above: tuple[str, ...]) -> None:
-        for sub in subs:
-            words = (*above, sub.name)
-            if sub.args is not None:
-                for f in dataclasses.fields(sub.args):
-                    option = f.metadata.get(KEY)
-                    if isinstance(option, Option) and flag in option.flags:
-                        found.append(words)
-            walk(sub.subs, words)
-
-    walk(COMMANDS, ())
-    return found
+    return [words for words, _, option, _ in command_arguments() if flag in option.flags]
 
 
 PYTHON_COMMANDS = commands_taking("--python")

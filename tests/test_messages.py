@@ -5,13 +5,10 @@ the terminal. Every positional argument of every command of the command table is
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from builder.cli.parser import COMMANDS, Sub
-from builder.commands.options import KEY, Option
 from builder.core.errors import (
     BuildError,
     UsageError,
@@ -19,7 +16,7 @@ from builder.core.errors import (
     printable,
     printable_block,
 )
-from tests.helpers import cudaenv
+from tests.helpers import command_arguments, cudaenv
 
 FORGED = "x\nerror: forged\r\x1b[2J\x9b\u2028y"
 
@@ -42,24 +39,12 @@ def test_bad_input_is_one_line_and_a_tools_output_is_indented() -> None:
 def positionals() -> list[tuple[tuple[str, ...], list[str]]]:
     """(command words, its positional arguments' values) for every command that takes one:
     the forged text for each, `true` for `run`'s command."""
-    found: list[tuple[tuple[str, ...], list[str]]] = []
-
-    def walk(subs: tuple[Sub, ...], above: tuple[str, ...]) -> None:
-        for sub in subs:
-            words = (*above, sub.name)
-            if sub.args is not None:
-                values = []
-                for f in dataclasses.fields(sub.args):
-                    option = f.metadata.get(KEY)
-                    if isinstance(option, Option) and not option.flags:
-                        remainder = option.argparse.get("nargs") == "..."
-                        values += ["--", "true"] if remainder else [FORGED]
-                if values:
-                    found.append((words, values))
-            walk(sub.subs, words)
-
-    walk(COMMANDS, ())
-    return found
+    found: dict[tuple[str, ...], list[str]] = {}
+    for words, _, option, _ in command_arguments():
+        if not option.flags:
+            remainder = option.argparse.get("nargs") == "..."
+            found.setdefault(words, []).extend(["--", "true"] if remainder else [FORGED])
+    return list(found.items())
 
 
 @pytest.mark.slow

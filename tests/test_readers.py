@@ -7,19 +7,15 @@ text printed, no traceback, within 10 s."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
 import subprocess
-import typing
 from pathlib import Path
 
 import pytest
 
-from builder.cli.parser import COMMANDS, Sub
-from builder.commands.options import KEY, Option
-from tests.helpers import ENVSPECS, cudaenv, lock_of, workspace
+from tests.helpers import ENVSPECS, command_arguments, cudaenv, lock_of, workspace
 
 SECRET = "AKIA0SECRET0TOKEN"  # noqa: S105 (a marker the output must not hold, no credential)
 # Options that name a file cudaenv reads (the other Path options are written: --report, ...).
@@ -31,23 +27,11 @@ def input_arguments() -> list[tuple[tuple[str, ...], str]]:
     cudaenv reads: a Path-typed positional (the specs, a matrix file), a report merge's
     reports, and the read options above."""
     found: list[tuple[tuple[str, ...], str]] = []
-
-    def walk(subs: tuple[Sub, ...], above: tuple[str, ...]) -> None:
-        for sub in subs:
-            words = (*above, sub.name)
-            if sub.args is not None:
-                hints = typing.get_type_hints(sub.args)
-                for f in dataclasses.fields(sub.args):
-                    option = f.metadata.get(KEY)
-                    if not isinstance(option, Option):
-                        continue
-                    if option.flags and set(option.flags) & set(READ_OPTIONS):
-                        found.append((words, option.flags[0]))
-                    elif not option.flags and ("Path" in str(hints[f.name]) or f.name == "reports"):
-                        found.append((words, ""))
-            walk(sub.subs, words)
-
-    walk(COMMANDS, ())
+    for words, name, option, hint in command_arguments():
+        if option.flags and set(option.flags) & set(READ_OPTIONS):
+            found.append((words, option.flags[0]))
+        elif not option.flags and ("Path" in str(hint) or name == "reports"):
+            found.append((words, ""))
     return found
 
 

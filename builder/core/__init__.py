@@ -21,6 +21,7 @@ MODULES = (
     "remote_cache",
     "variables",
     "settings",
+    "owners",
     "reporter",
     "cachefiles",
     "paths",

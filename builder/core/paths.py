@@ -14,6 +14,7 @@ from pathlib import Path
 from builder import store as jit_store
 from builder.core import cachefiles, context, settings
 from builder.core.errors import UsageError
+from builder.core.owners import owned, safe_directory, who
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,65 +56,6 @@ def current_dir() -> Path:
         return Path()
 
 
-def owned(st: os.stat_result) -> bool:
-    """Whether a file or directory is the user's own (or root's) and no other user can write
-    it: a group-writable one only where the group is the owner's alone."""
-    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & stat.S_IWOTH:
-        return False
-    if not st.st_mode & stat.S_IWGRP:
-        return True
-    try:
-        import grp
-        import pwd
-
-        group = grp.getgrgid(st.st_gid)
-        owner = pwd.getpwuid(st.st_uid)
-    except (KeyError, ImportError):
-        return False
-    return group.gr_mem in ([], [owner.pw_name]) and owner.pw_gid == st.st_gid
-
-
-def safe_directory(path: Path) -> bool:
-    """``path`` lies in a directory the user trusts although another user owns or can write
-    it (CUDAENV_SAFE_DIRECTORIES, git's ``safe.directory``: ``*`` trusts every one)."""
-    listed = settings.current().safe_directories or ""
-    for entry in filter(None, listed.split(os.pathsep)):
-        if entry == "*" or path.is_relative_to(Path(entry).absolute()):
-            return True
-    return False
-
-
-def tree_why(root: Path) -> str | None:
-    """Why what lies under ``root`` may be another user's (None: it is not): ``root`` itself
-    another user owns or can write, or a directory above it that another user can write
-    without the sticky bit (in ``/tmp``, 1777, she can neither rename nor remove what root
-    owns; in a 0777 directory she can swap ``root`` for her own). What cudaenv borrows from
-    another env (its bytecode, a recorded pass) comes only from such a tree; a path in
-    CUDAENV_SAFE_DIRECTORIES is trusted."""
-    root = root.absolute()
-    if safe_directory(root):
-        return None
-    try:
-        st = root.stat()
-    except OSError as exc:
-        return f"{root} cannot be read ({exc.strerror})"
-    if not owned(st):
-        if st.st_uid not in (os.geteuid(), 0):
-            return f"{root} belongs to uid {st.st_uid}"
-        return f"{root} can be written by other users"
-    for directory in root.parents:
-        try:
-            st = directory.stat()
-        except OSError as exc:
-            return f"{directory} cannot be read ({exc.strerror})"
-        foreign = st.st_uid not in (os.geteuid(), 0)
-        writable = not owned(st) and not st.st_mode & stat.S_ISVTX
-        if foreign or writable:
-            who = f"belongs to uid {st.st_uid}" if foreign else "can be written by other users"
-            return f"{directory} (above {root}) {who}"
-    return None
-
-
 def trusted_dirs(start: Path) -> list[Path]:
     """``start`` and the directories above it, up to the first that another user owns or can
     write (``/tmp`` is one), which ends the list: what lies there is not the user's project,
@@ -140,13 +82,8 @@ def _say_ignored(directory: Path, st: os.stat_result) -> None:
     found = [n for n in ("pyproject.toml", "envspecs") if (directory / n).exists()]
     if not found:
         return
-    who = (
-        f"belongs to uid {st.st_uid}"
-        if st.st_uid not in (os.geteuid(), 0)
-        else f"can be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
-    )
     cachefiles.warn(
-        f"{directory / found[0]} is not read: {directory} {who}, and cudaenv trusts no "
+        f"{directory / found[0]} is not read: {directory} {who(st, mode=True)}, and cudaenv trusts no "
         "project directory another user could have written (as git's safe.directory rule)"
     )
 
@@ -192,13 +129,8 @@ def envs_dir(start: Path | None = None) -> Path:
     except OSError:
         return here / ENVS
     if not owned(st) and not safe_directory(here):
-        who = (
-            f"belongs to uid {st.st_uid}"
-            if st.st_uid not in (os.geteuid(), 0)
-            else f"can be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
-        )
         raise UsageError(
-            f"{here} {who}: cudaenv keeps, lists and starts no envs there (as git's "
+            f"{here} {who(st, mode=True)}: cudaenv keeps, lists and starts no envs there (as git's "
             "safe.directory rule); run it from a directory of your own, name the env's "
             f"directory with --env-dir, or trust this one with CUDAENV_SAFE_DIRECTORIES={here}"
         )

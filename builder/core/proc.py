@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from builder.core import settings
-from builder.core.errors import CommandFailed, ToolMissing, UsageError
+from builder.core.errors import CommandFailed, ToolMissing
+from builder.core.owners import planted_why, refused
 
 __all__ = [
     "CommandFailed",
@@ -371,14 +372,13 @@ def run_lines(
         new_session=merged,
     )
     assert child.stdin is not None and child.stdout is not None
-    out_pipe = child.stdout
+    out_pipe: IO[str] = child.stdout
     err_parts: list[str] = []
     threads: list[threading.Thread] = []
     if child.stderr is not None:
         err_pipe = child.stderr
-        threads.append(
-            threading.Thread(target=lambda: err_parts.append(err_pipe.read()), daemon=True)
-        )
+        threads.append(threading.Thread(target=lambda: err_parts.append(err_pipe.read())))
+        threads[0].daemon = True
         threads[0].start()
 
     def kill() -> None:
@@ -390,20 +390,8 @@ def run_lines(
 
     # The lines are read in a thread and the wait is on the child, against the deadline: a
     # grandchild that left the process group (its own session, a daemon) and holds stdout
-    # would keep a read here waiting for EOF long past it. A line that comes once this call
-    # has returned is not handed on.
-    gate = threading.Lock()
-    returned = False
-
-    def pump() -> None:
-        for line in out_pipe:
-            with gate:
-                if returned:
-                    return
-                on_line(line.rstrip("\n"))
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    # would keep a read here waiting for EOF long past it.
+    lines = _Lines(out_pipe, on_line)
     deadline = time.monotonic() + timeout
     expired = False
     try:
@@ -419,22 +407,43 @@ def run_lines(
         # The child is gone; what it printed is read to EOF, up to the deadline (or 5 s once
         # it ended on its own): a grandchild holding the pipe does not hold this call.
         left = max(deadline - time.monotonic(), 0.0)
-        reader.join(timeout=1.0 if expired else min(left, 5.0))
+        lines.thread.join(timeout=1.0 if expired else min(left, 5.0))
         _join(threads, until=time.monotonic() + 5)
     except BaseException:
         kill()
         child.wait()
         raise
     finally:
-        with gate:
-            returned = True
+        lines.stop()
     if expired and child.returncode != 0:
         raise _timed_out(args, timeout, "".join(err_parts)[-4000:])
-    if reader.is_alive():
+    if lines.thread.is_alive():
         log.debug("%s: a process it left holds its output; not read further", args[0])
     return Completed(
         argv=tuple(args), returncode=child.returncode, stdout="", stderr="".join(err_parts)
     )
+
+
+class _Lines:
+    """Each line of ``pipe`` handed to ``on_line`` from a thread of its own, until
+    :meth:`stop`: a line that comes once its caller has returned is not handed on."""
+
+    def __init__(self, pipe: IO[str], on_line: Callable[[str], None]) -> None:
+        self._gate = threading.Lock()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._pump, args=(pipe, on_line), daemon=True)
+        self.thread.start()
+
+    def _pump(self, pipe: IO[str], on_line: Callable[[str], None]) -> None:
+        for line in pipe:
+            with self._gate:
+                if self._stopped:
+                    return
+                on_line(line.rstrip("\n"))
+
+    def stop(self) -> None:
+        with self._gate:
+            self._stopped = True
 
 
 def _join(threads: Sequence[threading.Thread], *, until: float) -> None:
@@ -507,120 +516,6 @@ def _path_dirs(path: str | None) -> list[str]:
     return (path if path is not None else settings.child_environ().get("PATH", "")).split(
         os.pathsep
     )
-
-
-# What a Python interpreter runs at start from its env, besides its own file: a `.pth` file
-# is executed by site.py, and sitecustomize/usercustomize are imported (CPython's site docs).
-_STARTUP_FILES = ("sitecustomize.py", "usercustomize.py")
-
-
-def _env_root(program: Path) -> Path | None:
-    """The venv or conda env ``program`` belongs to (``ENV/bin/PROGRAM``), if any."""
-    root = program.parent.parent
-    if (root / "pyvenv.cfg").exists() or (root / "conda-meta").is_dir():
-        return root
-    return None
-
-
-def _not_owned_why(where: Path) -> str | None:
-    """Why ``where`` may be another user's: it, or what a link there names, owned by another
-    user or writable by one. A link's own mode means nothing (always 0777 on Linux); its
-    owner does, and what it names is judged as any file."""
-    from builder.core.paths import owned
-
-    try:
-        link = where.lstat()
-        st = where.stat()
-    except OSError:
-        return f"{where} cannot be read"
-    for judged in (link, st) if where.is_symlink() else (st,):
-        if judged.st_uid not in (os.geteuid(), 0):
-            return f"{where} belongs to uid {judged.st_uid}"
-    if owned(st):
-        return None
-    return f"{where} can be written by other users"
-
-
-def env_why(root: Path) -> str | None:
-    """Why the env at ``root`` may hold another user's code (None: it does not): the env
-    directory, ``pyvenv.cfg``, each ``site-packages`` directory (and ``lib``, ``lib/pythonX.Y``
-    above it), and each file an interpreter runs from there at start (``*.pth``,
-    sitecustomize, usercustomize), owned by another user or writable by one. Directories
-    and start-up files only: a module under ``site-packages`` that she owns was put there by
-    someone who could write that directory, which is checked."""
-    checked = [root, root / "pyvenv.cfg"] if (root / "pyvenv.cfg").exists() else [root]
-    for lib in ("lib", "lib64"):
-        if not (root / lib).is_dir() or (root / lib).is_symlink():
-            continue
-        checked.append(root / lib)
-        for version in sorted((root / lib).glob("python*")):
-            checked.append(version)
-            site = version / "site-packages"
-            if not site.is_dir():
-                continue
-            checked.append(site)
-            try:
-                entries = sorted(site.iterdir())
-            except OSError:
-                entries = []
-            checked += [e for e in entries if e.suffix == ".pth" or e.name in _STARTUP_FILES]
-    for where in checked:
-        why = _not_owned_why(where)
-        if why is not None:
-            return why
-    return None
-
-
-def launch_why(program: str | os.PathLike[str]) -> str | None:
-    """Why cudaenv will not start ``program`` (None: it may): :func:`planted_why` for the file,
-    its directory and where its link leads, then, for a program of a venv or conda env (an
-    interpreter given with ``--python``, an env's ``bin/`` tool), :func:`env_why` for that env.
-    cudaenv often runs as root: a ``.pth`` another user put in an env's ``site-packages`` would
-    run as root at the interpreter's start. A path in CUDAENV_SAFE_DIRECTORIES is trusted."""
-    from builder.core.paths import safe_directory
-
-    given = Path(program).absolute()
-    if safe_directory(given) or not (given.exists() or given.is_symlink()):
-        return None  # nothing there: starting it fails as a missing program (ToolMissing)
-    why = planted_why(str(given))
-    if why is not None:
-        return why
-    root = _env_root(given)
-    return None if root is None else env_why(root)
-
-
-def refused(program: str | os.PathLike[str]) -> UsageError | None:
-    """The one-line refusal for starting ``program`` (:func:`launch_why`), naming the override;
-    None where it may start."""
-    why = launch_why(program)
-    if why is None:
-        return None
-    given = Path(program).absolute()
-    root = _env_root(given) or given.parent
-    return UsageError(
-        f"{program}: not run: {why}, and cudaenv runs no program another user could have "
-        f"written (as git's safe.directory rule): run cudaenv as that user, or trust it with "
-        f"CUDAENV_SAFE_DIRECTORIES={root}"
-    )
-
-
-def planted_why(program: str) -> str | None:
-    """Why ``program`` may be another user's (None: it is not): its file or its directory,
-    or where a link leads and that directory, owned by another user or writable by one."""
-    from builder.core.paths import owned
-
-    given = Path(program).absolute()
-    real = given.resolve()
-    for where in dict.fromkeys((given, given.parent, real, real.parent)):
-        try:
-            st = where.stat()
-        except OSError:
-            return f"{where} cannot be read"
-        if not owned(st):
-            if st.st_uid not in (os.geteuid(), 0):
-                return f"{where} belongs to uid {st.st_uid}"
-            return f"{where} can be written by other users"
-    return None
 
 
 def uv_bin() -> str:

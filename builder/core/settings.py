@@ -68,7 +68,7 @@ class Settings:
     remote_cache_password: str | None = None
     uv: str | None = None
     # Directories (os.pathsep-separated, `*` all) trusted although another user owns or can
-    # write them (proc.launch_why, paths.trusted_dirs): git's safe.directory.
+    # write them (owners.py): git's safe.directory.
     safe_directories: str | None = None
     exclude_newer: str | None = None  # the index view of a fresh resolution (indexview.py)
     driver_version: str | None = None

@@ -320,7 +320,7 @@ TABLE: tuple[Variable, ...] = (
              reader="cudaenv (directories, separated by `:`, whose programs, envs and project "
              "files cudaenv uses although another user owns or can write them, as git's "
              "`safe.directory`; `*`: every directory; default none)",
-             read_at="builder/core/proc.py", reserved=True,
+             read_at="builder/core/owners.py", reserved=True,
              setting=Setting(field="safe_directories")),
     Variable(name="CUDAENV_EXCLUDE_NEWER", kind=Kind.CUDAENV,
              reader="cudaenv lock, init and a build that locks (the index view of a resolution "

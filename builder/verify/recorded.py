@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from builder.core import cachefiles, paths, proc
+from builder.core import cachefiles, owners
 from builder.core.errors import CudaenvError
 from builder.core.statuses import PASSED
 from builder.formats.jsondoc import Reader
@@ -250,7 +250,7 @@ def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path]
         return None  # that env changed since its pass: it vouches for nothing now
     if not same_files(env_root(target), Path(other)):
         return None  # not the same files here, whatever the RECORDs say
-    if paths.tree_why(Path(other)) is not None or proc.env_why(Path(other)) is not None:
+    if owners.tree_why(Path(other)) is not None or owners.env_why(Path(other)) is not None:
         # Another user owns or can write that env (or a directory above it): neither its
         # pass nor its bytecode is taken; the check runs here.
         return None
