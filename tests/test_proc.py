@@ -373,3 +373,16 @@ def test_a_fifo_uv_toml_in_the_project_neither_hangs_nor_steers_a_lock(tmp_path:
     except subprocess.TimeoutExpired:
         pytest.fail("cudaenv lock waited on the FIFO")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_uv_found_on_path_runs_from_the_root_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDAENV_UV=uv names it without a directory: found on PATH, it runs from / as well."""
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text("#!/bin/sh\npwd\n")
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{uv.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    assert proc.run(["uv", "pip", "list"]).stdout.strip() == "/"

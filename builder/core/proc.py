@@ -179,13 +179,12 @@ def _start(
 ) -> subprocess.Popen[str]:
     """The one place a child starts: text mode, die-with-parent, a missing program named, and
     a program named without a directory found only where no other user could have put it
-    (:func:`which`)."""
+    (:func:`which`), one named by its path only where no other user could have written it
+    (owners.refused), and uv from ``/`` (:func:`_uv_cwd`)."""
     if args and os.sep in args[0]:
         refusal = refused(args[0])
         if refusal is not None:
             raise refusal
-        if cwd is None and _is_uv(args[0]):
-            cwd, args = _uv_cwd(args)
     elif args:
         path = (env if env is not None else settings.child_environ()).get("PATH")
         found = which(args[0], path)
@@ -199,6 +198,9 @@ def _start(
                 )
         else:
             args = [found, *args[1:]]
+    if args and cwd is None and _is_uv(args[0]):
+        # Named by its path or found on PATH (CUDAENV_UV=uv): every uv runs from /.
+        cwd, args = _uv_cwd(args)
     try:
         return subprocess.Popen(
             args,
