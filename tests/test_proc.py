@@ -4,20 +4,24 @@ and the environment every uv call gets."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import re
 import signal
 import stat
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from builder.core import proc
+from builder.core import descendants, proc
 from builder.core.errors import CommandFailed, ToolMissing
+from tests.helpers import REPO
 
 PY = sys.executable
 # Says something on both pipes, then outlives any timeout a test gives it.
@@ -386,3 +390,177 @@ def test_a_uv_found_on_path_runs_from_the_root_too(
     monkeypatch.setenv("PATH", f"{uv.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)
     assert proc.run(["uv", "pip", "list"]).stdout.strip() == "/"
+
+
+# --------------------------------------------------------------------------- descendants
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return raw[raw.rindex(b")") + 2 :][:1] in (b"Z", b"X")
+
+
+def _family(marks: Path) -> str:
+    """A child that records whether it leads a session of its own, starts one grandchild in
+    its group and one that leaves it (``setsid``, as a daemonising build step does), records
+    both pids, then hangs."""
+    return (
+        "import os, subprocess, sys, time\n"
+        f"marks = {str(marks)!r}\n"
+        "same = subprocess.Popen(['sleep', '60'])\n"
+        "away = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "open(marks, 'w').write(f'{int(os.getsid(0) == os.getpid())} {same.pid} {away.pid}')\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+
+
+def _each_runner(tmp_path: Path) -> dict[str, Callable[[list[str]], object]]:
+    """Every way proc starts a child, each named by the function of proc.py that calls
+    ``_start`` for it, run with a 2 s deadline."""
+
+    def running(argv: list[str]) -> None:
+        with proc.running(argv, timeout=2):
+            pass
+
+    return {
+        "run": lambda argv: proc.run(argv, timeout=2),
+        "_run_streaming": lambda argv: proc.run(argv, stream=True, timeout=2),
+        "_run_logged": lambda argv: proc.run(argv, timeout=2, log_file=tmp_path / "log"),
+        "running": running,
+        "run_lines": lambda argv: proc.run_lines(argv, lambda _: None, timeout=2),
+        "run_lines merged": lambda argv: proc.run_lines(
+            argv, lambda _: None, timeout=2, merged=True
+        ),
+    }
+
+
+def test_every_function_that_starts_a_child_is_in_the_runner_table(tmp_path: Path) -> None:
+    """The callers of ``_start`` are read from proc.py itself: a way of starting a child added
+    later is in the deadline test below or this fails."""
+    tree = ast.parse(Path(proc.__file__).read_text())
+    callers = {
+        fn.name
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef)
+        and any(
+            isinstance(call, ast.Call) and getattr(call.func, "id", None) == "_start"
+            for call in ast.walk(fn)
+        )
+    }
+    assert callers == {name.split()[0] for name in _each_runner(tmp_path)}
+
+
+def test_only_proc_starts_a_child_in_cudaenvs_own_process() -> None:
+    """Outside proc.py, nothing of cudaenv's own process calls subprocess or os to start a
+    program (builder/probe and builder/store run in the env's interpreter, standard library
+    only, as children that proc started and ends). The one other child is core/forked.py's
+    fork of cudaenv itself, which runs no program and is killed and reaped there."""
+    starts = {"Popen", "run", "call", "check_call", "check_output", "getoutput", "system",
+              "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnl",
+              "spawnve", "spawnvp", "execv", "execve", "execvp"}  # fmt: skip
+    found = []
+    for path in sorted((REPO / "builder").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("builder/probe/", "builder/store/")) or rel == "builder/core/proc.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id in {"subprocess", "os"}
+                and func.attr in starts
+            ):
+                found.append(f"{rel}:{node.lineno}: {func.value.id}.{func.attr}")
+    assert [f for f in found if not f.startswith("builder/core/forked.py:")] == []
+    assert len(found) == 1, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "runner",
+    ["run", "_run_streaming", "_run_logged", "running", "run_lines", "run_lines merged"],
+)
+def test_a_deadline_ends_every_descendant(runner: str, tmp_path: Path) -> None:
+    """Each way of starting a child: the child leads a session of its own, and past the
+    deadline it, the grandchild in its group and the one that left it are all gone when the
+    call returns, within seconds."""
+    marks = tmp_path / "marks"
+    started = time.monotonic()
+    with pytest.raises(CommandFailed, match="timed out after 2 s"):
+        _each_runner(tmp_path)[runner]([PY, "-c", _family(marks)])
+    assert time.monotonic() - started < 2 + descendants.GRACE + 3
+    own_session, same, away = (int(x) for x in marks.read_text().split())
+    try:
+        assert own_session == 1
+        assert _gone(same) and _gone(away), (same, away)
+    finally:
+        for pid in (same, away):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_an_interrupt_ends_a_child_a_worker_thread_waits_for(tmp_path: Path) -> None:
+    """At an interrupt the CLI ends every child still running (descendants.end_all): a child
+    started from a worker thread, whose wait no signal reaches now that the child has its own
+    session, ends with its descendants and the thread's call returns."""
+    marks = tmp_path / "marks"
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            proc.run([PY, "-c", _family(marks)], timeout=120)
+        except CommandFailed as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (marks.exists() and len(marks.read_text().split()) == 3):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    _, same, away = (int(x) for x in marks.read_text().split())
+    try:
+        assert descendants.end_all() == 1
+        thread.join(timeout=10)
+        assert not thread.is_alive() and len(failures) == 1
+        assert _gone(same) and _gone(away)
+    finally:
+        for pid in (same, away):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sigterm_while_the_command_starts_is_said_as_an_interrupt(tmp_path: Path) -> None:
+    """SIGTERM sent the moment the command catches it, during its imports (the entry point
+    holds it before they run): one ``error: interrupted`` line and exit 130, not 143 in
+    silence."""
+    child = subprocess.Popen(
+        [PY, "-m", "builder.cli", "list"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    status = Path(f"/proc/{child.pid}/status")
+    deadline = time.monotonic() + 30
+    while True:
+        caught = next(
+            (int(line.split()[1], 16) for line in status.read_text().splitlines()
+             if line.startswith("SigCgt:")), 0,
+        )  # fmt: skip
+        if caught & (1 << (signal.SIGTERM - 1)):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130, (out, err)
+    assert err.splitlines()[-1].startswith("error: interrupted"), err

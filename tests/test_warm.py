@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -810,6 +811,52 @@ def test_the_others_wait_for_the_lead_at_most_lead_start(
         pool.lead(True)
         assert pool.opened.wait(2.0)
         assert pool.lending is False
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+def test_the_slots_a_killed_ninja_held_come_back(
+    jobs: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A module's ninja, joined to the warm's 2 slots, runs its first compile on its worker's
+    slot and its second on a token it read from the FIFO, and is SIGKILLed (an out-of-memory
+    kill): the token it read is gone with it. Once its worker gives its own back, both slots
+    can be taken again within a few looks, not never."""
+    ninja = jobserver_ninja()
+    monkeypatch.setattr(jobs, "PERIOD", 0.05)
+    monkeypatch.setattr(jobs, "GRACE", 0.0)
+    pool = jobs.Jobserver(2)
+    try:
+        worker = pool.take(never)
+        (tmp_path / "build.ninja").write_text(
+            SLEEPER.format(log=tmp_path / "log")
+            + "".join(f"build o{i}: s\n  pause = 30\n" for i in range(3))
+        )
+        child = subprocess.Popen(
+            [ninja, "-C", str(tmp_path)],
+            env={**os.environ, "MAKEFLAGS": pool.makeflags()},
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            assert counted(jobs, {child.pid: 2}) == {child.pid: 2}  # the token read
+            assert pool.free() == 0
+        finally:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        pool.give(worker)
+        taken: list[bytes] = []
+        both = threading.Thread(
+            target=lambda: taken.extend(pool.take(never) for _ in "ab"), daemon=True
+        )
+        both.start()
+        both.join(timeout=10)
+        assert len(taken) == 2, "a slot the killed ninja held never came back"
+        for token in taken:
+            pool.give(token)
+        time.sleep(0.3)  # looks enough to have written anything more
+        assert pool.free() == 2  # each slot once, never a slot too many
     finally:
         pool.close()
 

@@ -64,6 +64,21 @@ print(json.dumps(out))
 """
 
 
+def left_running(env: Path) -> list[str]:
+    """The command lines of the live processes (zombies aside) that name ``env``."""
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            state = (proc_dir / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        line = b" ".join(argv).decode(errors="replace")
+        if state not in (b"Z", b"X") and str(env) in line:
+            found.append(line)
+    return found
+
+
 def loads_without_compiling(env: Path, first: Path | None = None) -> dict[str, bool]:
     """Each module loaded by FlashInfer (its build_and_load, as a server's first request does)
     in ``env`` with its bin/ first on PATH (`cudaenv run`), or, given ``first``, started as a
@@ -253,8 +268,11 @@ def test_an_interrupted_warm_keeps_what_it_finished_and_resumes(ws: Path) -> Non
             break
     child.stderr.read()
     assert child.wait(timeout=120) != 0, "".join(seen)
+    # Nothing it started compiles on into the env the rerun uses (core/descendants.py).
+    assert left_running(ws / "interrupted") == [], "".join(seen)
     again = subprocess.run(
         [*warm, "--json"], cwd=ws, env=env, capture_output=True, text=True, timeout=600
     )
     doc = json.loads(again.stdout)
-    assert (doc["warm"], doc["built"], doc["failed"]) == (1, 1, 0), (doc, again.stderr)
+    said = "\n".join(f"{m['module']}: {m['status']} {m.get('reason', '')}" for m in doc["modules"])
+    assert (doc["warm"], doc["built"], doc["failed"]) == (1, 1, 0), f"{said}\n{again.stderr}"

@@ -3,7 +3,7 @@ completion and the generated reference pages (``docgen``). The only package that
 the one that writes results to stdout: a command that shows one as it goes is handed ``show``
 (``print``) from here; progress goes to a ``Reporter`` on stderr. ``python -m builder.cli`` is ``cudaenv``.
 
-Entry: ``builder.cli.main.main``.
+Entry: ``builder.cli.script.entry`` (the script and ``python -m builder.cli``).
 """
 
 # This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
@@ -12,5 +12,6 @@ MODULES = (
     "parser",
     "docgen",
     "main",
+    "script",
     "__main__",
 )

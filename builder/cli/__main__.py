@@ -1,5 +1,5 @@
 """``python -m builder.cli``: the ``cudaenv`` command."""
 
-from builder.cli.main import main
+from builder.cli.script import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

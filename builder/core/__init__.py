@@ -13,6 +13,7 @@ Entry: ``builder.core.errors.CudaenvError`` (everything raised to a user is one)
 MODULES = (
     "context",
     "forked",
+    "descendants",
     "statuses",
     "errors",
     "cudaversion",

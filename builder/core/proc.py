@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from builder.core import settings
+from builder.core import descendants, settings
 from builder.core.errors import CommandFailed, ToolMissing
 from builder.core.owners import planted_why, refused
 
@@ -117,16 +117,14 @@ def run(
         # Not communicate() again: a grandchild holding the pipes would keep it waiting for
         # EOF past the deadline. The output so far is on the exception, as bytes even in text
         # mode (CPython's _communicate), as subprocess.run does.
-        child.kill()
-        child.wait()
+        descendants.end(child)
         out, err = (
             b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
             for b in (exc.stdout, exc.stderr)
         )
         raise _timed_out(args, timeout, f"{out}\n{err}") from exc
     except BaseException:
-        child.kill()
-        child.wait()
+        descendants.end(child)
         raise
     return _completed(args, child.returncode, out, err, check=check)
 
@@ -154,13 +152,11 @@ def running(
             yield
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired as exc:
-            child.kill()
-            child.wait()
+            descendants.end(child)
             out.seek(0)
             raise _timed_out(args, timeout, out.read()[-4000:]) from exc
         except BaseException:
-            child.kill()
-            child.wait()
+            descendants.end(child)
             raise
         if child.returncode != 0:
             out.seek(0)
@@ -175,7 +171,6 @@ def _start(
     stdin: int | IO[Any] | None,
     stdout: int | IO[Any],
     stderr: int | IO[Any],
-    new_session: bool = False,
 ) -> subprocess.Popen[str]:
     """The one place a child starts: text mode, die-with-parent, a missing program named, and
     a program named without a directory found only where no other user could have put it
@@ -202,7 +197,7 @@ def _start(
         # Named by its path or found on PATH (CUDAENV_UV=uv): every uv runs from /.
         cwd, args = _uv_cwd(args)
     try:
-        return subprocess.Popen(
+        child = subprocess.Popen(
             args,
             env=dict(env) if env is not None else None,
             cwd=cwd,
@@ -212,10 +207,14 @@ def _start(
             text=True,
             errors="replace",
             preexec_fn=_PREEXEC,  # prctl alone, safe beside other threads: see _die_with_parent
-            start_new_session=new_session,
+            # A session of its own: a terminal's Ctrl-C reaches cudaenv, which ends the
+            # child's whole tree and waits for it (descendants.end); nothing the child started
+            # runs on unseen, and a child cannot read a prompt from the terminal.
+            start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
+    return descendants.track(child)
 
 
 def _is_uv(program: str) -> bool:
@@ -279,12 +278,10 @@ def _run_logged(
         try:
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            child.kill()
-            child.wait()
+            descendants.end(child)
             raise _timed_out(args, timeout, f"see {log_file}") from exc
         except BaseException:
-            child.kill()
-            child.wait()
+            descendants.end(child)
             raise
     if check and child.returncode != 0:
         tail = log_file.read_text(errors="replace")[-4000:]
@@ -330,18 +327,17 @@ def _run_streaming(
     try:
         child.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired as exc:
-        child.kill()
-        child.wait()
+        descendants.end(child)
         _join(readers, until=time.monotonic() + 1)
         raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines)) from exc
     except BaseException:
-        child.kill()
-        child.wait()
+        descendants.end(child)
         raise
     # The child is gone; a grandchild that inherited the pipes may hold them a little longer:
     # 5 s, or up to the deadline, past which the run timed out (as subprocess.run's would).
     _join(readers, until=time.monotonic() + 5 if deadline is None else deadline)
     if deadline is not None and any(reader.is_alive() for reader in readers):
+        descendants.end(child)  # what it left holding the pipes
         raise _timed_out(args, timeout, "".join(out_parts) + "\n" + "".join(err_lines))
     return _completed(args, child.returncode, "".join(out_parts), "".join(err_lines), check=check)
 
@@ -360,8 +356,7 @@ def run_lines(
     progress events); stderr is kept for the result. Never raises for a non-zero exit: the
     caller reads the lines. The timeout is a deadline on the whole run: past it the child
     is killed and CommandFailed says so. ``merged`` (a build's log): stderr comes in the
-    lines too, and the child leads a process group of its own that a timeout kills whole
-    (a compiler the build started does not outlive it)."""
+    lines too."""
     args = [os.fspath(a) for a in argv]
     log.debug("$ %s", shlex.join(args))
     child = _start(
@@ -371,7 +366,6 @@ def run_lines(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merged else subprocess.PIPE,
-        new_session=merged,
     )
     assert child.stdin is not None and child.stdout is not None
     out_pipe: IO[str] = child.stdout
@@ -382,13 +376,6 @@ def run_lines(
         threads.append(threading.Thread(target=lambda: err_parts.append(err_pipe.read())))
         threads[0].daemon = True
         threads[0].start()
-
-    def kill() -> None:
-        with contextlib.suppress(OSError):
-            if merged:
-                os.killpg(child.pid, signal.SIGKILL)
-            else:
-                child.kill()
 
     # The lines are read in a thread and the wait is on the child, against the deadline: a
     # grandchild that left the process group (its own session, a daemon) and holds stdout
@@ -404,16 +391,14 @@ def run_lines(
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             expired = True
-            kill()
-            child.wait()
+            descendants.end(child)
         # The child is gone; what it printed is read to EOF, up to the deadline (or 5 s once
         # it ended on its own): a grandchild holding the pipe does not hold this call.
         left = max(deadline - time.monotonic(), 0.0)
         lines.thread.join(timeout=1.0 if expired else min(left, 5.0))
         _join(threads, until=time.monotonic() + 5)
     except BaseException:
-        kill()
-        child.wait()
+        descendants.end(child)
         raise
     finally:
         lines.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TextIO
 
+from builder.core import descendants
 from builder.core.errors import CudaenvError, error_lines, printable, printable_block
 
 NOTHING_BUILT = "nothing was built"
@@ -52,6 +53,20 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+_HELD: list[int] = []
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    _HELD.append(signum)
+
+
+def hold_sigterm() -> None:
+    """From the command's first instant (its entry point, before the ~0.25 s of imports) a
+    SIGTERM is kept for :func:`run_main`, which says it as an interrupt: killed that early,
+    cudaenv still prints its one line and exits 130, not 143 in silence."""
+    signal.signal(signal.SIGTERM, _hold)
+
+
 def _stdout_gone() -> int:
     # The reader left (`cudaenv plan SPEC | head -1`). As a shell tool would, stop quietly
     # (128 + SIGPIPE), and point stdout at /dev/null so the interpreter's own flush at exit
@@ -83,7 +98,14 @@ def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False
     stdout that left early 141, however far the output got (:func:`flushed`)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = body()
+        try:
+            if _HELD:  # a SIGTERM while the command was starting
+                raise KeyboardInterrupt(f"signal {_HELD[0]}")
+            code = body()
+        finally:
+            # Interrupted (or failed) while a worker thread waits on a child: that child and
+            # everything it started end here, so the thread's wait returns.
+            descendants.end_all()
     except CudaenvError as exc:
         if debug:  # the traceback too, and still the documented code: scripts branch on it
             traceback.print_exc(file=sys.stderr)

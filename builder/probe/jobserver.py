@@ -58,8 +58,9 @@ class Jobserver:
         self.dir = tempfile.mkdtemp(prefix="cudaenv-jobs-")
         self.path = os.path.join(self.dir, "fifo")
         os.mkfifo(self.path, 0o600)
-        # Read and write ends held open here: no reader or writer ever blocks on open, and
-        # a token a killed ninja held comes back when its end closes (it exits).
+        # Read and write ends held open here: no reader or writer ever blocks on open. A
+        # token a killed ninja held is gone with it (a FIFO keeps no account of readers):
+        # ``recover`` writes it again.
         self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
         os.write(self.fd, b"+" * slots)
         self.slots = slots
@@ -71,6 +72,7 @@ class Jobserver:
         self.lending = True  # off for good once a look at /proc has failed
         self.idle_before = 0
         self.free_seen = -1  # tokens in the FIFO at the last look
+        self.lost_before = 0  # tokens unaccounted for at the last look
         self.lead_since = time.monotonic()  # the lead's start, once ``lead`` says it
         self.lead_running = threading.Event()
         self.opened = threading.Event()  # the other workers may take tokens
@@ -176,10 +178,27 @@ class Jobserver:
             if self.closed.is_set():
                 return
             self.free_seen = self.free()
+            if running is not None:
+                self.recover(running, self.free_seen)
             if running is None or not self.lending:
                 self.settle(0, 0)  # every loan taken back, none made
                 return
             self.settle(*self.idle(running, self.free_seen))
+
+    def recover(self, running: dict[int, int], free: int) -> None:
+        """Write again the tokens a ninja took with it when it was killed (SIGKILL, an
+        out-of-memory kill): without them a worker waits for a slot that never comes back.
+        Every token is in the FIFO, held by a worker, or held by a live ninja for a command it
+        runs (at most one for each: ``running`` counts them), so what is missing beyond that
+        bound is lost; written again only when two looks running say so, not for the moment
+        between a worker's read and its count. The lock held."""
+        lost = self.slots + self.lent - self.held - free - sum(running.values())
+        if lost > 0 and self.lost_before > 0:
+            back = min(lost, self.lost_before)
+            os.write(self.fd, b"+" * back)
+            self.free_seen += back
+            lost = 0
+        self.lost_before = max(0, lost)
 
     def idle(self, running: dict[int, int], free: int) -> tuple[int, int]:
         """(slots held idle, loans wanted) for ``running`` (each ninja's commands) and
