@@ -492,7 +492,7 @@ def test_adopt_rebuilds_a_users_compiled_package_and_undo_puts_the_users_build_b
     it again from its sdist with the env's matched nvcc 13.0 (CUDA_HOME at a 12.8 one), its
     extension imports and holds sm_120, verify's imports check covers it; --undo gives back
     the user's own files, byte for byte, and the same freeze."""
-    from builder.audit import fatbin
+    from builder.machine import fatbin
     from builder.machine.archs import Arch
     from tests.sdist_maker import FORCE, MODULE, NAME, make_sdist
 

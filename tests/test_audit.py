@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.audit import fatbin
 from builder.audit import scan as audit
+from builder.machine import fatbin
 from builder.machine.archs import Arch
 from tests.helpers import REPO, cudaenv
 
@@ -261,3 +261,23 @@ def test_what_the_env_built_from_an_sdist_is_required_and_its_cubins_checked(
     assert cubin.built_extensions(env) == [
         ("cudaenv-testext testext/_C.so", site / "testext" / "_C.so")
     ]
+
+
+def test_a_cpu_build_of_a_package_built_here_is_judged_never_skipped() -> None:
+    """A package the env built from its sdist whose modules link torch and hold no device code
+    (its setup.py chose a CppExtension on a box without a GPU) is judged as holding nothing
+    for each arch and fails where it is required; a package with one module of code and a host
+    helper beside it, or one not built here, is not."""
+    torch_linked = a_scan(needed=("libc10.so", "libtorch_cpu.so"))
+    found = [
+        binary("cpuext/_C.so", "cpu-ext", torch_linked),
+        binary("cpuext/_plain.so", "cpu-ext", a_scan(needed=("libc.so.6",))),
+        binary("mixed/_C.so", "mixed", a_scan(code("sass", "12.0"))),
+        binary("mixed/_host.so", "mixed", torch_linked),
+        binary("wheel/_C.so", "from-a-wheel", torch_linked),
+    ]
+    built = frozenset({"cpu-ext", "mixed"})
+    assert audit.built_without_cuda(found, built) == {Path(SITE) / "cpuext/_C.so"}
+    judged = audit.judge(found, [Arch.parse("12.0f")], None, built)
+    failing = [(str(j.binary.path), j.verdict, j.required) for j in judged if not j.covered]
+    assert failing == [(f"{SITE}/cpuext/_C.so", "none", audit.BUILT_HERE)]

@@ -37,6 +37,8 @@ MESSAGES = {
     "torch.cuda.is_available() False aarch64": "cpu-only-torch-aarch64",
     "sm_121a": "triton-ptxas-sm121a",
     "mismatches the version that was used to compile PyTorch": "cuda-version-mismatch",
+    "Not compiled with GPU support": "built-without-cuda",
+    "Setting accelerator to CPU": "built-without-cuda",
 }
 
 

@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from builder.audit import fatbin
 from builder.doctor import diagnose as doctor
 from builder.doctor import extension_rules
 from builder.doctor import rules as doctor_rules
 from builder.env import manifest
-from builder.machine import archs
+from builder.machine import archs, fatbin
 from tests.helpers import write
 from tests.test_doctor import HEALTHY_DISTS, FakeEnv, a_manifest, facts_doc
 from tests.test_fatbin import container, entry

@@ -563,3 +563,48 @@ def test_the_newest_cuda_a_driver_runs_is_never_guessed_upwards() -> None:
     assert str(driver.Driver(version="580.65.06", cuda=None, source="x").newest_cuda()) == "13.0"
     assert str(driver.Driver(version="570.86.15", cuda=None, source="x").newest_cuda()) == "12.0"
     assert driver.Driver(version="400.1", cuda=None, source="x").newest_cuda() is None
+
+
+def test_the_doctor_reads_the_driver_as_the_build_does(tmp_path: Path) -> None:
+    """A WSL2-like box (uv#14647): nvidia-smi answers for two GPUs, driver 572.60, and there is
+    no /proc/driver/nvidia/version or /sys/module/nvidia/version. The doctor reads the driver
+    through the machine layer, as the build's gate does, so it names 572.60 as too old for
+    torch's CUDA 13.0 (580 needed), never "no NVIDIA driver"."""
+    if driver.SYS_VERSION.exists() or driver.PROC_VERSION.exists():
+        pytest.skip("this machine has an NVIDIA kernel module: its files would answer first")
+    bin_dir = tmp_path / "bin"
+    fake_smi(bin_dir, "echo 572.60\necho 572.60\n")
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True, timeout=120)
+    site = next(env.glob("lib/python3*/site-packages"))
+    write(site / "torch" / "__init__.py", "")
+    write(site / "torch" / "version.py", "__version__ = '2.14.1+cu130'\ncuda = '13.0'\n")
+    path = f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    done = cudaenv("doctor", "--python", str(env / "bin" / "python"), "--json",
+                   cwd=tmp_path, env={"PATH": path}, check=False)  # fmt: skip
+    doc = json.loads(done.stdout)
+    found = {f["code"]: f for f in doc["findings"]}
+    assert "no-driver" not in found, doc["findings"]
+    old = found["driver-too-old"]
+    assert old["cause"] == "driver 572.60 is too old for torch's CUDA 13.0: CUDA 13.x needs 580+"
+    assert "driver 572.60 (read from nvidia-smi)" in old["evidence"]
+    assert (doc["facts"]["driver"], doc["facts"]["driver_source"]) == ("572.60", "nvidia-smi")
+    assert doc["healthy"] is False and done.returncode != 0
+
+
+def test_the_doctor_says_where_it_looked_for_a_driver_it_did_not_find() -> None:
+    """No driver anywhere: the doctor's finding names every place the machine layer asked."""
+    facts = doctor.Facts.from_json({"torch": {"installed": True, "cuda": "13.0"}}, None)
+    (finding,) = doctor_rules.rule_driver(facts)
+    assert finding.code == "no-driver"
+    assert finding.cause.startswith(driver.not_found())
+
+
+def test_a_driver_only_libcuda_answered_for_is_judged_by_the_cuda_it_runs() -> None:
+    doc = {"torch": {"installed": True, "version": "2.14.1+cu130", "cuda": "13.0"},
+           "driver": {"version": None, "cuda": "12.8", "source": driver.LIBCUDA}}  # fmt: skip
+    (finding,) = doctor_rules.rule_driver(doctor.Facts.from_json(doc, None))
+    assert finding.code == "driver-too-old"
+    assert finding.cause.startswith("driver for CUDA 12.8 is too old for torch's CUDA 13.0")
+    doc["driver"] = {"version": None, "cuda": "13.0", "source": driver.LIBCUDA}
+    assert doctor_rules.rule_driver(doctor.Facts.from_json(doc, None)) == []

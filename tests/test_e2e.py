@@ -699,6 +699,37 @@ def test_verify_default_env(default_env: Path) -> None:
 
 @pytest.mark.network
 @pytest.mark.e2e
+def test_what_verify_put_in_the_store_is_warm_for_every_reader(
+    default_env: Path, registry: Registry, tmp_path: Path
+) -> None:
+    """One meaning of "warm": verify (above) left the sampling module and cudaenv's top-k
+    kernel in the store, unmarked. `warm` finds them there ("already warm", nothing built),
+    marks them, and pushes them: `store list SPEC` lists sampling, and a second node with an
+    empty store of its own builds the env with both placed from the registry, nothing
+    compiled by its verify."""
+    ws = default_env.parent.parent
+    remote = {"CUDAENV_JIT_REMOTE": registry.url, "CUDAENV_JIT_PUSH": "1"}
+    warm = cudaenv("warm", "envspecs/default.yaml", "--modules", "sampling", "topk_topp",
+                   "--json", cwd=ws, env=remote)  # fmt: skip
+    doc = json.loads(warm.stdout)
+    assert (doc["built"], doc["warm"], doc["failed"], doc["pushed"]) == (0, 2, 0, 2), doc
+    listed = json.loads(cudaenv("store", "list", "envspecs/default.yaml", "--json", cwd=ws).stdout)
+    names = {e["module"]["name"] for e in listed["entries"] if e.get("module")}
+    assert "sampling" in names, listed
+    other = {**remote, "CUDAENV_JIT_STORE": str(tmp_path / "store-b"), "CUDAENV_JIT_PUSH": "0"}
+    b = cudaenv("build", "--verify", "envspecs/default.yaml", "--env-dir", str(tmp_path / "b"),
+                cwd=ws, env=other)  # fmt: skip
+    assert "prefetched 1 of 1 warmed FlashInfer module(s)" in b.stderr, b.stderr
+    sampling = list((tmp_path / "b" / "var" / "flashinfer").rglob("cached_ops/sampling/*.so"))
+    assert len(sampling) == 1, b.stderr
+    checks = json.loads((tmp_path / "b" / "var" / "cudaenv" / "verify.json").read_text())
+    for check in checks["checks"]:
+        if check["name"] in ("kernel-compile", "flashinfer-jit"):
+            assert "compiled in" not in check["summary"], check
+
+
+@pytest.mark.network
+@pytest.mark.e2e
 def test_audit_names_sglangs_common_ops_on_a_dgx_spark(default_env: Path) -> None:
     ws = default_env.parent.parent
     # CC 12.1 (DGX Spark): sgl_kernel's loader takes sm100/common_ops, which holds sm_120a

@@ -1,4 +1,4 @@
-"""builder.audit.fatbin: device code read from fatbin headers, checked against cuobjdump's listing on
+"""builder.machine.fatbin: device code read from fatbin headers, checked against cuobjdump's listing on
 nvcc-built fixtures (tests/data/fatbin/README.md) and, where one is built here, a real env; and
 corrupt input, built byte by byte, that must come back as an error, never an exception."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.audit.fatbin import DeviceCode, Needed, Scan, is_elf, needed, scan
 from builder.core import proc
 from builder.machine.archs import Arch
+from builder.machine.fatbin import DeviceCode, Needed, Scan, is_elf, needed, scan
 from builder.verify import cubin
 from tests.helpers import cudaenv, index_view, workspace
 

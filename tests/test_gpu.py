@@ -111,9 +111,8 @@ def test_a_source_built_extension_runs_where_the_audit_says(tmp_path: Path) -> N
     import json
     import zipfile
 
-    from builder.audit import fatbin
     from builder.audit import scan as audit_scan
-    from builder.machine import driver
+    from builder.machine import driver, fatbin
     from tests import sdist_maker
 
     gpus, why = archs.visible_gpus()

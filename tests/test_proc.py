@@ -471,7 +471,8 @@ def test_only_proc_starts_a_child_in_cudaenvs_own_process() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             func = node.func if isinstance(node, ast.Call) else None
             if (
-                isinstance(func, ast.Attribute)
+                isinstance(node, ast.Call)
+                and isinstance(func, ast.Attribute)
                 and isinstance(func.value, ast.Name)
                 and func.value.id in {"subprocess", "os"}
                 and func.attr in starts

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from builder import store as jit_store
-from builder.audit import fatbin
 from builder.env import export as exporting
+from builder.env import wheelproof
+from builder.machine import fatbin
 from builder.machine.archs import Arch
 from tests.conftest import Registry
 from tests.helpers import cudaenv, write
@@ -39,10 +40,18 @@ archs: ["12.0f"]
 
 
 def project(
-    root: Path, *, version: str = "0.1.0", forced: bool = True, extra: str = "", prelude: str = ""
+    root: Path,
+    *,
+    version: str = "0.1.0",
+    forced: bool = True,
+    extra: str = "",
+    prelude: str = "",
+    force_cuda: bool = False,
 ) -> Path:
     """A project whose spec asks for the test sdist, served from ``links/``."""
-    make_sdist(root / "links", version=version, extra_nvcc=extra, prelude=prelude)
+    make_sdist(
+        root / "links", version=version, extra_nvcc=extra, prelude=prelude, force_cuda=force_cuda
+    )
     build_env = f'build-env: {{{FORCE}: "TRUE"}}\n' if forced else ""
     write(root / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
     write(
@@ -245,6 +254,40 @@ def test_a_build_that_downloads_fails_in_one_line_and_the_env_is_kept(tmp_path: 
     assert "Traceback" not in done.stderr
     assert (root / "old" / "keep").read_text() == "the previous env"
     assert not any(root.glob("old/lib"))
+
+
+def test_a_force_cuda_sdist_is_built_for_cuda_on_a_box_without_a_gpu_and_proven(
+    tmp_path: Path,
+) -> None:
+    """The FORCE_CUDA kind (CUDAExtension only where torch sees a GPU or FORCE_CUDA=1 says so):
+    on this GPU-less box every source build is told FORCE_CUDA=1, so its module holds SASS for
+    12.0f. Built again with the spec's build-env saying FORCE_CUDA=0, the CPU module it makes
+    is refused in one line naming the switch; the env built first is kept whole and the store
+    holds nothing of the refused build."""
+    root = project(tmp_path, version="0.3.0", forced=False, force_cuda=True)
+    environ = node(root, "store")
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    first = build(root, "env", environ)
+    assert "1 package(s) built from source and proven" in first.stderr
+    codes = fatbin.scan(extension_of(root / "env")).codes
+    assert wheelproof.covers(codes, Arch.parse("12.0f")), codes
+    assert "add_one" in imports(root / "env")
+    manifest = (root / "env" / "cudaenv.json").read_text()
+    entries = sorted(p.name for p in (root / "store").rglob("entry.json"))
+
+    spec = root / "envspecs" / "testext.yaml"
+    spec.write_text(spec.read_text().replace("verify:", 'build-env: {FORCE_CUDA: "0"}\nverify:'))
+    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    done = build(root, "env", environ, check=False)
+    assert done.returncode == 4, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {NAME} 0.3.0 was built without CUDA: its sdist ships CUDA"), (
+        last
+    )
+    assert "FORCE_CUDA=0" in last and "set FORCE_CUDA=1" in last and "nothing was kept" in last
+    assert "Traceback" not in done.stderr
+    assert (root / "env" / "cudaenv.json").read_text() == manifest
+    assert sorted(p.name for p in (root / "store").rglob("entry.json")) == entries
 
 
 def test_a_release_that_passes_cxx17_is_refused_before_compiling(tmp_path: Path) -> None:

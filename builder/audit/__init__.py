@@ -1,4 +1,5 @@
-"""Which GPUs an env's binaries run on: ELF and fatbin reading (``fatbin``), the CUDA majors
+"""Which GPUs an env's binaries run on (their ELF and fatbin headers read by
+builder/machine/fatbin.py): the CUDA majors
 of an env's libraries, distributions and import probe (``majors``), the scan of an env or a
 lock's wheels (``scan``) and the fleet's verdicts per GPU class and platform (``fleet``).
 Imports the layers up to ``env``.
@@ -8,7 +9,6 @@ Entry: ``builder.audit.scan.judge`` (an env) and ``builder.audit.fleet.judge`` (
 
 # This package's modules, bottom first: each imports only those before it (tests/test_layers.py).
 MODULES = (
-    "fatbin",
     "majors",
     "scan",
     "fleet",

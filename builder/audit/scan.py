@@ -3,7 +3,7 @@
 `verify` proves what cudaenv compiles; a server also runs the hundreds of binaries the env
 ships (torch's libraries, sgl_kernel, vLLM's extensions, NVIDIA's libraries). For each ELF file
 in the env that holds device code (site-packages, ``cuda-home/``, the env's JIT caches under
-``var/``) the audit reads its SASS and PTX (builder/audit/fatbin.py, headers only) and judges each
+``var/``) the audit reads its SASS and PTX (builder/machine/fatbin.py, headers only) and judges each
 target arch by the rules of archs.COMPATIBILITY: runs (SASS), runs through the driver's PTX
 JIT, or has no code for it.
 
@@ -37,7 +37,6 @@ from typing import Literal
 
 from packaging.utils import canonicalize_name
 
-from builder.audit import fatbin
 from builder.audit.majors import CUDA_LIBRARIES as CUDA_LIBRARIES
 from builder.audit.majors import PROBE_MODULES as PROBE_MODULES
 from builder.audit.majors import Mapped as Mapped
@@ -52,6 +51,7 @@ from builder.core.cudaversion import CudaVersion
 from builder.core.errors import UsageError
 from builder.core.paths import cache_dir
 from builder.env.installproof import record_rows
+from builder.machine import fatbin
 from builder.machine.archs import Arch, code_runs_on
 
 Verdict = Literal["sass", "ptx", "none", "unreadable"]
@@ -323,6 +323,29 @@ def required_on(
     return need
 
 
+def links_torch(scan: fatbin.Scan) -> bool:
+    """Whether the ELF links torch's own libraries (an extension module built against it)."""
+    return any(name.startswith(("libc10", "libtorch")) for name in scan.needed)
+
+
+def built_without_cuda(found: Sequence[Binary], built: frozenset[str]) -> frozenset[Path]:
+    """The extension modules of each package the env ``built`` from its sdist that link torch
+    while no module of that package holds device code: a CUDA package's CPU build (its
+    setup.py chose a CppExtension where the build saw no GPU, or DeepSpeed's cpu accelerator).
+    Judged as holding no code for each arch, never skipped as host code."""
+    by_package: dict[str, list[Binary]] = {}
+    for b in found:
+        if canonicalize_name(b.package) in built:
+            by_package.setdefault(canonicalize_name(b.package), []).append(b)
+    return frozenset(
+        b.path
+        for modules in by_package.values()
+        if not any(m.scan.codes or m.scan.error for m in modules)
+        for b in modules
+        if links_torch(b.scan)
+    )
+
+
 def judge(
     found: Sequence[Binary],
     archs: Sequence[Arch],
@@ -330,10 +353,11 @@ def judge(
     built: frozenset[str] = frozenset(),
 ) -> list[Judgement]:
     out: list[Judgement] = []
+    cpu_builds = built_without_cuda(found, built)
     for arch in archs:
         need = required_on(found, arch.capability, built)
         for b in found:
-            if not b.scan.codes and b.scan.error is None:
+            if not b.scan.codes and b.scan.error is None and b.path not in cpu_builds:
                 continue  # host code only: nothing to judge for a GPU
             out.append(
                 Judgement(

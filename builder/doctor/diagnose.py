@@ -29,7 +29,7 @@ from builder.doctor.facts import Finding as Finding
 from builder.doctor.facts import LastVerify as LastVerify
 from builder.doctor.rules import diagnose
 from builder.env import caches, manifest
-from builder.machine import archs
+from builder.machine import archs, driver
 
 PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
@@ -87,8 +87,12 @@ def probe(
             + " | ".join(tail)
         )
         return None, [_probe_failed(cause, PYTHON_FIX)], time.monotonic() - started
-    # GPUs are listed here, in cudaenv, by the one query every command uses (archs.py).
+    # GPUs are listed here, in cudaenv, by the one query every command uses (archs.py), and
+    # the driver read by the one function every command reads it with (machine/driver.py:
+    # sysfs, procfs, nvidia-smi, libcuda), never a second opinion of the probe's.
     gpus, gpus_note = archs.visible_gpus()
+    found = driver.current()
+    doc = {**doc, "driver": found.to_json() if found is not None else {}}
     built = manifest.try_read(Path(prefix)) if prefix else None
     facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note, target_archs=target_archs)
     facts = _remote_cache(facts)

@@ -48,23 +48,35 @@ def rule_probe(facts: Facts) -> list[Finding]:
 
 
 def rule_driver(facts: Facts) -> list[Finding]:
-    if facts.driver is None:
+    """The driver as machine/driver.py read it (every command's one reading) against torch's
+    CUDA, by the one table of minimum drivers."""
+    libcuda = CudaVersion.read(facts.driver_cuda) if facts.driver is None else None
+    if facts.driver is None and libcuda is None:
         return [
             Finding(
                 code="no-driver",
                 severity=INFO,
-                cause="no NVIDIA driver (/proc/driver/nvidia/version absent): kernels "
-                "compile but cannot run here",
+                cause=f"{driver.not_found()}: kernels compile but cannot run here",
             )
         ]
     tm = CudaVersion.read(facts.torch_cuda)
     if tm is None or tm.major not in driver.MINIMUM_DRIVER:
         return []
-    try:
-        too_old = not driver.runs(facts.driver, tm)
-        fits = driver.newest_cuda_major(facts.driver)
-    except ValueError:  # the probe read a version that is not dotted numbers: no judgement
-        return []
+    fits: int | None
+    if facts.driver is None:
+        # Only libcuda answered: the newest CUDA it runs, no version (a WSL2 box may have
+        # neither /proc nor /sys: uv#14647).
+        assert libcuda is not None
+        seen = driver.Driver(version=None, cuda=libcuda, source=facts.driver_source)
+        too_old, fits = not seen.runs(tm), libcuda.major
+        said = f"driver for CUDA {libcuda}"
+    else:
+        try:
+            too_old = not driver.runs(facts.driver, tm)
+            fits = driver.newest_cuda_major(facts.driver)
+        except ValueError:  # a version that is not dotted numbers: no judgement
+            return []
+        said = f"driver {facts.driver}"
     if not too_old:
         return []
     need = driver.minimum_driver(tm)
@@ -77,9 +89,12 @@ def rule_driver(facts: Facts) -> list[Finding]:
         Finding(
             code="driver-too-old",
             severity=ERROR,
-            cause=f"driver {facts.driver} is too old for torch's CUDA {facts.torch_cuda}: "
+            cause=f"{said} is too old for torch's CUDA {facts.torch_cuda}: "
             f"CUDA {tm.major}.x needs {need}+",
-            evidence=(f"driver {facts.driver}", f"torch {facts.torch_version}"),
+            evidence=(
+                f"{said} (read from {facts.driver_source or 'the probe'})",
+                f"torch {facts.torch_version}",
+            ),
             fix=(
                 f"install NVIDIA driver {need} or newer (or cuda-compat-{tm.major}-{tm.minor} "
                 "on a datacenter GPU)",

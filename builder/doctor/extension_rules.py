@@ -10,7 +10,7 @@ or the process maps two. PTX of a newer minor than torch's says a newer nvcc mad
 of torch's CUDA cannot compile that PTX. An older minor of torch's major is fine.
 
 Every file is untrusted: only RECORD paths that stay inside site-packages are read, no symlink
-is followed, every read is bounded (builder/audit/fatbin.py); a file that cannot be read is
+is followed, every read is bounded (builder/machine/fatbin.py); a file that cannot be read is
 passed over (the install proof and ``cudaenv audit`` name those), never a traceback.
 """
 
@@ -25,14 +25,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from builder.audit import fatbin
 from builder.audit.majors import cuda_major_of
 from builder.audit.scan import ScanCache
 from builder.core.cudaversion import CudaVersion
 from builder.doctor.facts import ERROR, INFO, Facts, Finding
 from builder.doctor.toolkit_rules import install_command
 from builder.env import manifest, recordscan
-from builder.machine import driver
+from builder.machine import driver, fatbin
 from builder.machine.archs import PTX_ISA_CUDA
 
 PAGE = "docs/troubleshooting/cuda-version-mismatch.md"

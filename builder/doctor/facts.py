@@ -82,7 +82,7 @@ class Facts:
     dists: Mapping[str, str]
     cuda_homes: tuple[CudaHome, ...]
     toolkits: tuple[CudaHome, ...]
-    driver: str | None
+    driver: str | None  # its version, read by machine/driver.py (doctor.diagnose)
     gpus: tuple[archs.Gpu, ...]  # listed by cudaenv (archs.visible_gpus), not by the probe
     gpus_note: str | None  # why no GPU is listed, when none is
     jit_root: str
@@ -97,6 +97,10 @@ class Facts:
     seconds: float
     # The archs the env is for, as `cudaenv doctor --archs` was told (the box may have no GPU).
     target_archs: tuple[archs.Arch, ...] = ()
+    # Where the driver was read, and the newest CUDA it runs where only libcuda answered
+    # (it gives no version).
+    driver_source: str = ""
+    driver_cuda: str | None = None
     # The Redis cache this interpreter's Triton and Inductor are to share (its URL without the
     # password) and what it said to PING, asked by cudaenv (doctor.probe); None: none named.
     remote_cache: str | None = None
@@ -178,7 +182,9 @@ class Facts:
             dists={str(k): str(v) for k, v in dists.items()} if isinstance(dists, dict) else {},
             cuda_homes=homes(doc.get("cuda_homes")),
             toolkits=homes(doc.get("toolkits")),
-            driver=drv.get("version"),
+            driver=None if drv.get("version") is None else str(drv["version"]),
+            driver_source=str(drv.get("source") or ""),
+            driver_cuda=None if drv.get("cuda") is None else str(drv["cuda"]),
             gpus=tuple(gpus),
             gpus_note=gpus_note,
             jit_root=str(jit.get("root", "")),
@@ -216,6 +222,8 @@ class Facts:
             "toolkits": [h.to_json() for h in self.toolkits],
             "env": dict(self.env),
             "driver": self.driver,
+            "driver_source": self.driver_source or None,
+            "driver_cuda": self.driver_cuda,
             "gpus": [
                 {
                     "index": g.index,

@@ -17,6 +17,7 @@ MODULES = (
     "place",
     "setuppy",
     "recipes",
+    "wheelproof",
     "buildlog",
     "treeguard",
     "sdistbuild",

@@ -22,7 +22,7 @@ from builder.machine.archs import Arch, torch_spelling
 
 # Bump when a row or the generic variables change what a build makes: it is part of the
 # built wheel's store key, so an entry made under the old rules is not taken for the new.
-RECIPES_VERSION = 1
+RECIPES_VERSION = 2
 
 
 def _no_dots(archs: Sequence[Arch]) -> str:
@@ -43,6 +43,9 @@ class Recipe:
     follows: str = ""
     # What the package does with the arch list when no variable narrows it.
     note: str = ""
+    # The variable that makes its setup.py build for CUDA on a box without a GPU, as a
+    # failed proof names it (builder/env/wheelproof.py).
+    cuda_switch: str = "FORCE_CUDA=1"
 
 
 RECIPES: tuple[Recipe, ...] = (
@@ -70,6 +73,14 @@ RECIPES: tuple[Recipe, ...] = (
         "narrow",
     ),
     Recipe(
+        name="deepspeed",
+        switches=(("DS_ACCELERATOR", "cuda"),),
+        follows='accelerator/real_accelerator.py: accelerator_name = os.environ["DS_ACCELERATOR"] '
+        "when set, else detected from torch (cpu where it sees no GPU, as on a build box); "
+        "op_builder builds each DS_BUILD_<OP> for that accelerator",
+        cuda_switch="DS_ACCELERATOR=cuda",
+    ),
+    Recipe(
         name="fast-hadamard-transform",
         switches=(("FAST_HADAMARD_TRANSFORM_FORCE_BUILD", "TRUE"),),
         follows='setup.py: FORCE_BUILD = os.getenv("FAST_HADAMARD_TRANSFORM_FORCE_BUILD", '
@@ -94,10 +105,15 @@ def variables(
     build_env: Sequence[tuple[str, str]] = (),
 ) -> dict[str, str]:
     """The variables a source build of ``recipe`` gets on top of the env's own (its
-    ``CUDA_HOME`` and ``PATH``): the arch list as torch and the package read it, the jobs
+    ``CUDA_HOME`` and ``PATH``): a CUDA build asked for (``FORCE_CUDA``), the arch list as
+    torch and the package read it, the jobs
     and nvcc threads the machine holds, the row's switches, then the spec's ``build-env``
     (which wins: a user may switch a package's optional parts)."""
     out = {
+        # A CUDA build where the box has no GPU: the setup.py files that pick
+        # CUDAExtension "if torch.cuda.is_available() or os.getenv('FORCE_CUDA', '0') == '1'"
+        # (the OpenMMLab packages, torch-scatter) would otherwise build their CPU variant.
+        "FORCE_CUDA": "1",
         "TORCH_CUDA_ARCH_LIST": torch_spelling(archs),
         "MAX_JOBS": str(jobs),
         "NVCC_THREADS": str(nvcc_threads),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from builder.core import proc, settings
 from builder.core.errors import BuildError, CommandFailed, ToolMissing
-from builder.env import buildlog, recipes, setuppy, treeguard
+from builder.env import buildlog, recipes, setuppy, treeguard, wheelproof
 from builder.machine import archs as archs_mod
 from builder.machine import box
 from builder.spec.envspec import EnvSpec
@@ -282,6 +282,15 @@ def compile_sdist(
             f"{name} {version}: the source build with nvcc {nvcc} failed: "
             f"{first or 'no wheel was made'}; the whole log: {kept}"
         )
+    # "Built" is what the wheel holds: a CUDA sdist whose setup.py chose a CPU build (no GPU
+    # on this box) is refused here, before anything is stored or installed.
+    refused = wheelproof.judge(
+        name, version, wheels[0], setup_py=text, members=members, archs=spec.archs,
+        values=values, switch=recipes.recipe_for(name).cuda_switch, scratch=work / "proof",
+    )  # fmt: skip
+    if refused is not None:
+        kept = _keep_log(log_path, target, name, version)
+        raise BuildError(f"{refused}; the whole log: {kept}")
     return wheels[0]
 
 

@@ -1,5 +1,5 @@
 """What this machine has and is: the NVIDIA driver, GPU archs and arch lists, the fleet's
-target classes, the Python interpreters, the CUDA toolkits installed and the nvcc release of
+target classes, the device code an ELF file holds (``fatbin``), the Python interpreters, the CUDA toolkits installed and the nvcc release of
 any toolkit. Read, never changed. Imports ``builder.core`` and ``builder.formats``.
 
 Entry: ``builder.machine.box.detect_box`` (everything `cudaenv init` chooses from).
@@ -9,6 +9,7 @@ Entry: ``builder.machine.box.detect_box`` (everything `cudaenv init` chooses fro
 MODULES = (
     "driver",
     "archs",
+    "fatbin",
     "targets",
     "toolkits",
     "interpreters",

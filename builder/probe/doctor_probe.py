@@ -161,25 +161,6 @@ def distributions() -> dict[str, str]:
     return out
 
 
-def driver() -> dict[str, object]:
-    """The driver version only. GPUs are listed by cudaenv itself (builder/machine/archs.py, one
-    nvidia-smi query): one GPU type and one query for every command, and no NVML import into
-    an interpreter that may be broken."""
-    info: dict[str, object] = {}
-    for path in ("/proc/driver/nvidia/version", "/sys/module/nvidia/version"):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        m = re.search(r"(\d{3,}\.\d+(?:\.\d+)?)", text)
-        if m:
-            info["version"] = m.group(1)
-            info["source"] = path
-            break
-    return info
-
-
 def jit_cache() -> dict[str, object]:
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")
     root = os.path.join(base, ".cache", "flashinfer")
@@ -301,7 +282,6 @@ def main() -> int:
         ("distributions", distributions),
         ("cuda_homes", cuda_home_candidates),
         ("toolkits", toolkits),
-        ("driver", driver),
         ("jit_cache", jit_cache),
         ("host_compiler", host_compiler),
     )

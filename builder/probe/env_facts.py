@@ -227,6 +227,7 @@ def build_through_store(
     notes: list[str] = []
     entry = None
     usable = True
+    marked = False
     try:
         if not compiled:
             try:
@@ -239,6 +240,14 @@ def build_through_store(
         ran = build_seen(spec)
         # A hit is an entry placed and nothing compiled after it: ninja's log says so.
         hit = entry is not None and not ran
+        if hit and entry is not None and recipe is not None:
+            # A warm's module found in an entry another command made (verify, a server's
+            # first start): marked, so it is warm for `store list`, prefetch and push too.
+            try:
+                marked = store.mark(entry, module_meta(spec, recipe))
+            except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+                notes.append(f"the module was not marked as warm in the JIT store: {exc}")
+                hit = False
         kept = None
         if not hit and usable:
             try:
@@ -260,6 +269,7 @@ def build_through_store(
         # What a placement plan records of the module (builder/store/plans.py).
         "planned": {"key": key, "name": str(getattr(spec, "name", "")), "dir": str(build_dir)},
         "hit": hit,
+        "marked": marked,
         "ran": ran,
         "warnings": [*store.notes, *notes],
     }

@@ -134,6 +134,29 @@ class Store:
         finally:
             lock.release()
 
+    def mark(self, entry: Entry, module: Mapping[str, Any]) -> bool:
+        """Record ``module`` (what FlashInfer module the entry holds, and how to generate it
+        again: env_facts.module_meta) in an entry made without it (a verify's, an adopt's, a
+        server's first start), so that it is warm for every reader of that record: ``store
+        list SPEC``, the prefetch at build, ``store push``. True when it was recorded now; an
+        entry that records a module already is left as it is."""
+        if isinstance(entry.content.get("module"), dict):
+            return False
+        path = entry.path / "entry.json"
+        doc = read_doc(path, trusted=True)
+        if not isinstance(doc, dict) or isinstance(doc.get("module"), dict):
+            return False
+        doc["module"] = dict(module)
+        parse_entry(doc)
+        tmp = path.with_name(f".entry.json.{tmp_tag()}")
+        try:
+            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+            tmp.chmod(0o644)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
     def variants(self, key: str) -> list[Path]:
         base = self.entries(key)
         if not is_key(key) or not self._dir(base, make=False):

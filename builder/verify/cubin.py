@@ -91,9 +91,9 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
         return []
     from packaging.utils import canonicalize_name
 
-    from builder.audit import fatbin
-    from builder.audit.scan import built_from_source
+    from builder.audit.scan import built_from_source, links_torch
     from builder.env.recordscan import shared_objects
+    from builder.machine import fatbin
 
     built = built_from_source(env)
     found: list[tuple[str, Path]] = []
@@ -102,12 +102,19 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
             name = canonicalize_name(info.name.removesuffix(".dist-info").partition("-")[0])
             if name not in built or info.is_symlink():
                 continue
+            modules: list[tuple[str, Path, fatbin.Scan]] = []
             for rel in shared_objects(info / "RECORD", RECORD_LIMIT):
                 path = site / rel
                 if rel.startswith("/") or ".." in rel.split("/") or path.is_symlink():
                     continue
-                if path.is_file() and fatbin.scan(path).codes:
-                    found.append((f"{name} {rel}", path))
+                if path.is_file():
+                    modules.append((f"{name} {rel}", path, fatbin.scan(path)))
+            with_code = [(label, path) for label, path, read in modules if read.codes]
+            # None holds device code while one links torch: a CPU build of a CUDA package
+            # (audit.scan.built_without_cuda), checked (and failed), never skipped.
+            found.extend(
+                with_code or [(label, path) for label, path, read in modules if links_torch(read)]
+            )
     return found
 
 

@@ -281,7 +281,7 @@ def kernel_problem(arch: Arch | None, path: Path) -> str | None:
     """Why ``path`` is not what compiling our kernel for ``arch`` makes, an ELF file holding
     a cubin of ``arch`` (of some arch, when None), read from its fatbin headers as the cubin
     check would find it; None when it is."""
-    from builder.audit import fatbin
+    from builder.machine import fatbin
 
     found = fatbin.scan(path)
     if not found.elf:
