@@ -8,6 +8,7 @@ staged without root (the driver in /proc, glibc) are tested on the rules directl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -105,6 +106,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEnv]:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("CXX", str(gxx))
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    # The index a companion fix is checked against: none (no test here reaches the network).
+    monkeypatch.setenv("UV_NO_INDEX", "1")
     fake.dists(HEALTHY_DISTS)
     yield fake
 
@@ -265,6 +268,66 @@ def test_flashinfer_companion_mismatch(env: FakeEnv) -> None:
     findings, _ = run(env)
     assert codes(findings, doctor.ERROR) == ["flashinfer-companion-mismatch"]
     assert findings[0].cause == "flashinfer-cubin 0.7.1 does not match flashinfer-python 0.7.2"
+
+
+def a_wheel(links: Path, name: str, version: str) -> Path:
+    """A minimal pure wheel of ``name`` ``version`` in ``links`` (a find-links index)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    stem = f"{name.replace('-', '_')}-{version}"
+    files = {
+        f"{name.replace('-', '_')}/__init__.py": "",
+        f"{stem}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{stem}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = ""
+    for rel, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record += f"{rel},sha256={digest.decode()},{len(text.encode())}\n"
+    files[f"{stem}.dist-info/RECORD"] = record + f"{stem}.dist-info/RECORD,,\n"
+    links.mkdir(parents=True, exist_ok=True)
+    out = links / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("held", [False, True], ids=["index-lacks-it", "index-holds-it"])
+def test_the_companion_fix_names_what_the_index_holds_and_running_it_clears_the_finding(
+    env: FakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """flashinfer-cubin 0.6.13 beside flashinfer-python 0.7.2, on an index (a find-links
+    directory, as uv and the doctor read it) that holds 0.7.2 or does not. The fix names the
+    matching release only where the index holds it, else the companion's removal; the printed
+    command is run as a user would (a shell), and the doctor then finds nothing of it."""
+    links = tmp_path / "links"
+    a_wheel(links, "flashinfer-cubin", "0.6.13")
+    if held:
+        a_wheel(links, "flashinfer-cubin", HEALTHY_DISTS["flashinfer-python"])
+    monkeypatch.setenv("UV_NO_INDEX", "1")
+    monkeypatch.setenv("UV_FIND_LINKS", str(links))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    proc.run([proc.uv_bin(), "pip", "install", "--python", str(env.python),
+              "flashinfer-cubin==0.6.13"], env=proc.uv_env())  # fmt: skip
+    findings, _ = run(env)
+    (found,) = [f for f in findings if f.code == "flashinfer-companion-mismatch"]
+    (fix,) = found.fix
+    want = f"flashinfer-cubin=={HEALTHY_DISTS['flashinfer-python']}"
+    if held:
+        assert fix == f"uv pip install --python {env.python} {want}"
+    else:
+        assert fix.startswith(f"uv pip uninstall --python {env.python} flashinfer-cubin  # ")
+        assert f"the index holds no {want}" in fix
+    done = subprocess.run(["sh", "-c", fix], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{Path(proc.uv_bin()).parent}:/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    findings, _ = run(env)
+    assert "flashinfer-companion-mismatch" not in codes(findings), findings
 
 
 def test_jit_cache_of_another_toolkit_and_version(env: FakeEnv, tmp_path: Path) -> None:
@@ -793,8 +856,16 @@ def test_install_fixes_work_in_the_env_they_name() -> None:
         f for f in doctor_rules.diagnose(facts) if f.code == "flashinfer-companion-mismatch"
     )
     fi = HEALTHY_DISTS["flashinfer-python"]
+    # Where the index could not be asked: both ways, as prose, never a command alone.
+    assert found.fix[0].startswith("the index could not be asked: install `flashinfer-cubin==")
+    assert f"`uv pip install --python /p flashinfer-cubin=={fi}`" in found.fix[0]
+    facts = dataclasses.replace(facts, index_holds=((f"flashinfer-cubin=={fi}", True),))
+    found = next(
+        f for f in doctor_rules.diagnose(facts) if f.code == "flashinfer-companion-mismatch"
+    )
     assert found.fix == (f"uv pip install --python /p flashinfer-cubin=={fi}",)
     with_pip = doctor.Facts.from_json(facts_doc(distributions={**dists, "pip": "25.3"}), None)
+    with_pip = dataclasses.replace(with_pip, index_holds=((f"flashinfer-cubin=={fi}", True),))
     found = next(
         f for f in doctor_rules.diagnose(with_pip) if f.code == "flashinfer-companion-mismatch"
     )

@@ -400,7 +400,7 @@ cuda: "13.0"
 torch: "2.14.1"
 packages: [deepspeed==0.19.8]
 archs: ["12.0f"]
-build-env: {DS_ACCELERATOR: cuda, DS_BUILD_OPS: "0", DS_BUILD_FUSED_ADAM: "1"}
+build-env: {DS_BUILD_OPS: "0", DS_BUILD_FUSED_ADAM: "1"}
 verify: [toolchain]
 """
 FUSED_ADAM = "deepspeed/ops/adam/fused_adam_op"
@@ -411,9 +411,10 @@ def test_a_real_release_from_pypi_builds_its_cuda_op_with_the_envs_nvcc_once_per
 ) -> None:
     """DeepSpeed 0.19.8 from its PyPI sdist with its fused Adam op built at install (about
     130 s of nvcc on 2 cores: the default suite's real release; causal-conv1d 1.7.0's nine
-    gencodes take half an hour and run in the heavy session). DS_ACCELERATOR=cuda, as a build
-    box without a GPU needs: without it DeepSpeed picks its CPU accelerator from what torch
-    sees and builds the op for the CPU. Compiled with the env's nvcc 13.0 while the shell's
+    gencodes take half an hour and run in the heavy session). The spec names only the op: the
+    recipe table gives DeepSpeed DS_ACCELERATOR=cuda, as a build box without a GPU needs
+    (without it DeepSpeed picks its CPU accelerator from what torch sees and builds the op for
+    the CPU), and the proof reads the op's device code. Compiled with the env's nvcc 13.0 while the shell's
     CUDA_HOME names a 12.8 toolkit, the op links cudart and holds sm_120 code, imports after
     torch, and a second env takes it from the store with no compile."""
     environ = real_project(tmp_path, "ds.yaml", DEEPSPEED_SPEC)

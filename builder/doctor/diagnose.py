@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Sequence
@@ -28,8 +29,10 @@ from builder.doctor.facts import Facts as Facts
 from builder.doctor.facts import Finding as Finding
 from builder.doctor.facts import LastVerify as LastVerify
 from builder.doctor.rules import diagnose
+from builder.doctor.wheel_rules import companion_requirement
 from builder.env import caches, manifest
 from builder.machine import archs, driver
+from builder.spec import policy
 
 PROBE_TIMEOUT = 60.0
 DEEP_TIMEOUT = 600.0
@@ -96,9 +99,56 @@ def probe(
     built = manifest.try_read(Path(prefix)) if prefix else None
     facts = Facts.from_json(doc, built, gpus=gpus, gpus_note=gpus_note, target_archs=target_archs)
     facts = _remote_cache(facts)
+    facts = _asked_index(facts)
     if prefix:
         facts = replace(facts, last_verify=last_verify(Path(prefix), built))
     return facts, diagnose(facts), time.monotonic() - started
+
+
+# How long the env's index is given to answer whether it holds one release (a resolve of
+# one requirement, no download).
+INDEX_TIMEOUT = 60.0
+
+
+def _asked_index(facts: Facts) -> Facts:
+    """Ask the env's index, with the installer a fix would run (the env's pip where it has one,
+    else uv), whether it holds each release a companion fix would install: the rule then names
+    that release or the companion's removal, never a version the index lacks. Only when such
+    a finding fires; an index that cannot be reached leaves the answer out."""
+    asked: list[tuple[str, bool]] = []
+    for found in policy.companion_mismatches(facts.dists):
+        if not found.flashinfer:
+            continue
+        want = companion_requirement(found.companion, found.flashinfer)
+        held = _index_holds(facts, found.companion, found.flashinfer)
+        if held is not None:
+            asked.append((want, held))
+    return replace(facts, index_holds=tuple(asked)) if asked else facts
+
+
+def _index_holds(facts: Facts, name: str, version: str) -> bool | None:
+    if "pip" in facts.dists:
+        argv = [facts.python, "-m", "pip", "index", "versions", name]
+        env = None
+    else:
+        argv = [proc.uv_bin(), "pip", "install", "--dry-run", "--no-deps", "--python",
+                facts.python, f"{name}=={version}"]  # fmt: skip
+        env = proc.uv_env()
+    try:
+        done = proc.run(argv, check=False, timeout=INDEX_TIMEOUT, env=env)
+    except (proc.CommandFailed, CudaenvError):
+        return None
+    said = f"{done.stdout}\n{done.stderr}"
+    if argv[1:3] == ["-m", "pip"]:
+        listed = re.search(r"Available versions:\s*(.+)", said)
+        if done.returncode != 0 or listed is None:
+            return False if "No matching distribution" in said else None
+        return version in {v.strip() for v in listed.group(1).split(",")}
+    if done.returncode == 0:
+        return True
+    if re.search(r"no version of|not found in the package registry|No solution found", said):
+        return False
+    return None
 
 
 # A verify report holds a few lines per check: a file larger than this is not one.

@@ -107,6 +107,13 @@ class Facts:
     remote_answer: Answer | None = None
     # The env's last verify, as its report says (doctor.probe); None: none there.
     last_verify: LastVerify | None = None
+    # What the env's index answered for the exact requirements a fix would install
+    # (doctor.probe asks it, with the installer the fix names): True it holds it, False it
+    # does not, absent when it could not be asked (offline). A fix names only what is there.
+    index_holds: tuple[tuple[str, bool], ...] = ()
+
+    def index_has(self, requirement: str) -> bool | None:
+        return dict(self.index_holds).get(requirement)
 
     @property
     def jit_home(self) -> CudaHome | None:

@@ -88,14 +88,35 @@ def rule_wheels(facts: Facts) -> list[Finding]:
                 severity=ERROR,
                 cause=f"{comp} {comp_version} does not match flashinfer-python {fi or '(not installed)'}",
                 evidence=(f"{comp} {comp_version}", f"flashinfer-python {fi}"),
-                fix=(
-                    install_command(facts, "install", f"{comp}=={fi}")
-                    if fi
-                    else install_command(facts, "uninstall", comp),
-                ),
+                fix=companion_fix(facts, comp, fi),
             )
         )
     return out
+
+
+def companion_requirement(companion: str, flashinfer: str) -> str:
+    """The release of ``companion`` that matches flashinfer-python ``flashinfer``."""
+    return f"{companion}=={flashinfer}"
+
+
+def companion_fix(facts: Facts, companion: str, flashinfer: str | None) -> tuple[str, ...]:
+    """The matching release where the env's index holds it, else the companion's removal
+    (FlashInfer compiles what a companion would have held: it is optional); where the index
+    could not be asked, both, as prose. Never a version the index does not hold."""
+    remove = install_command(facts, "uninstall", companion)
+    if not flashinfer:
+        return (remove,)
+    want = companion_requirement(companion, flashinfer)
+    held = facts.index_has(want)
+    if held is True:
+        return (install_command(facts, "install", want),)
+    if held is False:
+        return (f"{remove}  # the index holds no {want}; FlashInfer compiles what it would hold",)
+    return (
+        f"the index could not be asked: install `{want}` where it holds that release "
+        f"(`{install_command(facts, 'install', want)}`), else remove the companion "
+        f"(`{remove}`)",
+    )
 
 
 def rule_bindings(facts: Facts) -> list[Finding]:
