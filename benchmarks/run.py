@@ -629,6 +629,110 @@ class Bench:
             met=ratio <= 1.15 and code == 0 and alone_s > 0,
         )
 
+    def warm_verified(self) -> Case:
+        """`cudaenv warm` of modules the store holds from a verify (unmarked: warm marks them)
+        against the same warm once they are marked, alternated: each unmarked run gets entries
+        with their mark taken off again (what a verify leaves)."""
+        env_dir, store = self.work / "warm-verified", self.work / "store-warm-verified"
+        cudaenv("build", "--verify", DEFAULT, "--env-dir", env_dir,
+                env={"CUDAENV_JIT_STORE": str(store), "CUDAENV_JIT_REMOTE": "off"})  # fmt: skip
+        modules = ("--modules", "sampling", "topk_topp")
+
+        def unmark() -> None:
+            for entry in store.rglob("entry.json"):
+                doc = json.loads(entry.read_text())
+                if doc.pop("module", None) is not None:
+                    entry.write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+        said: list[dict[str, Any]] = []
+
+        def unmarked() -> None:
+            unmark()  # two small JSON files rewritten: milliseconds of a warm's seconds
+            _, _, doc, _ = self.warm_timed(env_dir, store, *modules)
+            said.append(doc)
+
+        def marked() -> None:
+            self.warm_timed(env_dir, store, *modules)
+
+        pairs = 2 if self.quick else 4
+        ta, tb = alternate(unmarked, marked, pairs)
+        ratios = pair_ratios(ta, tb)
+        rm_all(env_dir, store)
+        warm = [(d["warm"], d["built"], d["failed"]) for d in said]
+        return Case(
+            name="warm of modules a verify stored",
+            what="cudaenv warm --modules sampling topk_topp of a default env whose store holds "
+            "both from `build --verify`, unmarked (warm marks them), vs the same warm once they "
+            "are marked; ratio: median of alternated pairs",
+            figures={
+                "unmarked": ta.to_json(),
+                "marked": tb.to_json(),
+                "pair ratios": ratios,
+                "(warm, built, failed) of each unmarked run": warm,
+            },
+            ratio=ratios["median"],
+            anchor="the same warm, the modules marked",
+            goal="≤ 1.2, nothing built",
+            met=ratios["median"] <= 1.2 and all(w == (2, 0, 0) for w in warm),
+        )
+
+    def source_proof(self) -> Case:
+        """The proof of a source build by its artifact (env/wheelproof.py: every extension
+        module of the wheel read for its device code) against the first build that made the
+        wheel, in the same run."""
+        from builder.env import sdistbuild, setuppy, wheelproof
+        from tests.sdist_maker import NAME, make_sdist
+
+        root = self.work / "source-proof"
+        rm(root)
+        sdist = make_sdist(root / "links")
+        (root / "pyproject.toml").write_text('[tool.cudaenv]\nlocks = "urls"\n')
+        spec_path = root / "envspecs" / "testext.yaml"
+        spec_path.parent.mkdir(parents=True)
+        spec_path.write_text(SOURCE_SPEC)
+        links = str(root / "links")
+        store = root / "store"
+        env = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
+               "CUDAENV_JIT_STORE": str(store), "PYTHONPATH": str(REPO)}  # fmt: skip
+        sh([sys.executable, "-m", "builder.cli", "lock", spec_path], env=env, cwd=root)
+        started = time.perf_counter()
+        sh([sys.executable, "-m", "builder.cli", "build", spec_path, "--env-dir", root / "env"],
+           env=env, cwd=root)  # fmt: skip
+        build_s = time.perf_counter() - started
+        (wheel,) = sorted(store.rglob("*.whl"))
+        made = spec.load(spec_path)
+        text, members = setuppy.from_sdist(sdist)
+        values = sdistbuild.values_for(made, NAME)
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            why = wheelproof.judge(NAME, "0.1.0", wheel, setup_py=text, members=members,
+                                   archs=made.archs, values=values, switch="FORCE_CUDA=1",
+                                   scratch=root / "proof")  # fmt: skip
+            times.append(time.perf_counter() - t)
+            if why is not None:
+                raise RuntimeError(why)
+        proof_s = statistics.median(times)
+        rm(root)
+        ratio = proof_s / build_s
+        return Case(
+            name="source build, the proof of its artifact",
+            what="wheelproof.judge on the test sdist's built wheel (its extension module copied "
+            "out and its fatbin headers read) vs the first cudaenv build that made it (env and "
+            "compile), in the same run",
+            figures={
+                "proof_s (median of 5)": round(proof_s, 4),
+                "first build_s": round(build_s, 1),
+                "wheel_bytes": wheel.stat().st_size,
+            },
+            ratio=round(ratio, 5),
+            anchor="the first build",
+            goal="≤ 0.02",
+            met=ratio <= 0.02,
+            note="a flash-attn wheel's ~1 GB module is copied out of the zip before its "
+            "headers are read: seconds, against an hour of compile",
+        )
+
     def warm_timed(
         self, env_dir: Path, store: Path, *args: str
     ) -> tuple[float, float, dict[str, Any], int]:
@@ -1864,7 +1968,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {
         "build-warm", "build-cold", "plan", "relock", "platforms", "second-env", "verify", "doctor",
         "growth", "matrix", "audit", "store", "record-proof", "record-proof-stack", "fleet", "warm-fleet",
-        "warm-default", "remote-cache", "verify-unchanged", "source-build",
+        "warm-default", "remote-cache", "verify-unchanged", "source-build", "warm-verified",
+        "source-proof",
     }  # fmt: skip
     if set(wanted) - known:
         parser.error(f"unknown case(s) {sorted(set(wanted) - known)}; known: {sorted(known)}")
@@ -1895,6 +2000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("warm-default", bench.warm_default),
             ("remote-cache", bench.remote_cache),
             ("source-build", bench.source_build),
+            ("warm-verified", bench.warm_verified),
+            ("source-proof", bench.source_proof),
         ):
             if key not in wanted:
                 continue

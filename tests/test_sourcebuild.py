@@ -433,3 +433,40 @@ def test_a_failed_install_beside_the_proof_is_one_line_and_a_failed_proof_stops_
     with pytest.raises(BuildError, match="the install is incomplete"):
         sourcebuild._install_meanwhile(env, good, B, proof_fails)
     assert _children() == []  # uv was killed and waited for
+
+
+def test_an_sdist_is_read_by_the_locks_path_once_and_checked_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """env/sdistcheck.py on real sdists: one that passes -std=c++17 is refused against torch
+    2.14 from its setup.py, read by the lock's relative path with its sha256 checked; the
+    second look reads the cache, not the file; a file whose hash is not the lock's, or that
+    cannot be fetched, is not judged (the build judges it) and is said."""
+    from builder.env import sdistcheck
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUDAENV_CACHE_DIR", raising=False)
+    sdist = make_sdist(tmp_path / "links", version="0.2.0", extra_nvcc='"-std=c++17"')
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+
+    def package(sha: str, path: str) -> LockedPackage:
+        return LockedPackage(name="cudaenv-testext", version="0.2.0",
+                             sdist=LockedFile(name=sdist.name, sha256=sha, path=path))  # fmt: skip
+
+    said: list[str] = []
+
+    def refusal(pkg: LockedPackage) -> str | None:
+        return sdistcheck.refusal([pkg], torch="2.14.1", nvcc="13.0", lock_dir=tmp_path,
+                                  say=said.append)  # fmt: skip
+
+    good = package(digest, f"links/{sdist.name}")
+    why = refusal(good)
+    assert why is not None and "passes -std=c++17" in why and "line 9" in why
+    sdist.rename(sdist.with_suffix(".moved"))  # the cache answers now
+    assert refusal(good) == why
+    assert said == []
+    assert refusal(package("0" * 64, f"links/{sdist.name}")) is None  # not cached, not there
+    assert len(said) == 1 and "its sdist was not read before installing" in said[0]
+    sdist.with_suffix(".moved").rename(sdist)
+    assert refusal(package("1" * 64, f"links/{sdist.name}")) is None
+    assert "its sha256 is not the lock's" in said[-1]

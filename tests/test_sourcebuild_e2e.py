@@ -290,15 +290,30 @@ def test_a_force_cuda_sdist_is_built_for_cuda_on_a_box_without_a_gpu_and_proven(
     assert sorted(p.name for p in (root / "store").rglob("entry.json")) == entries
 
 
-def test_a_release_that_passes_cxx17_is_refused_before_compiling(tmp_path: Path) -> None:
+def test_a_release_that_passes_cxx17_is_refused_before_anything_is_installed(
+    tmp_path: Path,
+) -> None:
+    """What the sdist says of itself is said by `lock` and `plan`: its setup.py (line 9)
+    passes -std=c++17 to nvcc, which torch 2.14's headers refuse. The lock is not written, and
+    plan (which then resolves afresh) says the same; nothing is installed or built."""
     root = project(tmp_path, version="0.2.0", extra='"-std=c++17"')
     environ = node(root, "store")
-    cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ)
+    for argv in (("lock",), ("plan",)):
+        done = cudaenv(*argv, "envspecs/testext.yaml", cwd=root, env=environ, check=False)
+        assert done.returncode == 4, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: {NAME} 0.2.0 cannot build against torch 2.14.1"), last
+        assert "passes -std=c++17" in last and "need C++20" in last and "line 9" in last, last
+        assert "Traceback" not in done.stderr and COMPILING not in done.stderr
+    assert (
+        "the lock was not written"
+        in cudaenv("lock", "envspecs/testext.yaml", cwd=root, env=environ, check=False).stderr
+    )
+    assert not (root / "envspecs" / "locks").exists() or not list(
+        (root / "envspecs" / "locks").iterdir()
+    )
     done = build(root, "env", environ, check=False)
-    assert done.returncode == 4, done.stderr[-2000:]
-    assert COMPILING not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert "passes -std=c++17" in last and "need C++20" in last and "line 9" in last, last
+    assert done.returncode != 0 and COMPILING not in done.stderr
     assert not (root / "env").exists()
 
 
@@ -359,24 +374,24 @@ VIEW = ("--exclude-newer", "2026-12-01T00:00:00Z")
 def test_a_real_release_that_asks_nvcc_13_for_compute_53_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
-    """causal-conv1d 1.5.2 from PyPI: locked without building it (its PKG-INFO is 2.1, so uv
+    """causal-conv1d 1.5.2 from PyPI: resolved without building it (its PKG-INFO is 2.1, so uv
     would run its setup.py, which imports torch: cudaenv hands uv its metadata), then refused
-    before compiling, since its setup.py (line 177) asks for compute_53, which nvcc 13.0 lacks."""
+    by `lock` itself, before anything is installed, since its sdist's setup.py (line 177) asks
+    for compute_53, which nvcc 13.0 lacks: the lock is not written."""
     write(tmp_path / "pyproject.toml", '[tool.cudaenv]\nlocks = "urls"\n')
     write(tmp_path / "envspecs" / "cc.yaml", REAL_SPEC)
     uv_cache = tmp_path / "uv-cache"
-    cudaenv("lock", "envspecs/cc.yaml", *VIEW, cwd=tmp_path, env={"UV_CACHE_DIR": str(uv_cache)})
+    done = cudaenv("lock", "envspecs/cc.yaml", *VIEW, cwd=tmp_path,
+                   env={"UV_CACHE_DIR": str(uv_cache)}, check=False)  # fmt: skip
     assert not list(uv_cache.glob("builds-v*")) or not any(uv_cache.glob("builds-v*/*"))
-    locked = (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").read_text()
-    assert 'name = "causal-conv1d"' in locked and "causal_conv1d-1.5.2.tar.gz" in locked
-    done = cudaenv("build", "envspecs/cc.yaml", "--env-dir", str(tmp_path / "env"),
-                   cwd=tmp_path, check=False)  # fmt: skip
+    # Refused at lock, before anything is installed, by what the sdist's setup.py says.
     assert done.returncode == 4, done.stderr[-2000:]
     assert COMPILING not in done.stderr and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "causal-conv1d 1.5.2 cannot build with nvcc 13.0" in last, last
     assert "(line 177) asks for compute_53" in last and "compute_75 and newer" in last, last
-    assert not (tmp_path / "env").exists()
+    assert last.endswith("the lock was not written"), last
+    assert not (tmp_path / "envspecs" / "locks" / "pylock.causal-conv1d-cu130.toml").exists()
 
 
 CAUSAL_CONV1D = "causal_conv1d_cuda"

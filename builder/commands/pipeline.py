@@ -166,6 +166,7 @@ def write_lock(
         upgrade_packages=upgrade_packages,
         view=view,
     )
+    refuse_unbuildable(s, plan.lock, out, reporter, done="the lock was not written")
     lock.write(plan.lock, out)
     for note in plan.lock.notes:
         reporter(f"note: {note}")
@@ -207,6 +208,22 @@ def lock_spec(
         for v in judge_targets(done.spec, lk, done.spec.targets, reporter).failures:
             reporter(f"warning: target {v.line()}")
     return done
+
+
+def refuse_unbuildable(
+    s: spec.EnvSpec, lk: lock.Lock, path: Path, reporter: Reporter, *, done: str
+) -> None:
+    """BuildError in one line where a package the lock compiles at install cannot build,
+    known from its sdist before anything is installed (env/sdistcheck.py); ``done`` says what
+    was not done because of it."""
+    from builder.env import sdistcheck
+
+    why = sdistcheck.refusal(
+        sdistcheck.source_packages(lk), torch=lk.torch, nvcc=s.cuda, lock_dir=path.parent,
+        say=reporter,
+    )  # fmt: skip
+    if why is not None:
+        raise BuildError(f"{why}; {done}")
 
 
 def current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:
@@ -388,6 +405,7 @@ def plan(
     spec's own)."""
     s = load_spec(spec_arg)
     lk, origin = current_lock(s, fresh=fresh)
+    refuse_unbuildable(s, lk, lock_file(s), reporter, done="it cannot be built as locked")
     chosen = plan_platform(s, lk, platform)
     fleet = fleet_of(s, targets_file)
     verdicts = judge_targets(s, lk, fleet, reporter).verdicts if fleet else ()

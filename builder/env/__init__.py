@@ -22,6 +22,7 @@ MODULES = (
     "treeguard",
     "sdistbuild",
     "sourcebuild",
+    "sdistcheck",
     "build",
     "export",
     "envs",

@@ -29,7 +29,7 @@ from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError
 from builder.core.paths import envs_dir, project_root
 from builder.core.reporter import Reporter, silent
-from builder.env import hooks, installproof, manifest, sourcebuild, toolchain
+from builder.env import hooks, installproof, manifest, sdistcheck, sourcebuild, toolchain
 from builder.env.manifest import Manifest
 from builder.env.place import (
     NO_SPACE_ERRNOS,
@@ -186,6 +186,15 @@ def build(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
             )
             return BuildResult(path=target, manifest=current, reused=True)
+        if platform is None:
+            # What an sdist says of itself is said before uv installs anything (a release that
+            # cannot build was refused only after the whole lock was installed).
+            why = sdistcheck.refusal(
+                sourcebuild.source_packages(lock.packages_on(platforms.host_name())),
+                torch=lock.torch, nvcc=spec.cuda, lock_dir=lock_file.parent, say=progress,
+            )  # fmt: skip
+            if why is not None:
+                raise BuildError(f"{why}; nothing was installed")
         interp = None
         if platform is None:
             t = time.monotonic()
