@@ -699,7 +699,7 @@ class Bench:
         sh([sys.executable, "-m", "builder.cli", "build", spec_path, "--env-dir", root / "env"],
            env=env, cwd=root)  # fmt: skip
         build_s = time.perf_counter() - started
-        (wheel,) = sorted(store.rglob("*.whl"))
+        (wheel,) = sorted(store.rglob("files/wheel"))  # the entry keeps it as "wheel"
         made = spec.load(spec_path)
         text, members = setuppy.from_sdist(sdist)
         values = sdistbuild.values_for(made, NAME)

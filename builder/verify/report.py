@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,8 +422,26 @@ def write_matrix_outputs(
     return written
 
 
-def append_step_summary(markdown_text: str, environ: Mapping[str, str] | None = None) -> None:
+def append_step_summary(markdown_text: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Append the Markdown to ``$GITHUB_STEP_SUMMARY`` when set: only to a regular file, opened
+    without following a link and without waiting (a FIFO named there would hold the command
+    until a reader came); anything else is left alone. Whether it was appended."""
     summary = settings.of(environ).github_step_summary
-    if summary:
-        with Path(summary).open("a") as fh:
-            fh.write(markdown_text + "\n")
+    if not summary:
+        return False
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(summary, flags, 0o644)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        data = memoryview((markdown_text + "\n").encode())
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
