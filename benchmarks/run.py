@@ -713,6 +713,7 @@ class Bench:
             if why is not None:
                 raise RuntimeError(why)
         proof_s = statistics.median(times)
+        wheel_bytes = wheel.stat().st_size
         rm(root)
         ratio = proof_s / build_s
         return Case(
@@ -723,7 +724,7 @@ class Bench:
             figures={
                 "proof_s (median of 5)": round(proof_s, 4),
                 "first build_s": round(build_s, 1),
-                "wheel_bytes": wheel.stat().st_size,
+                "wheel_bytes": wheel_bytes,
             },
             ratio=round(ratio, 5),
             anchor="the first build",

@@ -186,7 +186,7 @@ def build(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
             )
             return BuildResult(path=target, manifest=current, reused=True)
-        if platform is None:
+        if platform is None and not source.offline:
             # What an sdist says of itself is said before uv installs anything (a release that
             # cannot build was refused only after the whole lock was installed).
             why = sdistcheck.refusal(

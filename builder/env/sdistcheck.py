@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -27,7 +28,8 @@ from builder.spec.lockmodel import Lock, LockedFile, LockedPackage
 
 # An sdist larger than this is not fetched to be read (flash-attn's is ~8 MB).
 MAX_SDIST = 512 << 20
-FETCH_TIMEOUT = 60.0
+FETCH_TIMEOUT = 60.0  # each connect and read
+FETCH_DEADLINE = 300.0  # the whole download: a server that trickles is not waited on forever
 _CHUNK = 1 << 20
 # Bump when what is kept of an sdist changes.
 READ_VERSION = 1
@@ -121,7 +123,10 @@ def _fetch(sdist: LockedFile, lock_dir: Path, dst: Path) -> str | None:
             urllib.request.urlopen(source, timeout=FETCH_TIMEOUT) as answer,  # noqa: S310 - scheme checked
             dst.open("wb") as out,
         ):
+            deadline = time.monotonic() + FETCH_DEADLINE
             while chunk := answer.read(_CHUNK):
+                if time.monotonic() > deadline:
+                    return f"not fetched within {FETCH_DEADLINE:.0f} s"
                 size += len(chunk)
                 if size > MAX_SDIST:
                     return f"larger than {MAX_SDIST >> 20} MiB"
