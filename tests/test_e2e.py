@@ -248,6 +248,28 @@ def test_failed_rebuild_leaves_the_old_env_working(toolchain_env: Path) -> None:
     assert not list((ws / ".envs").glob(".toolchain-cu130.tmp-*"))
 
 
+@pytest.mark.network
+@pytest.mark.e2e
+def test_an_env_a_package_was_removed_from_is_not_up_to_date(toolchain_env: Path) -> None:
+    """ "Up to date" is said from the env itself: a package uninstalled by hand since the build
+    (its .dist-info gone) makes the next build say so and build the env again, whole; the build
+    after that is up to date."""
+    ws = toolchain_env.parent.parent
+    site = next(toolchain_env.glob("lib/python3*/site-packages"))
+    (info,) = site.glob("nvidia_cuda_nvcc-*.dist-info")
+    version = info.name.removesuffix(".dist-info").rpartition("-")[2]
+    shutil.rmtree(info)
+    done = cudaenv("build", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    said = (
+        f"is not as it was built (nvidia-cuda-nvcc {version} is not installed): building it again"
+    )
+    assert said in done.stderr, done.stderr
+    assert "is up to date" not in done.stderr
+    assert list(site.glob("nvidia_cuda_nvcc-*.dist-info"))
+    again = cudaenv("build", "envspecs/toolchain-cu130.yaml", cwd=ws)
+    assert "is up to date" in again.stderr, again.stderr
+
+
 def _kill_during_install(ws: Path, sig: int, cache: Path) -> tuple[int, bool]:
     """Start a cold-cache build, send ``sig`` once the install is under way."""
     proc = subprocess.Popen(

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from builder import __version__
 from builder.core import platforms, proc, settings
 from builder.core.errors import BuildError
@@ -92,6 +94,31 @@ def up_to_date(
         and found.cudaenv == __version__
     )
     return found if same else None
+
+
+def _not_installed(target: Path, spec: EnvSpec, lock: Lock, found: Manifest) -> str | None:
+    """What of the lock the env at ``target`` no longer has installed at its version (a
+    package uninstalled or replaced by hand since the build), read from its ``.dist-info``
+    directories; None where every locked package that applies here is there. "Up to date" is
+    then said from the env itself, not from its manifest alone (a glob: ~1 ms)."""
+    sites = sorted(target.glob("lib/python3*/site-packages"))
+    if len(sites) != 1:
+        return "its site-packages is not there"
+    present: dict[str, str] = {}
+    for info in sites[0].glob("*.dist-info"):
+        name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
+        present[canonicalize_name(name)] = version
+    marker_env = platforms.get(platforms.host_name()).marker_environment(spec.python)
+    marker_env["python_full_version"] = found.python
+    for pkg in lock.packages_on(platforms.host_name()):
+        if not installproof.applies(pkg, marker_env):
+            continue
+        have = present.get(canonicalize_name(pkg.name))
+        if have is None:
+            return f"{pkg.name} {pkg.version} is not installed"
+        if not installproof.same_version(have, pkg.version):
+            return f"{pkg.name} is {have}, not {pkg.version}"
+    return None
 
 
 # What runs at each named stage of a build or adopt (:func:`fault_point`): nothing in use.
@@ -181,6 +208,14 @@ def build(
             progress(f"removed leftover {path}")
         env_archs = archs.env_archs(spec.archs, spec.cuda_version)
         current = up_to_date(target, spec, lock, env_archs, platform)
+        changed = (
+            None
+            if current is None or platform is not None
+            else _not_installed(target, spec, lock, current)
+        )
+        if changed is not None:
+            progress(f"{target} is not as it was built ({changed}): building it again")
+            current = None
         if current is not None and not force:
             progress(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"

@@ -26,7 +26,7 @@ from builder.env import recordscan
 from builder.env.recordscan import record_rows
 from builder.spec.lock import LockedPackage
 
-__all__ = ["RECORD_ERRATA", "Proof", "applies", "problems", "prove", "record_rows"]
+__all__ = ["RECORD_ERRATA", "Proof", "applies", "problems", "prove", "record_rows", "same_version"]
 
 # Files above this many bytes in all are hashed by a pool of threads (hashlib releases the GIL
 # for large updates); below it, one thread is faster than starting a pool.
@@ -147,7 +147,7 @@ def _installed(
         found = infos.get(canonicalize_name(pkg.name))
         if found is None:
             problems.append(f"{pkg.name} {pkg.version}: not installed (no .dist-info)")
-        elif not _same_version(found[0], pkg.version):
+        elif not same_version(found[0], pkg.version):
             problems.append(f"{pkg.name}: {found[0]} installed, the lock says {pkg.version}")
     return infos, problems
 
@@ -264,7 +264,7 @@ def applies(pkg: LockedPackage, marker_env: dict[str, str]) -> bool:
         return True
 
 
-def _same_version(installed: str, locked: str) -> bool:
+def same_version(installed: str, locked: str) -> bool:
     try:
         return Version(installed) == Version(locked)
     except InvalidVersion:
