@@ -1051,3 +1051,14 @@ def test_a_wheel_built_for_the_other_cuda_major_is_named_from_its_import_error()
     same = facts_doc(deep={"imports": {"sgl_kernel": error}})  # torch cu130: not this finding
     codes_same = [f.code for f in doctor_rules.diagnose(doctor.Facts.from_json(same, None))]
     assert "built-for-other-cuda-major" not in codes_same
+
+
+def test_a_release_the_index_lists_with_a_local_label_matches_the_fix() -> None:
+    """`pip index versions` lists flashinfer-jit-cache as 0.4.0+cu128: the fix's `==0.4.0`
+    installs it, so the index holds it; a pre-release is counted too (asked with --pre)."""
+    from packaging.specifiers import SpecifierSet
+
+    assert doctor._matches(SpecifierSet("==0.4.0"), "0.4.0+cu128")
+    assert doctor._matches(SpecifierSet("==0.8.0rc1"), "0.8.0rc1")
+    assert not doctor._matches(SpecifierSet("==0.4.0"), "0.4.1")
+    assert not doctor._matches(SpecifierSet("==0.4.0"), "not a version")

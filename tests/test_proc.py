@@ -406,14 +406,20 @@ def _gone(pid: int) -> bool:
 
 def _family(marks: Path) -> str:
     """A child that records whether it leads a session of its own, starts one grandchild in
-    its group and one that leaves it (``setsid``, as a daemonising build step does), records
-    both pids, then hangs."""
+    its group, one that leaves it (``setsid``, as a daemonising build step does) and one in a
+    group of its own whose parent exits at once, records the three pids, then hangs."""
     return (
         "import os, subprocess, sys, time\n"
         f"marks = {str(marks)!r}\n"
         "same = subprocess.Popen(['sleep', '60'])\n"
         "away = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
-        "open(marks, 'w').write(f'{int(os.getsid(0) == os.getpid())} {same.pid} {away.pid}')\n"
+        # A command as ninja starts one (a process group of its own, in the session), left
+        # an orphan by its parent's exit: only the session still names it.
+        "sh = subprocess.run(['sh', '-c', 'sleep 60 >/dev/null 2>&1 & echo $!'],\n"
+        "                    process_group=0, capture_output=True, text=True)\n"
+        "orphan = int(sh.stdout)\n"
+        "open(marks, 'w').write(\n"
+        "    f'{int(os.getsid(0) == os.getpid())} {same.pid} {away.pid} {orphan}')\n"
         "print('started', flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -496,12 +502,12 @@ def test_a_deadline_ends_every_descendant(runner: str, tmp_path: Path) -> None:
     with pytest.raises(CommandFailed, match="timed out after 2 s"):
         _each_runner(tmp_path)[runner]([PY, "-c", _family(marks)])
     assert time.monotonic() - started < 2 + descendants.GRACE + 3
-    own_session, same, away = (int(x) for x in marks.read_text().split())
+    own_session, same, away, orphan = (int(x) for x in marks.read_text().split())
     try:
         assert own_session == 1
-        assert _gone(same) and _gone(away), (same, away)
+        assert _gone(same) and _gone(away) and _gone(orphan), (same, away, orphan)
     finally:
-        for pid in (same, away):
+        for pid in (same, away, orphan):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -523,10 +529,10 @@ def test_an_interrupt_ends_a_child_a_worker_thread_waits_for(tmp_path: Path) -> 
     thread = threading.Thread(target=worker)
     thread.start()
     deadline = time.monotonic() + 30
-    while not (marks.exists() and len(marks.read_text().split()) == 3):
+    while not (marks.exists() and len(marks.read_text().split()) == 4):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    _, same, away = (int(x) for x in marks.read_text().split())
+    _, same, away, _orphan = (int(x) for x in marks.read_text().split())
     try:
         assert descendants.end_all() == 1
         thread.join(timeout=10)
@@ -565,3 +571,32 @@ def test_a_sigterm_while_the_command_starts_is_said_as_an_interrupt(tmp_path: Pa
     out, err = child.communicate(timeout=30)
     assert child.returncode == 130, (out, err)
     assert err.splitlines()[-1].startswith("error: interrupted"), err
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_children_a_thread_pool_waits_on_before_it_joins(tmp_path: Path) -> None:
+    """A command's main (reporter.run_main) whose body waits in a thread pool on a worker that
+    waits on a child (a matrix cell, a lock's platforms): Ctrl-C ends the child and what it
+    started first, so the pool's exit, which joins its threads before any handler further out
+    runs, returns at once and the main says it was interrupted (130)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from builder.core import reporter
+
+    marks = tmp_path / "marks"
+
+    def body() -> int:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            running = pool.submit(proc.run, [PY, "-c", _family(marks)], timeout=120)
+            while not (marks.exists() and len(marks.read_text().split()) == 4):
+                time.sleep(0.05)
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            running.result()
+        return 0
+
+    started = time.monotonic()
+    code = reporter.run_main(body, reporter.silent())
+    assert code == 130 and time.monotonic() - started < 30
+    _, same, away, orphan = (int(x) for x in marks.read_text().split())
+    assert _gone(same) and _gone(away) and _gone(orphan)
+    assert signal.getsignal(signal.SIGINT) is not reporter._on_interrupt  # given back

@@ -85,3 +85,17 @@ def test_every_source_build_is_asked_for_cuda_and_deepspeed_for_its_accelerator(
     mine = recipes.variables(recipes.recipe_for("mmcv"), archs, jobs=1, nvcc_threads=1,
                              build_env=(("FORCE_CUDA", "0"),))  # fmt: skip
     assert mine["FORCE_CUDA"] == "0"
+
+
+def test_a_recipes_host_modules_are_not_judged(tmp_path: Path) -> None:
+    """DeepSpeed's CPU Adam is host code by design (its recipe's host_modules): a wheel of it
+    alone is no CPU build of a CUDA op; the same module in another package is."""
+    whl = wheel(tmp_path, {"deepspeed/ops/adam/cpu_adam_op.cpython-311-x86_64-linux-gnu.so":
+                           host_module()})  # fmt: skip
+    members = frozenset({"setup.py", "csrc/adam/multi_tensor_adam.cu"})
+    ds = wheelproof.judge(
+        "deepspeed", "0.19.8", whl, setup_py="", members=members, archs=[Arch.parse("12.0f")],
+        values={}, switch="DS_ACCELERATOR=cuda", scratch=tmp_path / "s",
+    )  # fmt: skip
+    assert ds is None
+    assert judge(whl, members=members) is not None  # "pkg": no recipe names it host code

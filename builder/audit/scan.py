@@ -50,6 +50,7 @@ from builder.core import cachefiles
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import UsageError
 from builder.core.paths import cache_dir
+from builder.env import recipes
 from builder.env.installproof import record_rows
 from builder.machine import fatbin
 from builder.machine.archs import Arch, code_runs_on
@@ -332,17 +333,18 @@ def built_without_cuda(found: Sequence[Binary], built: frozenset[str]) -> frozen
     """The extension modules of each package the env ``built`` from its sdist that link torch
     while no module of that package holds device code: a CUDA package's CPU build (its
     setup.py chose a CppExtension where the build saw no GPU, or DeepSpeed's cpu accelerator).
-    Judged as holding no code for each arch, never skipped as host code."""
+    Judged as holding no code for each arch, never skipped as host code; the modules a recipe
+    names as host code by design (DeepSpeed's CPU Adam) are not such a build."""
     by_package: dict[str, list[Binary]] = {}
     for b in found:
         if canonicalize_name(b.package) in built:
             by_package.setdefault(canonicalize_name(b.package), []).append(b)
     return frozenset(
         b.path
-        for modules in by_package.values()
+        for package, modules in by_package.items()
         if not any(m.scan.codes or m.scan.error for m in modules)
         for b in modules
-        if links_torch(b.scan)
+        if links_torch(b.scan) and not recipes.host_module(package, b.path.name)
     )
 
 

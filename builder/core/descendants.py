@@ -57,28 +57,33 @@ def end_all() -> int:
     return ended
 
 
-def tree(root: int) -> list[int]:
-    """``root``, every process below it and every process of its group (``root`` leads one),
-    as /proc shows them now; [root] where /proc cannot be read."""
+def tree(root: int, *, reaped: bool = False) -> list[int]:
+    """The processes of ``root``'s tree, as /proc shows them now: every process of its session
+    and of its group (``root`` leads both: proc._start; ninja puts each command in a group of
+    its own, in that session), ``root`` itself and every process below any of them (a
+    grandchild that left with ``setsid``, while its parent lives). ``reaped``: ``root`` was
+    waited for already, so its pid may be another process's now: only the session and group,
+    which keep its number from being reused while any member lives, and what is below them.
+    [root] (or [] when reaped) where /proc cannot be read."""
     below: dict[int, list[int]] = {}
-    group: list[int] = []
+    found: set[int] = set() if reaped else {root}
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
-        return [root]
+        return sorted(found)
     for name in entries:
         try:
             raw = Path(f"/proc/{name}/stat").read_bytes()
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
             fields = raw[raw.rindex(b")") + 2 :].split()
-            ppid, pgrp = int(fields[1]), int(fields[2])
+            ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not a process's stat
-        below.setdefault(ppid, []).append(int(name))
-        if pgrp == root:
-            group.append(int(name))
-    found = {root, *group}
-    todo = [root, *group]
+        pid = int(name)
+        below.setdefault(ppid, []).append(pid)
+        if pid != root and root in (pgrp, session):
+            found.add(pid)
+    todo = list(found)
     while todo:
         for pid in below.get(todo.pop(), []):
             if pid not in found:
@@ -125,6 +130,7 @@ class _Pinned:
                 return False
             fds = [fd for pid in left if (fd := self.fds[pid]) is not None]
             if len(fds) == len(left):
+                # poll, not select: a pidfd may be numbered past select's 1024.
                 poller = select.poll()
                 for fd in fds:
                     poller.register(fd, select.POLLIN)
@@ -135,7 +141,9 @@ class _Pinned:
     def _alive(self, pid: int) -> bool:
         fd = self.fds[pid]
         if fd is not None:  # readable once the process has exited
-            return not select.select([fd], [], [], 0)[0]
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return not poller.poll(0)
         try:
             raw = Path(f"/proc/{pid}/stat").read_bytes()
         except OSError:
@@ -150,17 +158,24 @@ class _Pinned:
 
 
 def end(child: subprocess.Popen[Any]) -> None:
-    """End ``child`` and every process of its tree and group (see the module's docstring), and
-    reap ``child``. Bounded: ``GRACE`` + ``GONE`` seconds at most."""
-    pinned = _Pinned(tree(child.pid))
+    """End ``child`` and every process of its tree, session and group (see the module's
+    docstring), and reap ``child``. Bounded: ``GRACE`` + ``GONE`` seconds, and ``GONE`` more
+    for a child that does not die even of SIGKILL (a process in uninterruptible sleep)."""
+    reaped = child.returncode is not None
+    pinned = _Pinned(tree(child.pid, reaped=reaped))
     try:
         pinned.signal(signal.SIGTERM)
-        if not pinned.wait(time.monotonic() + GRACE):
-            pinned.add(tree(child.pid))  # and what was started meanwhile
-            pinned.signal(signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            child.kill()  # a child /proc did not show (another platform): still ended
-        child.wait()
+        pinned.wait(time.monotonic() + GRACE)
+        # What was started meanwhile (a compile forked while /proc was read), and whatever
+        # did not end on SIGTERM: killed. The child is not reaped yet, so its pid, session
+        # and group are still its own.
+        pinned.add(tree(child.pid, reaped=reaped))
+        pinned.signal(signal.SIGKILL)
+        if not reaped:
+            with contextlib.suppress(OSError):
+                child.kill()  # a child /proc did not show (another platform): still ended
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=GONE)
         pinned.wait(time.monotonic() + GONE)
     finally:
         pinned.close()

@@ -48,9 +48,19 @@ def silent() -> Reporter:
     return Reporter(quiet=True)
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM becomes an exception so a build's cleanup runs (build.py), as for Ctrl-C.
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C, SIGTERM, SIGHUP (the terminal closed): every child cudaenv started, each in a
+    session of its own that no terminal signal reaches, is ended with what it started first
+    (core/descendants.py), then the signal becomes an exception so a build's cleanup runs
+    (build.py). Ending them here, not after the exception unwinds, matters where a worker
+    thread waits on a child: a thread pool's exit joins those threads before any handler
+    further out runs."""
+    descendants.end_all()
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+# The signals a command's main turns into an interrupt.
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 _HELD: list[int] = []
@@ -92,20 +102,30 @@ def flushed(code: int) -> int:
 
 
 def run_main(body: Callable[[], int], reporter: Reporter, *, debug: bool = False) -> int:
-    """A process's main (the CLI, a matrix cell): run ``body`` with SIGTERM turned into an
-    interrupt; an error becomes one ``error:`` line per problem on stderr and its exit code
+    """A process's main (the CLI, a matrix cell): run ``body`` with SIGINT, SIGTERM and SIGHUP
+    each ending cudaenv's children and then turned into an interrupt; an error becomes one ``error:`` line per problem on stderr and its exit code
     (with ``debug``, the traceback before it), an interrupt 130 and what it left; a reader of
     stdout that left early 141, however far the output got (:func:`flushed`)."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    # A signal the process was started ignoring stays ignored (`nohup` ignores SIGHUP, a
+    # shell's background job SIGINT), as a shell's own children keep it.
+    before = {
+        signum: signal.signal(signum, _on_interrupt)
+        for signum in _INTERRUPTS
+        if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         try:
             if _HELD:  # a SIGTERM while the command was starting
                 raise KeyboardInterrupt(f"signal {_HELD[0]}")
             code = body()
         finally:
-            # Interrupted (or failed) while a worker thread waits on a child: that child and
-            # everything it started end here, so the thread's wait returns.
+            # Failed while a worker thread waits on a child: that child and everything it
+            # started end here, so the thread's wait returns.
             descendants.end_all()
+            # A main called in a process that goes on (a test, a matrix cell's runner) gives
+            # the signals back as it found them.
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
     except CudaenvError as exc:
         if debug:  # the traceback too, and still the documented code: scripts branch on it
             traceback.print_exc(file=sys.stderr)

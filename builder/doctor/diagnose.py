@@ -18,6 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion
+
 from builder.core import proc, remote_cache, settings, variables
 from builder.core.errors import CudaenvError
 
@@ -128,7 +131,7 @@ def _asked_index(facts: Facts) -> Facts:
 
 def _index_holds(facts: Facts, name: str, version: str) -> bool | None:
     if "pip" in facts.dists:
-        argv = [facts.python, "-m", "pip", "index", "versions", name]
+        argv = [facts.python, "-m", "pip", "index", "versions", "--pre", name]
         env = None
     else:
         argv = [proc.uv_bin(), "pip", "install", "--dry-run", "--no-deps", "--python",
@@ -143,12 +146,21 @@ def _index_holds(facts: Facts, name: str, version: str) -> bool | None:
         listed = re.search(r"Available versions:\s*(.+)", said)
         if done.returncode != 0 or listed is None:
             return False if "No matching distribution" in said else None
-        return version in {v.strip() for v in listed.group(1).split(",")}
+        # As the fix's `==VERSION` matches: a release with a local label (0.4.0+cu128) too.
+        wanted = SpecifierSet(f"=={version}")
+        return any(_matches(wanted, v.strip()) for v in listed.group(1).split(",") if v.strip())
     if done.returncode == 0:
         return True
     if re.search(r"no version of|not found in the package registry|No solution found", said):
         return False
     return None
+
+
+def _matches(wanted: SpecifierSet, version: str) -> bool:
+    try:
+        return wanted.contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 # A verify report holds a few lines per check: a file larger than this is not one.

@@ -46,6 +46,9 @@ class Recipe:
     # The variable that makes its setup.py build for CUDA on a box without a GPU, as a
     # failed proof names it (builder/env/wheelproof.py).
     cuda_switch: str = "FORCE_CUDA=1"
+    # Its extension modules that are host code by design (fnmatch on the file name), which the
+    # proof of a CUDA build does not judge: DeepSpeed's CPU optimizers and async I/O.
+    host_modules: tuple[str, ...] = ()
 
 
 RECIPES: tuple[Recipe, ...] = (
@@ -79,6 +82,16 @@ RECIPES: tuple[Recipe, ...] = (
         "when set, else detected from torch (cpu where it sees no GPU, as on a build box); "
         "op_builder builds each DS_BUILD_<OP> for that accelerator",
         cuda_switch="DS_ACCELERATOR=cuda",
+        # op_builder: cpu_adam, cpu_adagrad, cpu_lion and the AIO ops build host code (ZeRO
+        # offload), whatever the accelerator.
+        host_modules=(
+            "cpu_adam_op*",
+            "cpu_adagrad_op*",
+            "cpu_lion_op*",
+            "async_io_op*",
+            "gds_op*",
+            "deepspeed_shm_comm_op*",
+        ),
     ),
     Recipe(
         name="fast-hadamard-transform",
@@ -88,6 +101,14 @@ RECIPES: tuple[Recipe, ...] = (
     ),
 )
 _BY_NAME = {r.name: r for r in RECIPES}
+
+
+def host_module(package: str, file_name: str) -> bool:
+    """Whether ``file_name`` (an extension module's base name) of ``package`` is host code by
+    design (its recipe's ``host_modules``), not a CUDA module built for the CPU."""
+    import fnmatch
+
+    return any(fnmatch.fnmatch(file_name, p) for p in recipe_for(package).host_modules)
 
 
 def recipe_for(name: str) -> Recipe:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import tempfile
 import time
 import urllib.parse
@@ -113,7 +114,7 @@ def _fetch(sdist: LockedFile, lock_dir: Path, dst: Path) -> str | None:
             return f"{scheme}: is not a URL cudaenv fetches"
         source = sdist.url
     elif sdist.path:
-        source = (lock_dir / sdist.path).as_uri()
+        source = (lock_dir / sdist.path).absolute().as_uri()  # a relative lock dir too
     else:
         return "the lock gives no URL or path"
     digest = hashlib.sha256()
@@ -132,7 +133,7 @@ def _fetch(sdist: LockedFile, lock_dir: Path, dst: Path) -> str | None:
                     return f"larger than {MAX_SDIST >> 20} MiB"
                 digest.update(chunk)
                 out.write(chunk)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         return f"{type(exc).__name__}: {exc}"
     if digest.hexdigest() != sdist.sha256:
         with contextlib.suppress(OSError):

@@ -13,7 +13,9 @@ then reads the result.
 
 A wheel with no extension module at all passes (nothing was compiled: DeepSpeed with no op
 prebuilt JIT-compiles its ops at run time), as does one some of whose modules are host code
-beside others that hold device code (a CPU helper next to the CUDA op).
+beside others that hold device code (a CPU helper next to the CUDA op), and the modules a
+recipe names as host code by design (DeepSpeed's CPU Adam) are not judged. Each arch of the
+spec must be held by some module, not by each: a package may build a module for some archs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.env import recipes
 from builder.machine import fatbin
 from builder.machine.archs import Arch, code_runs_on
 
@@ -100,7 +103,10 @@ def judge(
     why = cuda_build(setup_py, members)
     if why is None:
         return None
-    modules = extension_modules(wheel, scratch)
+    modules = [
+        m for m in extension_modules(wheel, scratch)
+        if not recipes.host_module(name, m.name.rsplit("/", 1)[-1])
+    ]  # fmt: skip
     if not modules:
         return None
     unread = [m for m in modules if m.error is not None]
@@ -118,14 +124,16 @@ def judge(
             f"({names}) hold no device code (its setup.py chose a CPU build; the build had "
             f"{told}); set {switch} in the spec's build-env, and nothing was kept"
         )
-    for module in with_code:
-        for arch in archs:
-            if not covers(module.codes, arch):
-                held = ", ".join(str(c) for c in module.codes)
-                return (
-                    f"{name} {version} was built without code for {arch}: "
-                    f"{module.name.rsplit('/', 1)[-1]} holds {held}; the build had "
-                    f"TORCH_CUDA_ARCH_LIST={values.get('TORCH_CUDA_ARCH_LIST', '(unset)')}; "
-                    "nothing was kept"
-                )
+    # Each arch by some module: a package may build one module for some archs only (an op
+    # for 9.0a alone, a kernel its setup.py filters to 8.0 and newer).
+    every = [c for m in with_code for c in m.codes]
+    for arch in archs:
+        if not covers(every, arch):
+            held = ", ".join(sorted({str(c) for c in every}))
+            return (
+                f"{name} {version} was built without code for {arch}: its extension modules "
+                f"hold {held}; the build had "
+                f"TORCH_CUDA_ARCH_LIST={values.get('TORCH_CUDA_ARCH_LIST', '(unset)')}; "
+                "nothing was kept"
+            )
     return None

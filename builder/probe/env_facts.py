@@ -246,8 +246,8 @@ def build_through_store(
             try:
                 marked = store.mark(entry, module_meta(spec, recipe))
             except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+                # Still a hit here; the store (read-only, say) just does not record it.
                 notes.append(f"the module was not marked as warm in the JIT store: {exc}")
-                hit = False
         kept = None
         if not hit and usable:
             try:

@@ -25,6 +25,8 @@ from typing import Any
 GRACE = 0.5
 PERIOD = 0.5
 LEAD_START = 60.0
+# How long tokens must stay missing, at every look, before ``Jobserver.recover`` writes them.
+LOST_AFTER = 1.0
 
 
 class Jobserver:
@@ -72,7 +74,8 @@ class Jobserver:
         self.lending = True  # off for good once a look at /proc has failed
         self.idle_before = 0
         self.free_seen = -1  # tokens in the FIFO at the last look
-        self.lost_before = 0  # tokens unaccounted for at the last look
+        self.lost_since: float | None = None  # when tokens were first seen missing
+        self.lost_least = 0  # the fewest missing at any look since
         self.lead_since = time.monotonic()  # the lead's start, once ``lead`` says it
         self.lead_running = threading.Event()
         self.opened = threading.Event()  # the other workers may take tokens
@@ -190,15 +193,22 @@ class Jobserver:
         out-of-memory kill): without them a worker waits for a slot that never comes back.
         Every token is in the FIFO, held by a worker, or held by a live ninja for a command it
         runs (at most one for each: ``running`` counts them), so what is missing beyond that
-        bound is lost; written again only when two looks running say so, not for the moment
-        between a worker's read and its count. The lock held."""
+        bound is lost; written again only when every look for ``LOST_AFTER`` seconds says so
+        (the fewest it found missing), never for the moment between a worker's read and its
+        count or a ninja's command ending and its token coming back. The lock held."""
         lost = self.slots + self.lent - self.held - free - sum(running.values())
-        if lost > 0 and self.lost_before > 0:
-            back = min(lost, self.lost_before)
-            os.write(self.fd, b"+" * back)
-            self.free_seen += back
-            lost = 0
-        self.lost_before = max(0, lost)
+        now = time.monotonic()
+        if lost <= 0:
+            self.lost_since, self.lost_least = None, 0
+            return
+        if self.lost_since is None:
+            self.lost_since, self.lost_least = now, lost
+            return
+        self.lost_least = min(self.lost_least, lost)
+        if now - self.lost_since >= LOST_AFTER:
+            os.write(self.fd, b"+" * self.lost_least)
+            self.free_seen += self.lost_least
+            self.lost_since, self.lost_least = None, 0
 
     def idle(self, running: dict[int, int], free: int) -> tuple[int, int]:
         """(slots held idle, loans wanted) for ``running`` (each ninja's commands) and

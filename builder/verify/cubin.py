@@ -92,6 +92,7 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
     from packaging.utils import canonicalize_name
 
     from builder.audit.scan import built_from_source, links_torch
+    from builder.env import recipes
     from builder.env.recordscan import shared_objects
     from builder.machine import fatbin
 
@@ -113,7 +114,12 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
             # None holds device code while one links torch: a CPU build of a CUDA package
             # (audit.scan.built_without_cuda), checked (and failed), never skipped.
             found.extend(
-                with_code or [(label, path) for label, path, read in modules if links_torch(read)]
+                with_code
+                or [
+                    (label, path)
+                    for label, path, read in modules
+                    if links_torch(read) and not recipes.host_module(name, path.name)
+                ]
             )
     return found
 
