@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from builder.core import proc
+from builder.core import context, proc
 from builder.core.cudaversion import CudaVersion
 from builder.machine import driver
 
@@ -307,6 +307,14 @@ def parse_gpu_query(stdout: str, fields: Sequence[str] = _QUERY) -> list[Gpu]:
 
 
 def visible_gpus() -> tuple[list[Gpu], str | None]:
+    """The GPUs this process can see, or (nothing, why not): asked once per command
+    (core/context.py), so a `build --verify` (the env's arch list, then the sampling check's
+    GPU) runs one ``nvidia-smi``. A copy of the list: a caller may change its own."""
+    gpus, why = context.once("visible-gpus", _visible_gpus)
+    return list(gpus), why
+
+
+def _visible_gpus() -> tuple[list[Gpu], str | None]:
     """The GPUs this process can see, or (nothing, why not). One ``nvidia-smi`` query; it
     honours ``CUDA_VISIBLE_DEVICES`` no more than the driver does, so callers that pin a GPU
     pass its index on. Whether there is a driver at all is ``driver.detect``'s answer, the

@@ -128,7 +128,15 @@ class Lock:
         return dirs.pop() if dirs else None
 
     def content_hash(self) -> str:
-        """Identifies exactly what gets installed (names, versions, file hashes)."""
+        """Identifies exactly what gets installed (names, versions, file hashes). Made once
+        per lock object (it is frozen): a build asks for it up to four times."""
+        made = self.__dict__.get("_content_hash")
+        if made is None:
+            made = self._content_hash()
+            object.__setattr__(self, "_content_hash", made)
+        return str(made)
+
+    def _content_hash(self) -> str:
         h = hashlib.sha256()
         for pkg in self.packages:
             h.update(f"{pkg.name}=={pkg.version};{','.join(sorted(pkg.hashes))}\n".encode())

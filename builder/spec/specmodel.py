@@ -97,11 +97,19 @@ class EnvSpec:
         return self.cuda_version.major
 
     def fingerprint(self) -> str:
-        """sha256 over what decides the resolution; a lock carries it (lock.py).
+        """sha256 over what decides the resolution; a lock carries it (lock.py). Made once
+        per spec object (it is frozen): a `build --verify` compares it three times.
 
         ``archs``, ``env``, ``verify`` and ``summary`` do not change what is installed, so
         editing them does not force a re-lock.
         """
+        made = self.__dict__.get("_fingerprint")
+        if made is None:
+            made = self._fingerprint()
+            object.__setattr__(self, "_fingerprint", made)
+        return str(made)
+
+    def _fingerprint(self) -> str:
         doc: dict[str, object] = {
             "python": self.python,
             "cuda": self.cuda,
