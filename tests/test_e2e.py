@@ -729,13 +729,24 @@ def test_what_verify_put_in_the_store_is_warm_for_every_reader(
     marks them, and pushes them: `store list SPEC` lists sampling, and a second node with an
     empty store of its own builds the env with both placed from the registry, nothing
     compiled by its verify."""
+    from builder.core import paths
+
     ws = default_env.parent.parent
-    remote = {"CUDAENV_JIT_REMOTE": registry.url, "CUDAENV_JIT_PUSH": "1"}
+    # A copy of the machine's store (its files linked): what this test marks, the later tests
+    # of this module, which expect an unmarked store (nothing prefetched), never see.
+    shared = paths.jit_store_dir()
+    assert shared is not None and shared.is_dir(), shared
+    mine = tmp_path / "store-a"
+    shutil.copytree(shared, mine, copy_function=os.link, symlinks=True)
+    here = {"CUDAENV_JIT_STORE": str(mine)}
+    remote = {**here, "CUDAENV_JIT_REMOTE": registry.url, "CUDAENV_JIT_PUSH": "1"}
     warm = cudaenv("warm", "envspecs/default.yaml", "--modules", "sampling", "topk_topp",
                    "--json", cwd=ws, env=remote)  # fmt: skip
     doc = json.loads(warm.stdout)
     assert (doc["built"], doc["warm"], doc["failed"], doc["pushed"]) == (0, 2, 0, 2), doc
-    listed = json.loads(cudaenv("store", "list", "envspecs/default.yaml", "--json", cwd=ws).stdout)
+    listed = json.loads(
+        cudaenv("store", "list", "envspecs/default.yaml", "--json", cwd=ws, env=here).stdout
+    )
     names = {e["module"]["name"] for e in listed["entries"] if e.get("module")}
     assert "sampling" in names, listed
     other = {**remote, "CUDAENV_JIT_STORE": str(tmp_path / "store-b"), "CUDAENV_JIT_PUSH": "0"}
