@@ -182,6 +182,23 @@ def alternate(
     return ta, tb
 
 
+def source_project(
+    root: Path, make_sdist: Callable[..., Path]
+) -> tuple[Path, Path, dict[str, str]]:
+    """A fresh project at ``root`` whose spec (SOURCE_SPEC) asks for the test sdist, served
+    from ``links/``: the sdist, the spec's path and the environment its commands get."""
+    rm(root)
+    sdist = make_sdist(root / "links")
+    (root / "pyproject.toml").write_text('[tool.cudaenv]\nlocks = "urls"\n')
+    spec_path = root / "envspecs" / "testext.yaml"
+    spec_path.parent.mkdir(parents=True)
+    spec_path.write_text(SOURCE_SPEC)
+    links = str(root / "links")
+    env = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    return sdist, spec_path, env
+
+
 def cudaenv(
     *args: str | os.PathLike[str], env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
@@ -684,16 +701,9 @@ class Bench:
         from tests.sdist_maker import NAME, make_sdist
 
         root = self.work / "source-proof"
-        rm(root)
-        sdist = make_sdist(root / "links")
-        (root / "pyproject.toml").write_text('[tool.cudaenv]\nlocks = "urls"\n')
-        spec_path = root / "envspecs" / "testext.yaml"
-        spec_path.parent.mkdir(parents=True)
-        spec_path.write_text(SOURCE_SPEC)
-        links = str(root / "links")
+        sdist, spec_path, base = source_project(root, make_sdist)
         store = root / "store"
-        env = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
-               "CUDAENV_JIT_STORE": str(store), "PYTHONPATH": str(REPO)}  # fmt: skip
+        env = {**base, "CUDAENV_JIT_STORE": str(store)}
         sh([sys.executable, "-m", "builder.cli", "lock", spec_path], env=env, cwd=root)
         started = time.perf_counter()
         sh([sys.executable, "-m", "builder.cli", "build", spec_path, "--env-dir", root / "env"],
@@ -822,15 +832,7 @@ class Bench:
         from tests.sdist_maker import NAME, make_sdist
 
         root = self.work / "source-build"
-        rm(root)
-        sdist = make_sdist(root / "links")
-        (root / "pyproject.toml").write_text('[tool.cudaenv]\nlocks = "urls"\n')
-        spec_path = root / "envspecs" / "testext.yaml"
-        spec_path.parent.mkdir(parents=True)
-        spec_path.write_text(SOURCE_SPEC)
-        links = str(root / "links")
-        base = {"UV_FIND_LINKS": links, "PIP_FIND_LINKS": links, "CUDAENV_JIT_REMOTE": "off",
-                "PYTHONPATH": str(REPO)}  # fmt: skip
+        sdist, spec_path, base = source_project(root, make_sdist)
 
         def ce(
             *args: str | Path, env: dict[str, str], cwd: Path = root
