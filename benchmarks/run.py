@@ -717,7 +717,7 @@ class Bench:
         for _ in range(5):
             t = time.perf_counter()
             why = wheelproof.judge(NAME, "0.1.0", wheel, setup_py=text, members=members,
-                                   archs=made.archs, values=values, switch="FORCE_CUDA=1",
+                                   archs=made.archs, values=values,
                                    scratch=root / "proof")  # fmt: skip
             times.append(time.perf_counter() - t)
             if why is not None:

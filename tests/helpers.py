@@ -54,6 +54,13 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def program(path: Path, body: str) -> Path:
+    """An executable shell script at ``path`` (a fake nvidia-smi, nvcc, ...)."""
+    write(path, "#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
 def cudaenv(
     *args: str,
     cwd: Path,

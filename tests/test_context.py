@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from builder.core import context
-from tests.helpers import ENVSPECS, lock_of
+from tests.helpers import ENVSPECS, lock_of, program
 
 
 def test_a_value_is_made_once_per_command_and_never_outlives_it() -> None:
@@ -59,11 +59,8 @@ def test_one_command_lists_the_gpus_once_and_hashes_its_spec_and_lock_once(
     from builder.spec import envspec, lock
 
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     asked = tmp_path / "asked"
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\necho "$@" >> {asked}\necho "0, NVIDIA H100, 9.0, [N/A]"\n')
-    smi.chmod(0o755)
+    program(bin_dir / "nvidia-smi", f'echo "$@" >> {asked}\necho "0, NVIDIA H100, 9.0, [N/A]"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setenv("CUDAENV_DRIVER_VERSION", "580.65.06")
     with context.command():

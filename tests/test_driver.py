@@ -28,7 +28,7 @@ from builder.doctor import diagnose as doctor
 from builder.doctor import rules as doctor_rules
 from builder.machine import archs, driver
 from builder.spec.envspec import EnvSpec, Toolchain
-from tests.helpers import cudaenv, lock_of, workspace, write
+from tests.helpers import cudaenv, lock_of, program, workspace, write
 
 CU130 = CudaVersion(major=13, minor=0)
 CU128 = CudaVersion(major=12, minor=8)
@@ -49,13 +49,6 @@ TOO_OLD = (
     "for CUDA 12.x (which it runs), install driver 580 or newer (or cuda-compat-13-0 on a "
     "datacenter GPU), or pass --no-driver-check"
 )
-
-
-def program(path: Path, body: str) -> Path:
-    """An executable shell script at ``path``."""
-    write(path, "#!/bin/sh\n" + body)
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture

@@ -23,16 +23,10 @@ import pytest
 from builder.machine import archs
 from builder.verify import flashinfer_jit, sampling
 from builder.verify.model import Target
-from tests.helpers import REPO, write
+from tests.helpers import REPO, program, write
 from tests.test_sampling import H200, Fakes, facts
 
 SCRIPT = REPO / ".ci" / "gpu-check.sh"
-
-
-def program(path: Path, body: str) -> Path:
-    write(path, "#!/bin/sh\n" + body)
-    path.chmod(0o755)
-    return path
 
 
 def gpu_check_module() -> ModuleType:

@@ -36,7 +36,7 @@ def judge(whl: Path, archs: str = "12.0f", members: frozenset[str] = CUDA_MEMBER
         "pkg", "0.1", whl, setup_py=setup_py, members=members,
         archs=[Arch.parse(a) for a in archs.split()],
         values=values or {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "12.0"},
-        switch="FORCE_CUDA=1", scratch=whl.parent / "scratch",
+        scratch=whl.parent / "scratch",
     )  # fmt: skip
 
 
@@ -95,7 +95,7 @@ def test_a_recipes_host_modules_are_not_judged(tmp_path: Path) -> None:
     members = frozenset({"setup.py", "csrc/adam/multi_tensor_adam.cu"})
     ds = wheelproof.judge(
         "deepspeed", "0.19.8", whl, setup_py="", members=members, archs=[Arch.parse("12.0f")],
-        values={}, switch="DS_ACCELERATOR=cuda", scratch=tmp_path / "s",
+        values={}, scratch=tmp_path / "s",
     )  # fmt: skip
     assert ds is None
     assert judge(whl, members=members) is not None  # "pkg": no recipe names it host code

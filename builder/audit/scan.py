@@ -50,7 +50,7 @@ from builder.core import cachefiles
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import UsageError
 from builder.core.paths import cache_dir
-from builder.env import recipes
+from builder.env import manifest, recipes
 from builder.env.installproof import record_rows
 from builder.machine import fatbin
 from builder.machine.archs import Arch, code_runs_on
@@ -324,11 +324,6 @@ def required_on(
     return need
 
 
-def links_torch(scan: fatbin.Scan) -> bool:
-    """Whether the ELF links torch's own libraries (an extension module built against it)."""
-    return any(name.startswith(("libc10", "libtorch")) for name in scan.needed)
-
-
 def built_without_cuda(found: Sequence[Binary], built: frozenset[str]) -> frozenset[Path]:
     """The extension modules of each package the env ``built`` from its sdist that link torch
     while no module of that package holds device code: a CUDA package's CPU build (its
@@ -344,7 +339,7 @@ def built_without_cuda(found: Sequence[Binary], built: frozenset[str]) -> frozen
         for package, modules in by_package.items()
         if not any(m.scan.codes or m.scan.error for m in modules)
         for b in modules
-        if links_torch(b.scan) and not recipes.host_module(package, b.path.name)
+        if b.scan.links_torch and not recipes.host_module(package, b.path.name)
     )
 
 
@@ -542,24 +537,13 @@ def run(
         archs=tuple(archs),
         driver_cuda=driver_cuda,
         binaries=tuple(found),
-        judgements=tuple(judge(found, archs, driver_cuda, built_from_source(env))),
+        judgements=tuple(judge(found, archs, driver_cuda, manifest.source_built(env))),
         linked=tuple(linked),
         other_majors=tuple(other_majors(env, major)) if major is not None else (),
         major=major,
         mapped=mapped,
         seconds=time.monotonic() - started,
     )
-
-
-def built_from_source(env: Path) -> frozenset[str]:
-    """The packages the env at ``env`` built from their sdists (its manifest), by canonical
-    name; none for an env cudaenv did not build."""
-    from builder.env import manifest
-
-    found = manifest.try_read(env)
-    if found is None:
-        return frozenset()
-    return frozenset(canonicalize_name(row[0]) for row in found.source_builds)
 
 
 def render(audit: Audit) -> str:

@@ -213,17 +213,11 @@ def lock_spec(
 def refuse_unbuildable(
     s: spec.EnvSpec, lk: lock.Lock, path: Path, reporter: Reporter, *, done: str
 ) -> None:
-    """BuildError in one line where a package the lock compiles at install cannot build,
-    known from its sdist before anything is installed (env/sdistcheck.py); ``done`` says what
-    was not done because of it."""
+    """`lock` and `plan`: sdistcheck.refuse for every platform of the lock at ``path``."""
     from builder.env import sdistcheck
 
-    why = sdistcheck.refusal(
-        sdistcheck.source_packages(lk), torch=lk.torch, nvcc=s.cuda, lock_dir=path.parent,
-        say=reporter,
-    )  # fmt: skip
-    if why is not None:
-        raise BuildError(f"{why}; {done}")
+    sdistcheck.refuse(lk.packages, torch=lk.torch, nvcc=s.cuda, lock_dir=path.parent,
+                      say=reporter, done=done)  # fmt: skip
 
 
 def current_lock(s: spec.EnvSpec, *, fresh: bool) -> tuple[lock.Lock, str]:

@@ -43,3 +43,18 @@ def once(key: Hashable, make: Callable[[], T]) -> T:
         values[key] = make()
     found: T = values[key]
     return found
+
+
+def kept_on(obj: object, name: str, make: Callable[[], T]) -> T:
+    """``make()``, made once per ``obj`` (a frozen dataclass) and kept in its ``__dict__``
+    under ``name``: not a field, so equality, hashing and ``dataclasses.replace`` (a new
+    object, made afresh) ignore it."""
+    found = obj.__dict__.get(name, _MISSING)
+    if found is _MISSING:
+        found = make()
+        object.__setattr__(obj, name, found)
+    made: T = found
+    return made
+
+
+_MISSING = object()

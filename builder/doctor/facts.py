@@ -141,23 +141,6 @@ class Facts:
             v = doc.get(key)
             return v if isinstance(v, dict) else {}
 
-        def homes(items: Any) -> tuple[CudaHome, ...]:
-            out = []
-            for c in items if isinstance(items, list) else []:
-                if isinstance(c, dict):
-                    out.append(
-                        CudaHome(
-                            source=str(c.get("source", "")),
-                            path=str(c.get("path", "")),
-                            nvcc=str(c.get("nvcc", "")),
-                            exists=bool(c.get("exists")),
-                            release=c.get("release"),
-                            error=c.get("error"),
-                            max_gcc=c.get("max_gcc") if isinstance(c.get("max_gcc"), int) else None,
-                        )
-                    )
-            return tuple(out)
-
         py, plat, torch, drv, jit, cxx = (
             sub(k) for k in ("python", "platform", "torch", "driver", "jit_cache", "host_compiler")
         )
@@ -187,8 +170,8 @@ class Facts:
             torch_cuda=torch.get("cuda"),
             torch_error=torch.get("error"),
             dists={str(k): str(v) for k, v in dists.items()} if isinstance(dists, dict) else {},
-            cuda_homes=homes(doc.get("cuda_homes")),
-            toolkits=homes(doc.get("toolkits")),
+            cuda_homes=_homes(doc.get("cuda_homes")),
+            toolkits=_homes(doc.get("toolkits")),
             driver=None if drv.get("version") is None else str(drv["version"]),
             driver_source=str(drv.get("source") or ""),
             driver_cuda=None if drv.get("cuda") is None else str(drv["cuda"]),
@@ -280,3 +263,22 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return codec.to_json(self)
+
+
+def _homes(items: Any) -> tuple[CudaHome, ...]:
+    """The probe's list of CUDA homes (each key may be missing), as CudaHome values."""
+    out = []
+    for c in items if isinstance(items, list) else []:
+        if isinstance(c, dict):
+            out.append(
+                CudaHome(
+                    source=str(c.get("source", "")),
+                    path=str(c.get("path", "")),
+                    nvcc=str(c.get("nvcc", "")),
+                    exists=bool(c.get("exists")),
+                    release=c.get("release"),
+                    error=c.get("error"),
+                    max_gcc=c.get("max_gcc") if isinstance(c.get("max_gcc"), int) else None,
+                )
+            )
+    return tuple(out)

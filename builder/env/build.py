@@ -74,9 +74,11 @@ def up_to_date(
     lock: Lock,
     env_archs: tuple[Arch, ...],
     platform: str | None = None,
+    say: Progress | None = None,
 ) -> Manifest | None:
     """The manifest of ``target`` when it was built from exactly this lock, spec and archs
-    (for ``platform``: assembled for that other machine)."""
+    (for ``platform``: assembled for that other machine), and, on this machine, still has
+    every locked package installed (:func:`_not_installed`; ``say`` hears what is not)."""
     found = manifest.try_read(target)
     if found is None:
         return None
@@ -93,7 +95,15 @@ def up_to_date(
         and found.remote_cache == spec.remote_cache
         and found.cudaenv == __version__
     )
-    return found if same else None
+    if not same:
+        return None
+    changed = _not_installed(target, spec, lock, found) if platform is None else None
+    if changed is not None:
+        (say or (lambda _m: None))(
+            f"{target} is not as it was built ({changed}): building it again"
+        )
+        return None
+    return found
 
 
 def _not_installed(target: Path, spec: EnvSpec, lock: Lock, found: Manifest) -> str | None:
@@ -207,15 +217,7 @@ def build(
         for path in clean_leftovers(target):
             progress(f"removed leftover {path}")
         env_archs = archs.env_archs(spec.archs, spec.cuda_version)
-        current = up_to_date(target, spec, lock, env_archs, platform)
-        changed = (
-            None
-            if current is None or platform is not None
-            else _not_installed(target, spec, lock, current)
-        )
-        if changed is not None:
-            progress(f"{target} is not as it was built ({changed}): building it again")
-            current = None
+        current = up_to_date(target, spec, lock, env_archs, platform, say=progress)
         if current is not None and not force:
             progress(
                 f"{target} is up to date with {lock_file.name} (lock {lock.content_hash()[:19]}...)"
@@ -224,12 +226,9 @@ def build(
         if platform is None and not source.offline:
             # What an sdist says of itself is said before uv installs anything (a release that
             # cannot build was refused only after the whole lock was installed).
-            why = sdistcheck.refusal(
-                sourcebuild.source_packages(lock.packages_on(platforms.host_name())),
-                torch=lock.torch, nvcc=spec.cuda, lock_dir=lock_file.parent, say=progress,
-            )  # fmt: skip
-            if why is not None:
-                raise BuildError(f"{why}; nothing was installed")
+            sdistcheck.refuse(lock.packages_on(platforms.host_name()), torch=lock.torch,
+                              nvcc=spec.cuda, lock_dir=lock_file.parent, say=progress,
+                              done="nothing was installed")  # fmt: skip
         interp = None
         if platform is None:
             t = time.monotonic()

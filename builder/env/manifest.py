@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from packaging.utils import canonicalize_name
+
 from builder.core.errors import ReportError
 from builder.core.proc import atomic_write_text
 from builder.formats import codec
@@ -86,6 +88,15 @@ def read(env_dir: Path) -> Manifest:
     except ValueError as exc:
         raise ReportError(f"{path}: the manifest is not JSON ({exc})") from exc
     return Manifest.from_json(doc, str(path))
+
+
+def source_built(env_dir: Path) -> frozenset[str]:
+    """The packages the env at ``env_dir`` built from their sdists (its manifest's
+    ``source_builds``), by canonical name; none for an env cudaenv did not build."""
+    found = try_read(env_dir)
+    if found is None:
+        return frozenset()
+    return frozenset(canonicalize_name(row[0]) for row in found.source_builds)
 
 
 def try_read(env_dir: Path) -> Manifest | None:

@@ -272,26 +272,45 @@ def compile_sdist(
             ) from exc
         finally:
             watch.stop()
+    return _built(
+        spec, name, version, done.returncode, work, (text, members), values,
+        nvcc=nvcc, log_path=log_path, target=target,
+    )  # fmt: skip
+
+
+def _built(
+    spec: EnvSpec,
+    name: str,
+    version: str,
+    returncode: int,
+    work: Path,
+    sdist_read: tuple[str, frozenset[str]],
+    values: dict[str, str],
+    *,
+    nvcc: str,
+    log_path: Path,
+    target: Path,
+) -> Path:
+    """The one wheel a build made, proven by what it holds (wheelproof.judge: a CUDA sdist
+    whose setup.py chose a CPU build on this GPU-less box is refused here, before anything is
+    stored or installed); else BuildError in one line with the first thing in the log to act
+    on, the build's log kept (:func:`_keep_log`)."""
     wheels = sorted((work / "wheel").glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        kept = _keep_log(log_path, target, name, version)
+    if returncode != 0 or len(wheels) != 1:
         first = buildlog.first_problem(
             log_path.read_text(encoding="utf-8", errors="replace").splitlines()
         )
-        raise BuildError(
-            f"{name} {version}: the source build with nvcc {nvcc} failed: "
-            f"{first or 'no wheel was made'}; the whole log: {kept}"
-        )
-    # "Built" is what the wheel holds: a CUDA sdist whose setup.py chose a CPU build (no GPU
-    # on this box) is refused here, before anything is stored or installed.
-    refused = wheelproof.judge(
-        name, version, wheels[0], setup_py=text, members=members, archs=spec.archs,
-        values=values, switch=recipes.recipe_for(name).cuda_switch, scratch=work / "proof",
-    )  # fmt: skip
-    if refused is not None:
-        kept = _keep_log(log_path, target, name, version)
-        raise BuildError(f"{refused}; the whole log: {kept}")
-    return wheels[0]
+        why = f"{name} {version}: the source build with nvcc {nvcc} failed: "
+        why += first or "no wheel was made"
+    else:
+        text, members = sdist_read
+        refused = wheelproof.judge(name, version, wheels[0], setup_py=text, members=members,
+                                   archs=spec.archs, values=values, scratch=work / "proof")  # fmt: skip
+        if refused is None:
+            return wheels[0]
+        why = refused
+    kept = _keep_log(log_path, target, name, version)
+    raise BuildError(f"{why}; the whole log: {kept}")
 
 
 def _archs_said(setup_py: str, nvcc: str, spec_archs: str) -> str:

@@ -24,8 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from builder.core import cachefiles
-from builder.env import recipes, setuppy
-from builder.spec.lockmodel import Lock, LockedFile, LockedPackage
+from builder.core.errors import BuildError
+from builder.env import recipes, setuppy, sourcebuild
+from builder.spec.lockmodel import LockedFile, LockedPackage
 
 # An sdist larger than this is not fetched to be read (flash-attn's is ~8 MB).
 MAX_SDIST = 512 << 20
@@ -36,13 +37,21 @@ _CHUNK = 1 << 20
 READ_VERSION = 1
 
 
-def source_packages(lk: Lock) -> list[LockedPackage]:
-    """Each package of ``lk`` that some platform installs from its sdist (no wheel), once."""
-    seen: dict[tuple[str, str], LockedPackage] = {}
-    for pkg in lk.packages:
-        if pkg.sdist is not None and not pkg.wheels:
-            seen.setdefault((pkg.name, pkg.version), pkg)
-    return list(seen.values())
+def refuse(
+    packages: Sequence[LockedPackage],
+    *,
+    torch: str | None,
+    nvcc: str | None,
+    lock_dir: Path,
+    say: Callable[[str], None],
+    done: str,
+) -> None:
+    """BuildError in one line where :func:`refusal` finds one; ``done`` says what was not done
+    because of it ("the lock was not written", "nothing was installed"). The one way `lock`,
+    `plan` and `build` refuse a release before installing it."""
+    why = refusal(packages, torch=torch, nvcc=nvcc, lock_dir=lock_dir, say=say)
+    if why is not None:
+        raise BuildError(f"{why}; {done}")
 
 
 def refusal(
@@ -53,12 +62,15 @@ def refusal(
     lock_dir: Path,
     say: Callable[[str], None],
 ) -> str | None:
-    """The first reason one of ``packages`` (each compiled at install) cannot build against
+    """The first reason one of ``packages`` compiled at install (sourcebuild.source_packages)
+    cannot build against
     torch ``torch`` and ``nvcc`` (the spec's CUDA), known from its sdist; None when none shows
     one. ``lock_dir``: where a lock's relative sdist paths start."""
-    for pkg in packages:
-        if pkg.sdist is None:
-            continue
+    seen: set[tuple[str, str]] = set()
+    for pkg in sourcebuild.source_packages(packages):
+        if pkg.sdist is None or (pkg.name, pkg.version) in seen:
+            continue  # one entry per platform of a lock: each sdist read once
+        seen.add((pkg.name, pkg.version))
         read = _read(pkg.sdist, lock_dir, say, f"{pkg.name} {pkg.version}")
         if read is None:
             continue

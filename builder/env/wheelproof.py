@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.env import recipes
+from builder.env.recordscan import is_shared_object
 from builder.machine import fatbin
 from builder.machine.archs import Arch, code_runs_on
 
@@ -65,8 +66,7 @@ def extension_modules(wheel: Path, scratch: Path) -> list[Module]:
     copy = scratch / "module.so"
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
-            base = info.filename.rsplit("/", 1)[-1]
-            if info.is_dir() or not (base.endswith(".so") or ".so." in base):
+            if info.is_dir() or not is_shared_object(info.filename):
                 continue
             if info.file_size > MODULE_LIMIT:
                 found.append(Module(name=info.filename, codes=(), error="too large to read"))
@@ -94,12 +94,11 @@ def judge(
     members: frozenset[str],
     archs: Sequence[Arch],
     values: Mapping[str, str],
-    switch: str,
     scratch: Path,
 ) -> str | None:
     """The one line that fails the build of ``name`` ``version`` from what its ``wheel`` holds,
     or None when it holds what the spec asked for. ``values``: the variables the build got;
-    ``switch``: the package's own switch for a CUDA build (its recipe's), said in the line."""
+    the line names the package's own switch for a CUDA build (its recipe's ``cuda_switch``)."""
     why = cuda_build(setup_py, members)
     if why is None:
         return None
@@ -119,6 +118,7 @@ def judge(
     if not with_code:
         names = ", ".join(m.name.rsplit("/", 1)[-1] for m in modules[:3])
         told = f"FORCE_CUDA={values.get('FORCE_CUDA', '(unset)')}"
+        switch = recipes.recipe_for(name).cuda_switch
         return (
             f"{name} {version} was built without CUDA: {why}, and its extension module(s) "
             f"({names}) hold no device code (its setup.py chose a CPU build; the build had "

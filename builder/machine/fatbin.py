@@ -102,6 +102,11 @@ class Scan:
     machine: int | None  # e_machine: 62 x86_64, 183 aarch64
     error: str | None
 
+    @property
+    def links_torch(self) -> bool:
+        """Whether the ELF links torch's own libraries (an extension module built against it)."""
+        return any(name.startswith(("libc10", "libtorch")) for name in self.needed)
+
     def to_json(self) -> dict[str, object]:
         """What a scan cache keeps (the path is the cache's key, not stored)."""
         return {

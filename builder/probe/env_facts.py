@@ -227,7 +227,7 @@ def build_through_store(
     notes: list[str] = []
     entry = None
     usable = True
-    marked = False
+    marked = False  # a hit on an entry made without its module: recorded now (mark_warm)
     try:
         if not compiled:
             try:
@@ -241,13 +241,7 @@ def build_through_store(
         # A hit is an entry placed and nothing compiled after it: ninja's log says so.
         hit = entry is not None and not ran
         if hit and entry is not None and recipe is not None:
-            # A warm's module found in an entry another command made (verify, a server's
-            # first start): marked, so it is warm for `store list`, prefetch and push too.
-            try:
-                marked = store.mark(entry, module_meta(spec, recipe))
-            except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
-                # Still a hit here; the store (read-only, say) just does not record it.
-                notes.append(f"the module was not marked as warm in the JIT store: {exc}")
+            marked = mark_warm(store, entry, module_meta(spec, recipe), notes)
         kept = None
         if not hit and usable:
             try:
@@ -281,6 +275,18 @@ def build_through_store(
     if used is not None:
         out["entry"] = str(used.relative_to(store.root))
     return out
+
+
+def mark_warm(store: Any, entry: Any, module: dict[str, object], notes: list[str]) -> bool:
+    """A warm's module found in an entry another command made (verify, a server's first
+    start) recorded in it, so that it is warm for `store list`, prefetch and push too; True
+    when it was recorded now. A store that cannot record it (read-only) costs a note: it is
+    still a hit here."""
+    try:
+        return bool(store.mark(entry, module))
+    except (jit_store.StoreError, jit_store.EntryError, OSError) as exc:
+        notes.append(f"the module was not marked as warm in the JIT store: {exc}")
+        return False
 
 
 def share(action: str, key: str, arg: str, notes: list[str]) -> bool:

@@ -13,7 +13,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import ClassVar
 
-from builder.core import indexview
+from builder.core import context, indexview
 from builder.core.errors import BuildError
 from builder.formats import codec
 
@@ -130,11 +130,7 @@ class Lock:
     def content_hash(self) -> str:
         """Identifies exactly what gets installed (names, versions, file hashes). Made once
         per lock object (it is frozen): a build asks for it up to four times."""
-        made = self.__dict__.get("_content_hash")
-        if made is None:
-            made = self._content_hash()
-            object.__setattr__(self, "_content_hash", made)
-        return str(made)
+        return context.kept_on(self, "content_hash()", self._content_hash)
 
     def _content_hash(self) -> str:
         h = hashlib.sha256()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from builder.core import context
 from builder.core import platforms as platforms_mod
 from builder.core import remote_cache as remote_cache_mod
 from builder.core.cudaversion import CudaVersion
@@ -103,11 +104,7 @@ class EnvSpec:
         ``archs``, ``env``, ``verify`` and ``summary`` do not change what is installed, so
         editing them does not force a re-lock.
         """
-        made = self.__dict__.get("_fingerprint")
-        if made is None:
-            made = self._fingerprint()
-            object.__setattr__(self, "_fingerprint", made)
-        return str(made)
+        return context.kept_on(self, "fingerprint()", self._fingerprint)
 
     def _fingerprint(self) -> str:
         doc: dict[str, object] = {

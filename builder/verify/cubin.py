@@ -91,12 +91,11 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
         return []
     from packaging.utils import canonicalize_name
 
-    from builder.audit.scan import built_from_source, links_torch
-    from builder.env import recipes
+    from builder.env import manifest, recipes
     from builder.env.recordscan import shared_objects
     from builder.machine import fatbin
 
-    built = built_from_source(env)
+    built = manifest.source_built(env)
     found: list[tuple[str, Path]] = []
     for site in sorted(env.glob("lib/python3*/site-packages")) if built else []:
         for info in sorted(site.glob("*.dist-info")):
@@ -118,7 +117,7 @@ def built_extensions(env: Path | None) -> list[tuple[str, Path]]:
                 or [
                     (label, path)
                     for label, path, read in modules
-                    if links_torch(read) and not recipes.host_module(name, path.name)
+                    if read.links_torch and not recipes.host_module(name, path.name)
                 ]
             )
     return found
