@@ -44,6 +44,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_jit_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The JIT store of this test session, one for every xdist worker (a directory under the
+    session's base temp, which each worker's is in), never the user's: what a store holds
+    changes what a build does (a module a warm marked is prefetched into each new env), so a
+    suite run where an earlier run, a bench or a developer left marks behaved otherwise than
+    on a fresh machine. Measured: CI on a machine whose ~/.cache/cudaenv held a sampling
+    module marked by an earlier run failed four tests that pass on an empty one. Session
+    scope: made before any module fixture builds an env. Offline tests have a store of their
+    own under :func:`own_cache_dir`."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDAENV_JIT_STORE", str(root / "jit-store"))
+        yield root / "jit-store"
+
+
 @pytest.fixture(autouse=True)
 def own_cache_dir(
     request: pytest.FixtureRequest,
@@ -53,8 +70,9 @@ def own_cache_dir(
     """A fresh, empty cudaenv cache (builder.core.paths.cache_dir) for each offline test, so a unit
     test neither writes to the user's ~/.cache/cudaenv nor passes thanks to what is in it.
     Children started by the test inherit it through the environment. network and e2e tests
-    keep the real cache: its channel pins and resolutions save minutes, and resolve against
-    the committed locks' index view (CUDAENV_EXCLUDE_NEWER)."""
+    keep the real cache (its channel pins and resolutions save minutes) but not its JIT store
+    (:func:`session_jit_store`), and resolve against the committed locks' index view
+    (CUDAENV_EXCLUDE_NEWER)."""
     if any(request.node.get_closest_marker(m) for m in ("network", "e2e")):
         # A resolution that keeps no view of its own (a new lock, init) sees the index as the
         # committed locks saw it: what the index publishes tomorrow changes no answer.
@@ -63,6 +81,9 @@ def own_cache_dir(
         monkeypatch.setenv("CUDAENV_EXCLUDE_NEWER", index_view())
         return
     monkeypatch.setenv("CUDAENV_CACHE_DIR", str(tmp_path_factory.mktemp("cudaenv-cache")))
+    monkeypatch.delenv(
+        "CUDAENV_JIT_STORE", raising=False
+    )  # the store in that cache, fresh as the rest
 
 
 @pytest.fixture

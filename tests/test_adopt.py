@@ -380,6 +380,38 @@ def test_undo_gives_back_every_shells_activation_script(tmp_path: Path, old_jour
         )
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_undo_removes_what_adopt_added_under_var_of_every_kind(
+    tmp_path: Path, existed: bool
+) -> None:
+    """What an adopt (or its prefetch, or a verify after it) added under var/ goes at undo,
+    whatever its kind: a directory (FlashInfer's cache), a file (the prefetch's record,
+    var/cudaenv-prefetched.json) and a link (removed, what it points to left); what was there
+    before stays, and a var/ the env did not have goes too."""
+    venv = tmp_path / "venv"
+    proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(venv)])
+    var = venv / "var"
+    outside = tmp_path / "outside"
+    write(outside / "data", "not the env's")
+    if existed:
+        write(var / "keep" / "mine", "the user's")
+    journal = a_journal(
+        before=None, activation=(), var_before=("var/keep",) if existed else (), var_existed=existed
+    )
+    adopt_journal.write_journal(venv, journal)
+    write(var / "flashinfer" / ".cache" / "sampling.so", "a module")
+    write(var / "cudaenv-prefetched.json", "[]\n")
+    (var / "link").symlink_to(outside, target_is_directory=True)
+    adopt_journal.undo(venv, venv / "bin" / "python", lambda _: None)
+    if existed:
+        assert sorted(p.name for p in var.iterdir()) == ["keep"]
+        assert (var / "keep" / "mine").read_text() == "the user's"
+    else:
+        assert not var.exists() and not var.is_symlink()
+    assert (outside / "data").read_text() == "not the env's"
+    assert adopt_journal.read_journal(venv) is None
+
+
 # --------------------------------------------------------------------------- the journal
 
 

@@ -343,3 +343,14 @@ def test_a_linked_audit_directory_gets_no_scans(
     scans.dirty = True
     scans.save()
     assert list(root_only.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_no_test_reads_or_writes_the_users_jit_store(session_jit_store: Path) -> None:
+    """The tests that keep the user's cache (network, e2e: its resolutions save minutes) still
+    use a JIT store of this session's own (conftest's session_jit_store): what a store holds
+    changes what a build does (a marked module is prefetched), so a developer's or an earlier
+    run's marks would make the suite pass or fail by the machine it runs on."""
+    assert paths.jit_store_dir() == session_jit_store
+    assert not session_jit_store.is_relative_to(cache_dir())
+    assert os.environ["CUDAENV_JIT_STORE"] == str(session_jit_store)  # children inherit it

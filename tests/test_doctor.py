@@ -342,6 +342,17 @@ def test_jit_cache_of_another_toolkit_and_version(env: FakeEnv, tmp_path: Path) 
     assert "flashinfer#3229" in findings[0].cause
     assert findings[0].fix[0] == f"rm -rf {cache}/0.7.2"
     assert codes(findings, doctor.WARNING) == ["old-jit-cache"]
+    # Each printed command run as a user runs it (a shell): the finding it fixes is gone, and
+    # what the other finding is about is still there until its own command runs.
+    for code in ("stale-jit-cache", "old-jit-cache"):
+        (found,) = [f for f in findings if f.code == code]
+        for command in found.fix[:1] if code == "stale-jit-cache" else found.fix:
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (command, done.stderr)
+        findings, _ = run(env)
+        assert code not in codes(findings), findings
+    assert problems(findings) == []
+    assert cache.is_dir()  # the cache itself stays
 
 
 def test_host_compiler_newer_than_nvcc_accepts(

@@ -18,6 +18,8 @@ RUN_BY_A_TEST = {
         "tests/test_doctor.py",
         "test_the_companion_fix_names_what_the_index_holds_and_running_it_clears_the_finding",
     ),
+    "stale-jit-cache": ("tests/test_doctor.py", "test_jit_cache_of_another_toolkit_and_version"),
+    "old-jit-cache": ("tests/test_doctor.py", "test_jit_cache_of_another_toolkit_and_version"),
 }
 # Findings whose fix prints a command (an install, a removal, `cudaenv adopt`/`build`, an
 # export) that no test runs yet, end to end, on a real env showing the finding.
@@ -27,9 +29,9 @@ NOT_YET_RUN = frozenset({
     "sm12x-nvcc-too-old", "nvcc-broken", "no-nvcc", "jit-toolkit-mismatch",
     "glibc-too-new-for-cuda", "no-host-compiler", "host-compiler-unsupported",
     "nvjitlink-too-old", "mixed-toolkit-minors", "multiple-cuda-majors", "driver-too-old",
-    "stale-jit-cache", "cache-outside-env", "activation-unwired", "env-drift",
+    "cache-outside-env", "activation-unwired", "env-drift",
     "remote-cache-auth", "remote-cache-unwired", "remote-cache-down", "gpu-arch-missing",
-    "old-jit-cache", "extension-ptx-newer-than-torch", "last-verify-failed",
+    "extension-ptx-newer-than-torch", "last-verify-failed",
 })  # fmt: skip
 # Findings that print no command: a fact (no driver here, the remote cache answers) or a
 # report of cudaenv's own bug.

@@ -732,8 +732,8 @@ def test_what_verify_put_in_the_store_is_warm_for_every_reader(
     from builder.core import paths
 
     ws = default_env.parent.parent
-    # A copy of the machine's store (its files linked): what this test marks, the later tests
-    # of this module, which expect an unmarked store (nothing prefetched), never see.
+    # A copy of the session's store (its files linked; conftest's session_jit_store): what this
+    # test marks, the later tests, which expect an unmarked store (nothing prefetched), never see.
     shared = paths.jit_store_dir()
     assert shared is not None and shared.is_dir(), shared
     mine = tmp_path / "store-a"
@@ -843,7 +843,7 @@ def test_a_second_node_reuses_the_compiles_a_first_node_pushed_to_a_registry(
             cudaenv("build", "envspecs/default.yaml", "--env-dir", str(env_dir), cwd=ws)
         env = {"CUDAENV_JIT_STORE": str(tmp_path / store), **remote, **extra}
         if store == "node-a":
-            env.pop("CUDAENV_JIT_STORE")  # the machine's own store, warm from the main job
+            env.pop("CUDAENV_JIT_STORE")  # the session's store, warm from the tests before
         cudaenv("verify", "envspecs/default.yaml", "--env-dir", str(env_dir), "--checks",
                 which, "--report", str(report), cwd=ws, env=env)  # fmt: skip
         got = {c["name"]: c for c in json.loads(report.read_text())["checks"]}

@@ -460,7 +460,9 @@ def _undo(prefix: Path, python: Path, journal: Journal, progress: Progress) -> l
     if var.is_dir():
         for child in sorted(var.iterdir()):
             if str(child.relative_to(prefix)) not in kept:
-                shutil.rmtree(child, ignore_errors=True)
+                # Of any kind: a directory (FlashInfer's cache), a file (what the prefetch
+                # judged) or a link; one that stays is said, the journal kept for a rerun.
+                proc.delete(child)
     if not journal.var_existed and var.is_dir() and not any(var.iterdir()):
         var.rmdir()
     for tmp in atomic_leftovers(prefix):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from builder.core import descendants, settings
-from builder.core.errors import CommandFailed, ToolMissing
+from builder.core.errors import CommandFailed, CudaenvError, ToolMissing
 from builder.core.owners import planted_why, refused
 
 __all__ = [
@@ -460,6 +460,22 @@ def atomic_write_text(path: Path, text: str) -> Path:
             Path(tmp).unlink()
         raise
     return path
+
+
+def delete(path: Path) -> None:
+    """Delete what cudaenv made at ``path``, whatever its kind: a link or a file unlinked
+    (whatever a link points to is left), a directory whole without following a link inside it
+    (shutil.rmtree's own rule). CudaenvError where any of it is still there: an undo or a
+    clean-up that left a file behind says so (``shutil.rmtree(file, ignore_errors=True)``
+    leaves a file in silence, which is how an adopt's undo once kept a file its prefetch
+    wrote, and the env's ``var/`` with it)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    if path.is_symlink() or path.exists():
+        raise CudaenvError(f"{path}: could not delete all of it (permissions?); delete it by hand")
 
 
 def replace_process(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:

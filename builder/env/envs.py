@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,19 +255,6 @@ def _leftover(name: str) -> re.Pattern[str]:
     return re.compile(rf"\.{re.escape(name)}\.(old-[0-9]+|tmp-[0-9]+-[A-Za-z0-9_]+)")
 
 
-def _delete(path: Path) -> None:
-    """Delete ``path``: a link or a file by unlinking it (whatever it points to is left), a
-    directory whole without following any link inside it (shutil.rmtree's own rule)."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-        if path.exists():
-            raise CudaenvError(
-                f"{path}: could not delete all of it (permissions?); delete it by hand"
-            )
-
-
 def remove(path: Path) -> str:
     """Delete the env at ``path`` (from :func:`resolve`) whole, waiting for a build of it to
     finish first, with what killed builds of it left and its lock file; returns what was done.
@@ -288,14 +274,14 @@ def remove(path: Path) -> str:
         elif path.is_dir():
             aside = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.rename(path, aside)
-            _delete(aside)
+            proc.delete(aside)
             done = f"removed {shown(str(path))}"
         else:  # another remove got here first, while this one waited for the lock
             done = f"{shown(str(path))} was removed already"
         pattern = _leftover(path.name)
         for entry in path.parent.iterdir():
             if pattern.fullmatch(entry.name):
-                _delete(entry)
+                proc.delete(entry)
         # Unlinked while still held: place.env_lock takes the lock again on the file now at
         # the path when the one it waited on was deleted.
         flock_path.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from builder.core import proc
 from builder.core.errors import BuildError, EnvBusy
 from builder.store.locking import flock_within
 
@@ -63,7 +64,7 @@ def clean_leftovers(target: Path) -> list[Path]:
     removed = []
     for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
         for path in target.parent.glob(pattern):
-            shutil.rmtree(path, ignore_errors=True)
+            proc.delete(path)
             removed.append(path)
     return removed
 
