@@ -285,9 +285,13 @@ def test_checks_run_cheapest_first_whatever_order_they_are_asked_in() -> None:
     assert stages == sorted(stages)
 
 
-def test_a_failed_cheap_check_leaves_the_jit_not_run(venv: Path, tmp_path: Path) -> None:
-    """The imports fail: FlashInfer's JIT (minutes) is never started, and the checks that
-    were not run say so; they never say passed."""
+def test_failed_imports_stop_what_comes_after_and_the_next_run_waits_for_them(
+    venv: Path, tmp_path: Path
+) -> None:
+    """The imports fail. The compiles ran beside them (the imports had never failed here), so
+    each says its own verdict; cubin and the GPU check, which wait for the imports, are not
+    run and say so, never passed. The next verify of the env, whose imports failed last time,
+    lets the compiles wait for them: FlashInfer's JIT (minutes) is never started."""
     install(venv, "sglang", "0.5.2", sglang_files(init="import pybase64\n"))
     said: list[str] = []
     target = target_of(venv, tmp_path, ("sglang",))
@@ -300,6 +304,15 @@ def test_a_failed_cheap_check_leaves_the_jit_not_run(venv: Path, tmp_path: Path)
         "cubin",
         "sampling",
     ]
+    assert results[0].status == FAILED
+    for r in results[1:3]:
+        assert not r.summary.startswith("not run"), r
+    for r in results[3:]:
+        assert r.status == SKIPPED
+        assert r.summary == "not run: imports failed (`--keep-going` runs it anyway)"
+    assert any("JIT-building" in line for line in said)
+    said.clear()
+    _, results = verify.run_checks(target, names, said.append)
     assert results[0].status == FAILED
     for r in results[1:]:
         assert r.status == SKIPPED
@@ -323,7 +336,7 @@ def test_a_failed_toolchain_leaves_the_compiles_and_the_gpu_not_run(
     assert got["imports"] == (SKIPPED, "nothing to import: the spec asks for no package")
     for name in ("kernel-compile", "flashinfer-jit", "sampling"):
         assert got[name] == (SKIPPED, "not run: toolchain failed (`--keep-going` runs it anyway)")
-    assert said[-1] == "sampling: not run (toolchain failed)"
+    assert "sampling: not run (toolchain failed)" in said
     assert not any("JIT-building" in line for line in said)
 
 
@@ -346,8 +359,15 @@ def test_verify_exits_5_naming_pybase64_and_the_checks_not_run(venv: Path, tmp_p
     )  # fmt: skip
     assert done.returncode == 5, done.stderr
     assert "No module named 'pybase64'" in done.stdout
-    assert "not run: imports failed" in done.stdout
     assert "PASSED" not in done.stdout
+    # The imports failed last time: now the JIT waits for them, and is not run.
+    again = cudaenv(
+        "verify", "--python", str(venv), "--checks", "flashinfer-jit,imports",
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert again.returncode == 5, again.stderr
+    assert "not run: imports failed" in again.stdout
+    assert "PASSED" not in again.stdout
 
 
 # --------------------------------------------------------------------------- Ctrl-C

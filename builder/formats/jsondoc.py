@@ -129,6 +129,10 @@ class Reader:
             return default
         return float(value)
 
+    def opt_num(self, key: str) -> float | None:
+        value = self._get(key, (int, float), "a number", required=False)
+        return None if value is None else float(value)
+
     def items(self, key: str, *, required: bool = True) -> list[Any]:
         value = self._get(key, list, "a list", required=required)
         return list(value) if value is not None else []

@@ -18,11 +18,14 @@ order = run order; :data:`CHECKS` here is that tuple), to :data:`STAGES` and to
 :func:`registry`, and give it a test that shows it failing on a broken input. A test keeps
 the names and the registry equal.
 
-The checks run cheapest first, whatever order a spec lists them in: those that only read the
-env (seconds), then those that compile (FlashInfer's JIT: minutes), then those that need a
-GPU. A check that fails stops every later stage (its checks say ``skipped``, "not run: X
-failed"): an env whose packages do not import is not worth ten minutes of JIT. ``--keep-going``
-runs them anyway.
+The checks run at once where their inputs allow (:func:`waits_for`), on a pool as wide as the
+machine's cores: the imports (a minute of one core of Python) beside cudaenv's kernel and
+FlashInfer's JIT (minutes of nvcc), which wait only for the toolchain and binaries checks.
+On the README's main job (2 cores) the checks took 226 s one after another, against a bound of
+about 145 s with both cores busy. A check that fails leaves what waits for it not run (its
+checks say ``skipped``, "not run: X failed"); a check that ran beside it keeps its result.
+Where the imports failed last time the compiles wait for them: an env whose packages do not
+import is not worth ten minutes of JIT. ``--keep-going`` runs everything anyway.
 """
 
 from __future__ import annotations
@@ -161,16 +164,18 @@ HEARTBEAT_SECONDS: float | None = None
 
 
 @contextlib.contextmanager
-def heartbeat(progress: Callable[[str], None], what: str) -> Iterator[None]:
-    """Say ``what`` with the elapsed time every :data:`HEARTBEAT_SECONDS` until the block
-    ends: a step that takes minutes is not mistaken for a hang."""
+def heartbeat(progress: Callable[[str], None], what: str | Callable[[], str]) -> Iterator[None]:
+    """Say ``what`` (or what it returns each time: the checks running now) with the elapsed
+    time every :data:`HEARTBEAT_SECONDS` until the block ends: a step that takes minutes is
+    not mistaken for a hang."""
     done = threading.Event()
     started = time.monotonic()
     every = HEARTBEAT_SECONDS or settings.current().heartbeat_seconds
 
     def beat() -> None:
         while not done.wait(every):
-            progress(f"{what} ({time.monotonic() - started:.0f} s)")
+            said = what() if callable(what) else what
+            progress(f"{said} ({time.monotonic() - started:.0f} s)")
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
@@ -200,9 +205,11 @@ def not_run(name: str, failed: str) -> CheckResult:
 def run_checks(
     target: Target, names: Sequence[str], progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[EnvFacts, list[CheckResult]]:
-    """Run ``names`` cheapest first (:data:`CHECKS` order); a failure leaves the checks of
-    later stages not run unless ``target.keep_going``. FlashInfer's JIT (in the probe) waits
-    until the checks that only read the env have passed."""
+    """Run ``names``, at once where their inputs allow (:func:`waits_for`), the results in
+    :data:`CHECKS` order; a failure leaves the checks that wait for it not run unless
+    ``target.keep_going``. The imports check runs beside the compiles, which wait only for
+    the toolchain and binaries checks (seconds); FlashInfer's JIT (in a second probe) starts
+    as soon as those passed, unless the imports failed last time (then it waits for them)."""
     checks = registry()
     unknown = [n for n in names if n not in checks]
     if unknown:
@@ -220,28 +227,136 @@ def run_checks(
         not cheap or (bool(kept) and all(recorded.passed_last(target, n) for n in kept))
     )
     facts = probe_with_progress(target, progress, jit=jit_done)
-    results: list[CheckResult] = []
-    first_failed: CheckResult | None = None
-    for name in order:
-        if (
-            first_failed is not None
-            and not target.keep_going
-            and STAGE_ORDER.index(STAGES[name]) > STAGE_ORDER.index(STAGES[first_failed.name])
-        ):
-            results.append(not_run(name, first_failed.name))
-            progress(f"{name}: not run ({first_failed.name} failed)")
-            continue
-        if name == "flashinfer-jit" and not jit_done:
-            facts = probe_with_progress(target, progress, jit=True)
-            jit_done = True
-        with heartbeat(progress, f"still checking {name}"):
-            result = run_recorded(name, checks[name], target, facts)
-        # The results are printed once, in the summary; this only says how far verify got.
-        progress(f"checked {name} ({result.seconds:.1f} s)")
-        results.append(result)
-        if result.status == FAILED and first_failed is None:
-            first_failed = result
-    return facts, results
+    doubted = frozenset(n for n in kept if recorded.failed_last(target, n))
+    run = _Run(target, checks, order, facts, progress, jit_done=jit_done, doubted=doubted)
+    return run.go()
+
+
+def waits_for(name: str, order: Sequence[str], doubted: frozenset[str] = frozenset()) -> list[str]:
+    """The checks of ``order`` that ``name`` starts after (one of an earlier stage that failed
+    leaves it not run): the compiles wait for the toolchain and the binaries checks (what they compile
+    with) and for a ``doubted`` check (one that failed last time: a failure is likely again,
+    and the compiles cost minutes), not for the imports (one core of Python, a minute) that
+    run beside them; cubin reads what both compiles made, after every check that reads the
+    env; the GPU checks wait for all."""
+    before = order[: order.index(name)]
+    stage = STAGES[name]
+    if stage == READS:
+        return []
+    if name in ("kernel-compile", "flashinfer-jit"):
+        return [n for n in before if STAGES[n] == READS and (n != "imports" or n in doubted)]
+    return list(before)
+
+
+# Which check starts first when several may and the pool is full: the longest (measured on
+# the README's main job, 2 cores: FlashInfer's JIT 124 s, the imports 75 s, cudaenv's kernel
+# 14 s, the toolchain 8 s), so the shortest fill in beside them.
+START_FIRST: Final = (
+    "flashinfer-jit", "imports", "kernel-compile", "toolchain", "binaries", "cubin", "sampling",
+)  # fmt: skip
+
+
+class _Run:
+    """One verify's checks on a pool as wide as the machine's cores (a 1-core box runs them
+    one after another, in order), each started once what it waits for has finished."""
+
+    def __init__(
+        self,
+        target: Target,
+        checks: dict[str, Check],
+        order: list[str],
+        facts: EnvFacts,
+        progress: Callable[[str], None],
+        *,
+        jit_done: bool,
+        doubted: frozenset[str],
+    ) -> None:
+        self.target, self.checks, self.order, self.facts = target, checks, order, facts
+        self.progress, self.jit_done, self.doubted = progress, jit_done, doubted
+        self.results: dict[str, CheckResult] = {}
+        self.running: dict[str, str] = {}  # name -> what the heartbeat says of it
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    def go(self) -> tuple[EnvFacts, list[CheckResult]]:
+        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+        waiting = list(self.order)
+        width = max(1, min(len(self.order), os.cpu_count() or 1))
+        pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="verify-check")
+        live: dict[Future[CheckResult], str] = {}
+        try:
+            with heartbeat(self.progress, self.still):
+                while waiting or live:
+                    for name in self.ready(waiting, len(live), width):
+                        waiting.remove(name)
+                        live[pool.submit(self.one, name)] = name
+                    done, _ = wait(live, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        name = live.pop(fut)
+                        self.results[name] = fut.result()
+                        self.progress(f"checked {name} ({self.results[name].seconds:.1f} s)")
+        except BaseException:
+            # Ctrl-C (or a check's interrupt): the children of the checks still running end
+            # now, so the pool's exit, which joins its threads, returns at once.
+            from builder.core import descendants
+
+            descendants.end_all()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return self.facts, [self.results[n] for n in self.order]
+
+    def ready(self, waiting: list[str], busy: int, width: int) -> list[str]:
+        """The waiting checks that may start now, the longest first (:data:`START_FIRST`), as
+        many as the pool has room for; one whose wait ended in a failure is settled here as
+        not run (with ``keep_going`` it waits for them all and runs)."""
+        out: list[str] = []
+        # One at a time (a 1-core box): cheapest first, so a failure stops the most.
+        first = START_FIRST.index if width > 1 else self.order.index
+        for name in sorted(waiting, key=first):
+            before = waits_for(name, self.order, self.doubted)
+            # Only a failure of an earlier stage stops a check: cubin reads what a compile
+            # that failed left, as it did when the checks ran one after another.
+            stage = STAGE_ORDER.index(STAGES[name])
+            stops = [n for n in before if STAGE_ORDER.index(STAGES[n]) < stage]
+            failed = None if self.target.keep_going else self._failed(stops)
+            if failed is not None:
+                waiting.remove(name)
+                self.results[name] = not_run(name, failed)
+                self.progress(f"{name}: not run ({failed} failed)")
+            elif all(n in self.results for n in before) and busy + len(out) < width:
+                out.append(name)
+        return out
+
+    def _failed(self, names: Sequence[str]) -> str | None:
+        return next(
+            (n for n in names if n in self.results and self.results[n].status == FAILED), None
+        )
+
+    def still(self) -> str:
+        with self.lock:
+            return "still checking " + ", ".join(self.running.values())
+
+    def one(self, name: str) -> CheckResult:
+        started = time.monotonic()
+        facts = self.facts
+        with self.lock:
+            self.running[name] = name
+        try:
+            if name == "flashinfer-jit" and not self.jit_done:
+                with self.lock:
+                    self.running[name] = "flashinfer-jit (JIT-building in a probe)"
+                self.progress(
+                    f"probing {self.target.python} and JIT-building FlashInfer's sampling module"
+                )
+                facts = self.facts = probe(self.target, jit=True)
+                self.jit_done = True
+            result = run_recorded(name, self.checks[name], self.target, facts)
+        finally:
+            with self.lock:
+                self.running.pop(name, None)
+        return dataclasses.replace(result, started=started - self.t0)
 
 
 def recorders() -> dict[str, Callable[[Target, EnvFacts], dict[str, object] | None]]:

@@ -38,9 +38,13 @@ class CheckResult:
     # What the user should hear of that is not the verdict (the JIT store could not be used,
     # an entry was discarded): printed as warnings.
     warnings: tuple[str, ...] = ()
+    # When the check started, in seconds after its verify's run began (the checks of one
+    # verify overlap where their inputs allow: builder/verify/__init__.py); None for one that
+    # was not run. Its end is ``started + seconds``.
+    started: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "name": self.name,
             "status": self.status,
             "summary": self.summary,
@@ -50,6 +54,10 @@ class CheckResult:
             "missing_tool": self.missing_tool,
             "warnings": list(self.warnings),
         }
+        if self.started is not None:
+            doc["started"] = round(self.started, 3)
+            doc["ended"] = round(self.started + self.seconds, 3)
+        return doc
 
     @classmethod
     def from_json(cls, r: Reader) -> CheckResult:
@@ -63,6 +71,7 @@ class CheckResult:
             fix=r.opt_text("fix") or "",
             missing_tool=r.opt_text("missing_tool"),
             warnings=r.texts("warnings", required=False),
+            started=r.opt_num("started"),
         )
 
 

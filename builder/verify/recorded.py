@@ -26,7 +26,7 @@ from typing import Any
 
 from builder.core import cachefiles, owners
 from builder.core.errors import CudaenvError
-from builder.core.statuses import PASSED
+from builder.core.statuses import FAILED, PASSED
 from builder.formats.jsondoc import Reader
 from builder.store import env_roots, plans
 from builder.verify.model import CheckResult, Target
@@ -203,6 +203,7 @@ def record(
     identical one; nothing else is kept (and a record that cannot be written costs the next
     verify a run, never this one). A pass reused from another env keeps naming that env."""
     twin = twin_path(target, name)
+    failed = failed_path(target, name)
     if result.status != PASSED:
         # The record says the last run passed (:func:`passed_last`): not any more, here or
         # for an env identical to this one.
@@ -210,7 +211,11 @@ def record(
             if path is not None:
                 with contextlib.suppress(OSError):
                     path.unlink()
+        if result.status == FAILED:
+            cachefiles.write_text(failed, f"{result.summary[:300]}\n")
         return
+    with contextlib.suppress(OSError):
+        failed.unlink()
     doc = {
         "version": RECORD_VERSION,
         "inputs": inputs,
@@ -271,6 +276,17 @@ def borrowed(target: Target, name: str, inputs: str) -> tuple[CheckResult, Path]
         warnings=result.warnings,
     )
     return said, Path(other)
+
+
+def failed_path(target: Target, name: str) -> Path:
+    return target.work / "results" / f"{name}.failed"
+
+
+def failed_last(target: Target, name: str) -> bool:
+    """Whether the last run of ``name`` for this target failed (one never run here did not):
+    verify then lets the compiles wait for it, as a failure is likely again and the compiles
+    cost minutes."""
+    return not target.fresh and failed_path(target, name).is_file()
 
 
 def passed_last(target: Target, name: str) -> bool:
