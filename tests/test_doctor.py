@@ -330,6 +330,89 @@ def test_the_companion_fix_names_what_the_index_holds_and_running_it_clears_the_
     assert "flashinfer-companion-mismatch" not in codes(findings), findings
 
 
+def run_printed(command: str) -> subprocess.CompletedProcess[str]:
+    """A printed fix, run as a user runs it: by a shell, uv and cudaenv on its PATH."""
+    tools = f"{Path(proc.uv_bin()).parent}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": tools})  # fmt: skip
+
+
+@pytest.fixture
+def links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A find-links index only (no network), as uv and the doctor read it."""
+    where = tmp_path / "links"
+    where.mkdir()
+    monkeypatch.setenv("UV_NO_INDEX", "1")
+    monkeypatch.setenv("UV_FIND_LINKS", str(where))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    return where
+
+
+def installed(env: FakeEnv, links: Path, *pins: str) -> None:
+    """Each ``name==version`` made a wheel in ``links`` and installed by uv (with its RECORD,
+    as an installer leaves it: what a printed uninstall or upgrade works on)."""
+    for pin in pins:
+        name, version = pin.split("==")
+        for old in env.site.glob(f"{name.replace('-', '_')}-*.dist-info"):
+            shutil.rmtree(old)  # the fixture's METADATA-only stand-in
+        a_wheel(links, name, version)
+    proc.run([proc.uv_bin(), "pip", "install", "--python", str(env.python), *pins],
+             env=proc.uv_env())  # fmt: skip
+
+
+def test_the_printed_uninstall_of_another_cuda_majors_wheels_clears_the_finding(
+    env: FakeEnv, links: Path
+) -> None:
+    """A CUDA 12 cuBLAS wheel beside torch cu130: the printed command removes it (uv, in the
+    env diagnosed) and the doctor then finds nothing of it."""
+    installed(env, links, "nvidia-cublas-cu12==12.9.1.4")
+    findings, _ = run(env)
+    (found,) = [f for f in findings if f.code == "multiple-cuda-majors"]
+    (command,) = list(found.commands())[:1]
+    assert command == f"uv pip uninstall --python {env.python} nvidia-cublas-cu12"
+    done = run_printed(command)
+    assert done.returncode == 0, done.stderr
+    findings, _ = run(env)
+    assert "multiple-cuda-majors" not in codes(findings), findings
+
+
+def test_the_printed_install_of_a_matching_nvjitlink_clears_the_finding(
+    env: FakeEnv, links: Path
+) -> None:
+    """nvJitLink 13.0 beside the CUDA 13.1 runtime: the printed install (a range the index
+    holds a release of) upgrades it, and the finding is gone."""
+    installed(env, links, "nvidia-nvjitlink==13.0.88", "nvidia-cuda-runtime==13.1.80")
+    a_wheel(links, "nvidia-nvjitlink", "13.1.80")
+    findings, _ = run(env)
+    (found,) = [f for f in findings if f.code == "nvjitlink-too-old"]
+    commands = [c for c in list(found.commands()) if c.startswith("uv ")]
+    assert commands == [f"uv pip install --python {env.python} 'nvidia-nvjitlink>=13.1,<14'"]
+    done = run_printed(commands[0])
+    assert done.returncode == 0, done.stderr
+    findings, _ = run(env)
+    assert "nvjitlink-too-old" not in codes(findings), findings
+
+
+def test_the_command_a_crashed_rule_prints_diagnoses_the_same_interpreter(
+    env: FakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule's own bug: the command to report it with is run, and it diagnoses the env the
+    doctor was asked about (not whatever python is first on PATH), in JSON."""
+
+    def rule_boom(facts: doctor.Facts) -> list[doctor.Finding]:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(doctor_rules, "RULES", (rule_boom, *doctor_rules.RULES))
+    findings, _ = run(env)
+    (found,) = [f for f in findings if f.code == "rule-crashed"]
+    (command,) = list(found.commands())
+    assert command == f"cudaenv doctor --python {env.python} --json"
+    done = run_printed(command)
+    assert done.returncode in (0, 1), done.stderr  # 1: a finding (the env is a stand-in)
+    doc = json.loads(done.stdout)
+    assert doc["facts"]["python"]["executable"] == str(env.python), doc["facts"]
+
+
 def test_jit_cache_of_another_toolkit_and_version(env: FakeEnv, tmp_path: Path) -> None:
     cache = tmp_path / "venv" / "var" / "flashinfer" / ".cache" / "flashinfer"
     write(

@@ -9,6 +9,7 @@ missing, and adds what cudaenv itself knows (the env's manifest, the visible GPU
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -263,6 +264,23 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return codec.to_json(self)
+
+    def commands(self) -> tuple[str, ...]:
+        """The commands the fix prints, as a user copies them: each backticked span of a
+        line, or a line that is one command whole (``rm -rf ...``, ``uv pip ...``). The rest
+        of a fix is prose. Every command a rule prints is run by a test
+        (tests/test_doctor_fixes.py reads which from the rule modules)."""
+        out: list[str] = []
+        for line in self.fix:
+            spans = _BACKTICKED.findall(line)
+            out += spans or ([line] if _WHOLE_COMMAND.match(line) else [])
+        return tuple(out)
+
+
+# What a fix line holds of a command: a backticked span, or the whole line where it starts
+# with a program a fix names.
+_BACKTICKED = re.compile(r"`([^`]+)`")
+_WHOLE_COMMAND = re.compile(r"(rm|uv|export|unset|cudaenv|pip|python[0-9.]*) ")
 
 
 def _homes(items: Any) -> tuple[CudaHome, ...]:

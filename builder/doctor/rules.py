@@ -9,6 +9,7 @@ all, puts the root cause first and groups the symptoms it explains under it.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -159,7 +160,8 @@ def _apply(rule: Callable[[Facts], list[Finding]], facts: Facts) -> list[Finding
                 cause=f"the doctor's rule {rule.__name__} crashed: {type(exc).__name__}: {exc}",
                 fix=(
                     "the findings above are still valid; report this cudaenv bug with the "
-                    "output of `cudaenv doctor --json`",
+                    f"output of `cudaenv doctor --python {shlex.quote(facts.python or 'python3')} "
+                    "--json`",
                 ),
             )
         ]
