@@ -48,6 +48,15 @@ def index_view() -> str:
     return max(v for v in views if v is not None)
 
 
+def links_only(root: Path, links: Path) -> dict[str, str]:
+    """The uv variables that make ``links`` (a find-links directory) the only place uv finds a
+    package: the default index an empty directory (a PEP 503 index of nothing). uv 0.13 reads
+    no UV_NO_INDEX, so that variable alone left the real index in play."""
+    empty = root / "no-index"
+    empty.mkdir(parents=True, exist_ok=True)
+    return {"UV_DEFAULT_INDEX": empty.as_uri(), "UV_FIND_LINKS": str(links)}
+
+
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

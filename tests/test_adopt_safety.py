@@ -33,7 +33,7 @@ from builder.core.errors import EnvBusy
 from builder.env import hooks, manifest, toolchain
 from builder.machine import archs
 from builder.spec import envspec as spec
-from tests.helpers import FAULTS_PYTHONPATH, REPO, a_manifest, cudaenv, write
+from tests.helpers import FAULTS_PYTHONPATH, REPO, a_manifest, cudaenv, links_only, write
 
 NVCC_12_8 = "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
 
@@ -511,8 +511,9 @@ class Cu13:
 @pytest.fixture
 def cu13(tmp_path: Path) -> Cu13:
     wheels = toolkit_wheels(tmp_path / "wheels")
-    env = {**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, "UV_FIND_LINKS": str(wheels), "UV_NO_INDEX": "true", "UV_OFFLINE": "true",
-           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": FAULTS_PYTHONPATH, **links_only(tmp_path, wheels),
+           "UV_OFFLINE": "true", "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+           "UV_PYTHON_DOWNLOADS": "never"}  # fmt: skip
     env.pop("CUDA_HOME", None)
     v = tmp_path / "v"
     proc.run([proc.uv_bin(), "venv", "--quiet", "--python", sys.executable, str(v)], env=env)

@@ -354,3 +354,16 @@ def test_no_test_reads_or_writes_the_users_jit_store(session_jit_store: Path) ->
     assert paths.jit_store_dir() == session_jit_store
     assert not session_jit_store.is_relative_to(cache_dir())
     assert os.environ["CUDAENV_JIT_STORE"] == str(session_jit_store)  # children inherit it
+
+
+def test_no_test_names_a_uv_variable_uv_does_not_read() -> None:
+    """uv 0.13 reads no UV_NO_INDEX: a test that set it to keep the real index out reached it
+    (a fix's install took cuda-python 13.4.4 from the index, not the test's own 13.0.3). The
+    tests keep it out with tests.helpers.links_only."""
+    import re
+
+    from tests.helpers import REPO
+
+    named = re.compile("[\"']UV_NO_" + "INDEX[\"']")  # as a string a test sets
+    said = [p.name for p in sorted((REPO / "tests").glob("*.py")) if named.search(p.read_text())]
+    assert said == []

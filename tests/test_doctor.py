@@ -27,7 +27,7 @@ from builder.doctor import rules as doctor_rules
 from builder.env import caches, manifest
 from builder.env.manifest import Manifest
 from builder.machine import archs, interpreters
-from tests.helpers import REPO, write
+from tests.helpers import REPO, links_only, write
 
 HEALTHY_DISTS = {
     "torch": "2.14.1",
@@ -107,7 +107,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEnv]:
     monkeypatch.setenv("CXX", str(gxx))
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     # The index a companion fix is checked against: none (no test here reaches the network).
-    monkeypatch.setenv("UV_NO_INDEX", "1")
+    for variable, value in links_only(tmp_path, tmp_path / "links").items():
+        monkeypatch.setenv(variable, value)
     fake.dists(HEALTHY_DISTS)
     yield fake
 
@@ -309,8 +310,8 @@ def test_the_companion_fix_names_what_the_index_holds_and_running_it_clears_the_
     a_wheel(links, "flashinfer-cubin", "0.6.13")
     if held:
         a_wheel(links, "flashinfer-cubin", HEALTHY_DISTS["flashinfer-python"])
-    monkeypatch.setenv("UV_NO_INDEX", "1")
-    monkeypatch.setenv("UV_FIND_LINKS", str(links))
+    for variable, value in links_only(tmp_path, links).items():
+        monkeypatch.setenv(variable, value)
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     proc.run([proc.uv_bin(), "pip", "install", "--python", str(env.python),
               "flashinfer-cubin==0.6.13"], env=proc.uv_env())  # fmt: skip
@@ -341,9 +342,9 @@ def run_printed(command: str) -> subprocess.CompletedProcess[str]:
 def links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A find-links index only (no network), as uv and the doctor read it."""
     where = tmp_path / "links"
-    where.mkdir()
-    monkeypatch.setenv("UV_NO_INDEX", "1")
-    monkeypatch.setenv("UV_FIND_LINKS", str(where))
+    where.mkdir(exist_ok=True)
+    for variable, value in links_only(tmp_path, where).items():
+        monkeypatch.setenv(variable, value)
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     return where
 
@@ -970,13 +971,15 @@ def test_install_fixes_work_in_the_env_they_name() -> None:
 # --------------------------------------------------------------------------- CUDA Python bindings
 
 
-def test_cuda_python_of_another_major_than_torchs_is_named_first(env: FakeEnv) -> None:
+def test_cuda_python_of_another_major_than_torchs_is_named_first(env: FakeEnv, links: Path) -> None:
     """`uv pip install torch==2.14.1 flashinfer-python==0.7.2` pulls cuda-python 12.6.2.post1
     over torch's cuda-bindings 13.5.0 (`import flashinfer` fails): the doctor names it, as
     one finding (not a generic "two CUDA majors"), with a repair that reinstalls the bindings
-    at torch's major in ranges uv can satisfy."""
-    env.dist("cuda-bindings", "13.5.0")
-    env.dist("cuda-python", "12.6.2.post1")
+    at torch's major in ranges uv can satisfy; that repair, run as printed (against an index
+    holding cuda-python 13.0.3), clears the finding. (The other alternative, adopt, is run as
+    printed on a real env in tests/test_adopt.py.)"""
+    installed(env, links, "cuda-bindings==13.5.0", "cuda-python==12.6.2.post1")
+    a_wheel(links, "cuda-python", "13.0.3")
     findings, _ = run(env)
     assert codes(findings, doctor.ERROR) == ["cuda-binding-major"]
     found = findings[0]
@@ -991,6 +994,11 @@ def test_cuda_python_of_another_major_than_torchs_is_named_first(env: FakeEnv) -
         f"`uv pip install --reinstall-package cuda-bindings --python {env.python} "
         "'cuda-python>=13,<14' 'cuda-bindings>=13,<14'`"
     )
+    done = run_printed(found.commands()[-1])
+    assert done.returncode == 0, done.stderr
+    findings, _ = run(env)
+    assert "cuda-binding-major" not in codes(findings), findings
+    assert (env.site / "cuda_python-13.0.3.dist-info").is_dir()  # the only one the index holds
 
 
 def test_cuda_bindings_of_a_cuda_12_torchs_other_major() -> None:

@@ -27,6 +27,10 @@ RUN_BY_A_TEST = {
         "tests/test_doctor.py",
         "test_the_printed_install_of_a_matching_nvjitlink_clears_the_finding",
     ),
+    "cuda-binding-major": (
+        "tests/test_doctor.py",
+        "test_cuda_python_of_another_major_than_torchs_is_named_first",
+    ),
     "rule-crashed": (
         "tests/test_doctor.py",
         "test_the_command_a_crashed_rule_prints_diagnoses_the_same_interpreter",
@@ -36,7 +40,7 @@ RUN_BY_A_TEST = {
 # Findings whose fix prints a command (an install, a removal, `cudaenv adopt`/`build`, an
 # export) that no test runs yet, end to end, on a real env showing the finding.
 NOT_YET_RUN = frozenset({
-    "cuda-binding-major", "extension-built-for-other-cuda", "built-for-other-cuda-major",
+    "extension-built-for-other-cuda", "built-for-other-cuda-major",
     "sm12x-nvcc-too-old", "nvcc-broken", "no-nvcc", "jit-toolkit-mismatch",
     "no-host-compiler", "host-compiler-unsupported", "mixed-toolkit-minors",
     "cache-outside-env", "activation-unwired",
