@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +50,7 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable
     }
     monkeypatch.setattr(verify, "registry", lambda: checks)
     monkeypatch.setattr(verify, "probe", lambda t, jit: facts(tmp_path))
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(verify, "cores", lambda: 4)
     return checks
 
 
@@ -123,7 +122,7 @@ def test_a_compile_that_fails_beside_the_imports_leaves_the_imports_whole(
 def test_one_core_runs_the_checks_one_after_another_in_order(
     tmp_path: Path, fakes: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(verify, "cores", lambda: 1)
     _, results = verify.run_checks(target(tmp_path), verify.CHECKS)
     spans = [(r.started, (r.started or 0) + r.seconds) for r in results]
     for (_, end), (start, _) in itertools.pairwise(spans):

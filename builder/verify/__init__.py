@@ -256,6 +256,15 @@ START_FIRST: Final = (
 )  # fmt: skip
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a CI runner's CPU
+    set, where os.cpu_count() says the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class _Run:
     """One verify's checks on a pool as wide as the machine's cores (a 1-core box runs them
     one after another, in order), each started once what it waits for has finished."""
@@ -282,7 +291,7 @@ class _Run:
         from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
         waiting = list(self.order)
-        width = max(1, min(len(self.order), os.cpu_count() or 1))
+        width = max(1, min(len(self.order), cores()))
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="verify-check")
         live: dict[Future[CheckResult], str] = {}
         try:
