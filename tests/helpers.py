@@ -93,6 +93,36 @@ def cudaenv(
     return done
 
 
+def doctor_findings(python: Path, cwd: Path, env: dict[str, str] | None = None) -> list[Any]:
+    """`cudaenv doctor --python PYTHON --json`, its findings as the doctor's own Finding
+    values (whose ``commands()`` are what a user copies from the fix)."""
+    from builder.doctor.facts import Finding
+
+    done = cudaenv("doctor", "--python", str(python), "--json", cwd=cwd, env=env, check=False)
+    doc = json.loads(done.stdout)
+    return [
+        Finding(code=f["code"], severity=f["severity"], cause=f["cause"],
+                evidence=tuple(f["evidence"]), fix=tuple(f["fix"]))
+        for f in doc["findings"]
+    ]  # fmt: skip
+
+
+def run_printed(
+    command: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
+    """A command a fix printed, run as a user runs it: by a shell, whose ``cudaenv`` is this
+    checkout's (a shim first on PATH) and whose uv is cudaenv's."""
+    shims = cwd / ".shims"
+    shims.mkdir(exist_ok=True)
+    shim = shims / "cudaenv"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m builder.cli "$@"\n')
+    shim.chmod(0o755)
+    base = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    base["PATH"] = f"{shims}:{Path(proc.uv_bin()).parent}:{base.get('PATH', '')}"
+    return subprocess.run(["sh", "-c", command], cwd=cwd, env=base, capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+
+
 def lock_of(spec_file: Path) -> Path:
     """The lock file of the spec at ``spec_file``, named as cudaenv names it."""
     s = spec.load(spec_file)

@@ -22,7 +22,15 @@ from builder.adopt import repair as adopt
 from builder.core import proc
 from builder.core.errors import ReportError
 from builder.spec import lock, policy
-from tests.helpers import ENVSPECS, FAULTS_PYTHONPATH, cudaenv, lock_of, write
+from tests.helpers import (
+    ENVSPECS,
+    FAULTS_PYTHONPATH,
+    cudaenv,
+    doctor_findings,
+    lock_of,
+    run_printed,
+    write,
+)
 
 
 def an_env(tmp_path: Path, **changes: object) -> adopt_journal.Env:
@@ -212,7 +220,15 @@ def test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back(
     dry = cudaenv("adopt", "--python", str(python), "--dry-run", cwd=tmp_path, env=env)
     assert "(dry run: nothing changed)" in dry.stdout
     assert not (plain_venv / "cuda-home").exists() and freeze(python) == before
-    cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path, env=env)
+    # The doctor's first finding and the command its fix prints first, run as printed (a
+    # shell; the verify that follows an adopt included).
+    first = doctor_findings(python, tmp_path, env)[0]
+    assert first.code == "jit-toolkit-mismatch", first
+    printed = first.commands()[0]
+    assert printed == f"cudaenv adopt --python {python}"
+    done = run_printed(printed, tmp_path, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED" in done.stdout, done.stdout
     assert jit_versions(plain_venv, cuda_128) == "13.0 13.0"
     for name in scripts:  # every shell's activation carries the env's settings
         if name.endswith((".bat", ".py")):  # Windows' cmd; activate_this.py runs the .pth
@@ -261,7 +277,12 @@ def test_a_users_cuda_python_12_over_cuda_bindings_13_is_named_and_repaired(
     assert doctor.stdout.splitlines()[0].startswith(
         "cuda-python 12.6.2.post1 (CUDA 12) binds another CUDA major than torch 2.14.1+cu130"
     ), doctor.stdout
-    cudaenv("adopt", "--python", str(python), "--no-verify", cwd=tmp_path)
+    # The first command the fix prints (adopt, the verify after it included), as printed.
+    (found,) = [f for f in doctor_findings(python, tmp_path) if f.code == "cuda-binding-major"]
+    printed = found.commands()[0]
+    assert printed == f"cudaenv adopt --python {python}"
+    done = run_printed(printed, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
     subprocess.run([python, "-c", "import flashinfer"], check=True)
     got = subprocess.run([python, "-c", versions], capture_output=True, text=True, check=True)
     assert [v.split(".")[0] for v in got.stdout.split()] == ["13", "13"]

@@ -31,6 +31,10 @@ RUN_BY_A_TEST = {
         "tests/test_doctor.py",
         "test_cuda_python_of_another_major_than_torchs_is_named_first",
     ),
+    "jit-toolkit-mismatch": (
+        "tests/test_adopt.py",
+        "test_adopt_repairs_the_blackwell_case_and_undo_gives_the_env_back",
+    ),
     "rule-crashed": (
         "tests/test_doctor.py",
         "test_the_command_a_crashed_rule_prints_diagnoses_the_same_interpreter",
@@ -41,7 +45,7 @@ RUN_BY_A_TEST = {
 # export) that no test runs yet, end to end, on a real env showing the finding.
 NOT_YET_RUN = frozenset({
     "extension-built-for-other-cuda", "built-for-other-cuda-major",
-    "sm12x-nvcc-too-old", "nvcc-broken", "no-nvcc", "jit-toolkit-mismatch",
+    "sm12x-nvcc-too-old", "nvcc-broken", "no-nvcc",
     "no-host-compiler", "host-compiler-unsupported", "mixed-toolkit-minors",
     "cache-outside-env", "activation-unwired",
     "env-drift", "remote-cache-unwired", "remote-cache-down", "gpu-arch-missing",

@@ -138,3 +138,26 @@ def test_the_start_order_and_the_waits_name_every_check() -> None:
     assert verify.waits_for("flashinfer-jit", verify.CHECKS, frozenset({"imports"})) == [
         "imports", "toolchain", "binaries",
     ]  # fmt: skip
+
+
+def test_with_two_cores_the_jit_probes_beside_the_imports_though_they_passed_before(
+    tmp_path: Path, fakes: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folded into the first probe, FlashInfer's JIT ran before every other check; with a
+    second core its own probe runs beside the imports, whatever the last verify said."""
+    from builder.verify import recorded
+
+    probes: list[bool] = []
+
+    def probe(t: Target, jit: bool) -> EnvFacts:
+        probes.append(jit)
+        return facts(tmp_path)
+
+    monkeypatch.setattr(verify, "probe", probe)
+    monkeypatch.setattr(recorded, "passed_last", lambda t, n: True)
+    verify.run_checks(target(tmp_path), verify.CHECKS)
+    assert probes == [False, True]
+    monkeypatch.setattr(verify, "cores", lambda: 1)
+    probes.clear()
+    verify.run_checks(target(tmp_path), verify.CHECKS)
+    assert probes == [True]

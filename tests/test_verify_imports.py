@@ -418,9 +418,14 @@ def test_ctrl_c_during_build_verify_keeps_what_the_build_left(
     )
 
 
-def test_an_env_that_passed_before_is_probed_once(venv: Path, tmp_path: Path) -> None:
-    """The JIT waits for the cheap checks only where they may fail: an env whose imports
-    passed last time gets one probe (one torch import), JIT included; after a failure, two."""
+def test_an_env_that_passed_before_is_probed_once(
+    venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One check at a time (a 1-core box), the JIT waits for the cheap checks only where they
+    may fail: an env whose imports passed last time gets one probe (one torch import), JIT
+    included; after a failure, two. (With more cores the JIT's probe runs beside the imports:
+    tests/test_verify_concurrent.py.)"""
+    monkeypatch.setattr(verify, "cores", lambda: 1)
     install(venv, "sglang", "0.5.23", sglang_files())
     target = target_of(venv, tmp_path, ("sglang==0.5.23",))
 
@@ -524,9 +529,13 @@ def test_an_identical_env_reuses_the_pass_of_the_first_and_its_bytecode(
     assert run_imports(fresh).status == PASSED and len(marker.read_text()) == count + 1
 
 
-def test_a_second_identical_env_is_probed_once(tmp_path: Path) -> None:
-    """An env never verified, of the signature of one whose imports passed: one probe (one
-    torch import), the JIT in it, as for an env that passed before."""
+def test_a_second_identical_env_is_probed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One check at a time (a 1-core box): an env never verified, of the signature of one
+    whose imports passed: one probe (one torch import), the JIT in it, as for an env that
+    passed before."""
+    monkeypatch.setattr(verify, "cores", lambda: 1)
     envs = {n: uv_venv(Path(sys.executable).resolve(), tmp_path / n) for n in ("a", "b", "c")}
     for python in envs.values():
         install(python, "sglang", "0.5.23", sglang_files())

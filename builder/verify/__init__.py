@@ -216,15 +216,18 @@ def run_checks(
         raise UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(checks)}")
     order = run_order(names)
     wants_jit = "flashinfer-jit" in order
-    # With nothing cheap to run first, one probe serves every check; so it does where every
-    # cheap check that keeps a record passed last time (an env verified before: one torch
-    # import, not two).
+    # With nothing cheap to run first, one probe serves every check. So it does, one check
+    # at a time (a 1-core box), where every cheap check that keeps a record passed last time
+    # (an env verified before: one torch import, not two). With more cores the JIT's own
+    # probe runs beside the imports instead: folded into the first probe, it ran before them
+    # (measured on the main job, 2 cores: 108 s folded, the JIT alone 88 s).
     from builder.verify import recorded
 
     cheap = [n for n in order if STAGES[n] == READS]
     kept = [n for n in cheap if n in recorders()]
     jit_done = wants_jit and (
-        not cheap or (bool(kept) and all(recorded.passed_last(target, n) for n in kept))
+        not cheap
+        or (cores() == 1 and bool(kept) and all(recorded.passed_last(target, n) for n in kept))
     )
     facts = probe_with_progress(target, progress, jit=jit_done)
     doubted = frozenset(n for n in kept if recorded.failed_last(target, n))
@@ -318,8 +321,9 @@ class _Run:
 
     def ready(self, waiting: list[str], busy: int, width: int) -> list[str]:
         """The waiting checks that may start now, the longest first (:data:`START_FIRST`), as
-        many as the pool has room for; one whose wait ended in a failure is settled here as
-        not run (with ``keep_going`` it waits for them all and runs)."""
+        many as the pool has room for; one whose wait ended in a failure of an earlier stage
+        is settled here as not run, naming the first that failed in :data:`CHECKS` order
+        (with ``keep_going`` it runs)."""
         out: list[str] = []
         # One at a time (a 1-core box): cheapest first, so a failure stops the most.
         first = START_FIRST.index if width > 1 else self.order.index
@@ -329,12 +333,14 @@ class _Run:
             # that failed left, as it did when the checks ran one after another.
             stage = STAGE_ORDER.index(STAGES[name])
             stops = [n for n in before if STAGE_ORDER.index(STAGES[n]) < stage]
+            if any(n not in self.results for n in before):
+                continue  # settled once all it waits for are: the first failed is named
             failed = None if self.target.keep_going else self._failed(stops)
             if failed is not None:
                 waiting.remove(name)
                 self.results[name] = not_run(name, failed)
                 self.progress(f"{name}: not run ({failed} failed)")
-            elif all(n in self.results for n in before) and busy + len(out) < width:
+            elif busy + len(out) < width:
                 out.append(name)
         return out
 
@@ -365,7 +371,10 @@ class _Run:
         finally:
             with self.lock:
                 self.running.pop(name, None)
-        return dataclasses.replace(result, started=started - self.t0)
+        # Its own seconds as this verify spent them: FlashInfer's JIT check says how long the
+        # build took, and its probe (an interpreter, torch's import) came before that.
+        took = max(result.seconds, time.monotonic() - started)
+        return dataclasses.replace(result, started=started - self.t0, seconds=took)
 
 
 def recorders() -> dict[str, Callable[[Target, EnvFacts], dict[str, object] | None]]:
