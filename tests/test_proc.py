@@ -600,3 +600,25 @@ def test_ctrl_c_ends_the_children_a_thread_pool_waits_on_before_it_joins(tmp_pat
     _, same, away, orphan = (int(x) for x in marks.read_text().split())
     assert _gone(same) and _gone(away) and _gone(orphan)
     assert signal.getsignal(signal.SIGINT) is not reporter._on_interrupt  # given back
+
+
+def test_children_started_while_yielding_run_nicer_and_so_do_theirs(tmp_path: Path) -> None:
+    """What verify runs beside FlashInfer's JIT yields the CPU to it: the child and what it
+    starts run ``step`` nicer; outside the block, and in another thread, nothing changes."""
+    code = (
+        "import os, subprocess, sys, time; time.sleep(0.3); "
+        "inner = subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'], "
+        "capture_output=True, text=True).stdout.strip(); print(os.nice(0), inner)"
+    )
+    base = os.nice(0)
+    with proc.yielding(5):
+        done = proc.run([sys.executable, "-c", code])
+        other: list[str] = []
+        t = threading.Thread(
+            target=lambda: other.append(proc.run([sys.executable, "-c", code]).stdout)
+        )
+        t.start()
+        t.join()
+    assert done.stdout.split() == [str(base + 5), str(base + 5)]
+    assert other[0].split() == [str(base), str(base)]
+    assert proc.run([sys.executable, "-c", code]).stdout.split() == [str(base), str(base)]

@@ -214,7 +214,30 @@ def _start(
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found ({exc.strerror})", tool=args[0]) from exc
+    step = getattr(_yielding, "step", 0)
+    if step:
+        # Set from here, not in the child (a preexec_fn beside threads is unsafe): the child
+        # runs its first instructions at cudaenv's priority, and all it starts at the lower.
+        with contextlib.suppress(OSError):  # it may have exited already
+            os.setpriority(os.PRIO_PROCESS, child.pid, os.getpriority(os.PRIO_PROCESS, 0) + step)
     return descendants.track(child)
+
+
+# What this thread's children yield to the others' (a niceness step; 0: none).
+_yielding = threading.local()
+
+
+@contextlib.contextmanager
+def yielding(step: int = 10) -> Iterator[None]:
+    """The children this thread starts in the block run ``step`` nicer than cudaenv (and so
+    does all they start): work beside a longer job that decides when a run ends (verify's
+    imports beside FlashInfer's JIT) fills the cores that job leaves, and does not slow it."""
+    before = getattr(_yielding, "step", 0)
+    _yielding.step = step
+    try:
+        yield
+    finally:
+        _yielding.step = before
 
 
 def _is_uv(program: str) -> bool:
