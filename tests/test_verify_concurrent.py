@@ -71,15 +71,10 @@ def test_the_checks_of_one_verify_overlap_and_the_report_keeps_the_specs_order(
     imports = interval(doc, "imports")
     # FlashInfer's JIT and cudaenv's kernel run while the imports do, after the toolchain
     # and binaries checks they compile with; cubin after both compiles; the GPU check last.
-    ready = max(interval(doc, "toolchain")[1], interval(doc, "binaries")[1])
     for name in ("kernel-compile", "flashinfer-jit"):
         start, end = interval(doc, name)
         assert start < imports[1] and end > imports[0], (name, imports, (start, end))
-        assert end >= ready
-    # cudaenv's kernel compiles after the toolchain check; FlashInfer's JIT probe started
-    # with the first probe (its check's verdict still waited for the toolchain's).
-    assert interval(doc, "kernel-compile")[0] >= ready
-    assert interval(doc, "flashinfer-jit")[0] < ready
+        assert start >= max(interval(doc, "toolchain")[1], interval(doc, "binaries")[1])
     assert interval(doc, "cubin")[0] >= interval(doc, "flashinfer-jit")[1]
     assert interval(doc, "sampling")[0] >= max(
         e for _, e in map(lambda n: interval(doc, n), verify.CHECKS[:-1])
@@ -161,7 +156,7 @@ def test_with_two_cores_the_jit_probes_beside_the_imports_though_they_passed_bef
     monkeypatch.setattr(verify, "probe", probe)
     monkeypatch.setattr(recorded, "passed_last", lambda t, n: True)
     verify.run_checks(target(tmp_path), verify.CHECKS)
-    assert sorted(probes) == [False, True]  # the JIT's probe beside the first
+    assert probes == [False, True]
     monkeypatch.setattr(verify, "cores", lambda: 1)
     probes.clear()
     verify.run_checks(target(tmp_path), verify.CHECKS)

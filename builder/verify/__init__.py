@@ -20,9 +20,7 @@ the names and the registry equal.
 
 The checks run at once where their inputs allow (:func:`waits_for`), on a pool as wide as the
 machine's cores: the imports (a minute of one core of Python) beside cudaenv's kernel and
-FlashInfer's JIT (minutes of nvcc), which wait only for the toolchain and binaries checks
-(the JIT's own probe starts with the first one; its verdict waits), the other checks' children
-a step nicer than the JIT's (proc.yielding).
+FlashInfer's JIT (minutes of nvcc), which wait only for the toolchain and binaries checks.
 On the README's main job (2 cores) the checks took 226 s one after another, against a bound of
 about 145 s with both cores busy. A check that fails leaves what waits for it not run (its
 checks say ``skipped``, "not run: X failed"); a check that ran beside it keeps its result.
@@ -231,57 +229,10 @@ def run_checks(
         not cheap
         or (cores() == 1 and bool(kept) and all(recorded.passed_last(target, n) for n in kept))
     )
+    facts = probe_with_progress(target, progress, jit=jit_done)
     doubted = frozenset(n for n in kept if recorded.failed_last(target, n))
-    t0 = time.monotonic()
-    # The JIT's probe starts now, beside the first probe, where it would run beside the
-    # imports anyway: its torch import and the first compiles overlap what the other checks
-    # read first. Its check still waits for the toolchain and binaries checks (a failure
-    # leaves it not run, whatever the probe built).
-    early = None
-    if wants_jit and not jit_done and "imports" not in doubted and cores() > 1:
-        early = _Early(target, t0)
-    try:
-        facts = probe_with_progress(target, progress, jit=jit_done)
-    except BaseException:
-        if early is not None:
-            early.abandon()
-        raise
     run = _Run(target, checks, order, facts, progress, jit_done=jit_done, doubted=doubted)
-    run.t0, run.early = t0, early
     return run.go()
-
-
-class _Early:
-    """FlashInfer's JIT probe, started on a thread of its own before the first probe ends."""
-
-    def __init__(self, target: Target, t0: float) -> None:
-        self.started = time.monotonic() - t0
-        self.facts: EnvFacts | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(
-            target=self._run, args=(target,), name="verify-jit-probe", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self, target: Target) -> None:
-        try:
-            self.facts = probe(target, jit=True)
-        except BaseException as exc:  # handed to the check that waits for it
-            self.error = exc
-
-    def result(self) -> EnvFacts:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.facts is not None
-        return self.facts
-
-    def abandon(self) -> None:
-        """The run ends before the check that waits for it: its children end now."""
-        from builder.core import descendants
-
-        descendants.end_all()
-        self.thread.join(timeout=15)
 
 
 def waits_for(name: str, order: Sequence[str], doubted: frozenset[str] = frozenset()) -> list[str]:
@@ -339,7 +290,6 @@ class _Run:
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.width = max(1, min(len(order), cores()))
-        self.early: _Early | None = None  # the JIT's probe, started before the first ended
 
     def go(self) -> tuple[EnvFacts, list[CheckResult]]:
         from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -368,9 +318,6 @@ class _Run:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            if self.early is not None and not self.jit_done:
-                # Its check was not run (the toolchain failed): what it compiles is not waited for.
-                self.early.abandon()
         return self.facts, [self.results[n] for n in self.order]
 
     def ready(self, waiting: list[str], busy: int, width: int) -> list[str]:
@@ -419,11 +366,7 @@ class _Run:
                 self.progress(
                     f"probing {self.target.python} and JIT-building FlashInfer's sampling module"
                 )
-                if self.early is not None:
-                    facts = self.facts = self.early.result()
-                    started = self.t0 + self.early.started
-                else:
-                    facts = self.facts = probe(self.target, jit=True)
+                facts = self.facts = probe(self.target, jit=True)
                 self.jit_done = True
             # Beside FlashInfer's JIT (the longest, what decides when the verify ends), the
             # other checks' children yield the CPU to its compiles: they fill what it leaves.
