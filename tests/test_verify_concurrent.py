@@ -161,3 +161,36 @@ def test_with_two_cores_the_jit_probes_beside_the_imports_though_they_passed_bef
     probes.clear()
     verify.run_checks(target(tmp_path), verify.CHECKS)
     assert probes == [True]
+
+
+def test_the_checks_on_threads_share_the_commands_values(
+    tmp_path: Path, fakes: dict[str, Callable[..., CheckResult]]
+) -> None:
+    """What a command resolves once (its driver: core/context.py) is made once for all the
+    checks that run on the pool's threads, not once per thread: a new thread starts in an
+    empty context unless it is carried (a `build --verify` once looked for the driver twice)."""
+    from builder.core import context
+
+    made: list[str] = []
+
+    def asking(name: str) -> Callable[[Target, EnvFacts], CheckResult]:
+        def check(t: Target, f: EnvFacts) -> CheckResult:
+            def make() -> str:
+                made.append(name)
+                time.sleep(0.05)  # two threads asking at once still get one value
+                return "the driver"
+
+            assert context.once("driver", make) == "the driver"
+            return CheckResult(name=name, status=PASSED, summary="asked")
+
+        return check
+
+    for name in verify.CHECKS:
+        fakes[name] = asking(name)
+    with context.command():
+        verify.run_checks(target(tmp_path), verify.CHECKS)
+    assert len(made) == 1, made
+    made.clear()
+    # Outside a command nothing is kept (another work dir: no recorded pass to reuse).
+    verify.run_checks(dataclasses.replace(target(tmp_path), work=tmp_path / "w2"), verify.CHECKS)
+    assert len(made) == len(verify.CHECKS)

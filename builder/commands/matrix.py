@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.commands.args import BuildArgs, MatrixArgs
-from builder.core import proc
+from builder.core import context, proc
 from builder.core.errors import STATUS_OF_EXIT, CudaenvError, ReportError, UsageError
 from builder.core.reporter import Reporter
 from builder.core.statuses import CellStatus
@@ -107,7 +107,8 @@ def run(
 ) -> list[CellResult]:
     results: dict[str, CellResult] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell, matrix, cell, out): cell for cell in matrix.cells}
+        cell_of = context.carried(run_cell)  # the command's values (its driver) for each cell
+        futures = {pool.submit(cell_of, matrix, cell, out): cell for cell in matrix.cells}
         for fut in concurrent.futures.as_completed(futures):
             cell = futures[fut]
             result = fut.result()

@@ -4,14 +4,18 @@ made the first time one is asked for and handed to every later asker of the same
 
 The CLI opens the scope around each command (:func:`command`); each value is asked for through
 the function that owns it (``driver.current()``, ``paths.project_text()``), which passes its
-maker to :func:`once`. Outside a command (a library call, a test calling one function, a thread
-the command started) nothing is kept and each ask makes the value again, so no value outlives
-the command that made it: a driver upgraded between two commands of one process is seen.
+maker to :func:`once`. Outside a command (a library call, a test calling one function) nothing
+is kept and each ask makes the value again, so no value outlives the command that made it: a
+driver upgraded between two commands of one process is seen. A thread the command does its
+work on (verify's checks, a lock's platforms, a matrix's cells) runs in the command's scope
+through :func:`carried`; a new thread starts in an empty context otherwise (Python's rule),
+which made a `build --verify` look for the driver twice once its checks ran on threads.
 """
 
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -33,16 +37,34 @@ def command() -> Iterator[None]:
         _values.reset(token)
 
 
+# One maker at a time: two of the command's threads asking at once get one value (an RLock:
+# a maker may ask for another value).
+_making = threading.RLock()
+
+
 def once(key: Hashable, make: Callable[[], T]) -> T:
     """``make()``, made once per command for ``key``. An exception is not kept: the next ask
     tries again (and fails the same way where nothing changed)."""
     values = _values.get()
     if values is None:
         return make()
-    if key not in values:
-        values[key] = make()
-    found: T = values[key]
+    with _making:
+        if key not in values:
+            values[key] = make()
+        found: T = values[key]
     return found
+
+
+def carried(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` to run on another thread in the scope of the command running now (its values
+    shared, made once for both): a copy of this context per call, as one context cannot be
+    entered by two threads at once."""
+    here = contextvars.copy_context()
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        return here.copy().run(fn, *args, **kwargs)
+
+    return run
 
 
 def kept_on(obj: object, name: str, make: Callable[[], T]) -> T:

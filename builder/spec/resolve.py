@@ -23,7 +23,7 @@ from typing import TypeVar
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder.core import indexview, platforms, proc, remote_cache
+from builder.core import context, indexview, platforms, proc, remote_cache
 from builder.core.cudaversion import CudaVersion
 from builder.core.errors import ResolveError
 from builder.machine import archs
@@ -274,7 +274,9 @@ def each_platform(ones: Mapping[str, EnvSpec], work: Callable[[EnvSpec], _T]) ->
             failed[name] = exc
 
     threads = [
-        threading.Thread(target=one_platform, args=item, name=f"resolve-{item[0]}", daemon=True)
+        threading.Thread(
+            target=context.carried(one_platform), args=item, name=f"resolve-{item[0]}", daemon=True
+        )
         for item in ones.items()
     ]
     for thread in threads:

@@ -43,7 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from builder.core import proc, settings, variables
+from builder.core import context, proc, settings, variables
 from builder.core.errors import ToolMissing, UsageError, VerifyFailed
 from builder.core.statuses import FAILED, SKIPPED
 from builder.spec import envspec as spec
@@ -303,7 +303,7 @@ class _Run:
                 while waiting or live:
                     for name in self.ready(waiting, len(live), width):
                         waiting.remove(name)
-                        live[pool.submit(self.one, name)] = name
+                        live[pool.submit(context.carried(self.one), name)] = name
                     done, _ = wait(live, return_when=FIRST_COMPLETED)
                     for fut in done:
                         name = live.pop(fut)
