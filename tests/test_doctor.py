@@ -27,7 +27,7 @@ from builder.doctor import rules as doctor_rules
 from builder.env import caches, manifest
 from builder.env.manifest import Manifest
 from builder.machine import archs, interpreters
-from tests.helpers import REPO, links_only, write
+from tests.helpers import REPO, links_only, run_printed, write
 
 HEALTHY_DISTS = {
     "torch": "2.14.1",
@@ -331,13 +331,6 @@ def test_the_companion_fix_names_what_the_index_holds_and_running_it_clears_the_
     assert "flashinfer-companion-mismatch" not in codes(findings), findings
 
 
-def run_printed(command: str) -> subprocess.CompletedProcess[str]:
-    """A printed fix, run as a user runs it: by a shell, uv and cudaenv on its PATH."""
-    tools = f"{Path(proc.uv_bin()).parent}:{Path(sys.executable).parent}:/usr/bin:/bin"
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PATH": tools})  # fmt: skip
-
-
 @pytest.fixture
 def links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A find-links index only (no network), as uv and the doctor read it."""
@@ -371,7 +364,7 @@ def test_the_printed_uninstall_of_another_cuda_majors_wheels_clears_the_finding(
     (found,) = [f for f in findings if f.code == "multiple-cuda-majors"]
     (command,) = list(found.commands())[:1]
     assert command == f"uv pip uninstall --python {env.python} nvidia-cublas-cu12"
-    done = run_printed(command)
+    done = run_printed(command, env.root)
     assert done.returncode == 0, done.stderr
     findings, _ = run(env)
     assert "multiple-cuda-majors" not in codes(findings), findings
@@ -388,7 +381,7 @@ def test_the_printed_install_of_a_matching_nvjitlink_clears_the_finding(
     (found,) = [f for f in findings if f.code == "nvjitlink-too-old"]
     commands = [c for c in list(found.commands()) if c.startswith("uv ")]
     assert commands == [f"uv pip install --python {env.python} 'nvidia-nvjitlink>=13.1,<14'"]
-    done = run_printed(commands[0])
+    done = run_printed(commands[0], env.root)
     assert done.returncode == 0, done.stderr
     findings, _ = run(env)
     assert "nvjitlink-too-old" not in codes(findings), findings
@@ -408,7 +401,7 @@ def test_the_command_a_crashed_rule_prints_diagnoses_the_same_interpreter(
     (found,) = [f for f in findings if f.code == "rule-crashed"]
     (command,) = list(found.commands())
     assert command == f"cudaenv doctor --python {env.python} --json"
-    done = run_printed(command)
+    done = run_printed(command, env.root)
     assert done.returncode in (0, 1), done.stderr  # 1: a finding (the env is a stand-in)
     doc = json.loads(done.stdout)
     assert doc["facts"]["python"]["executable"] == str(env.python), doc["facts"]
@@ -994,7 +987,7 @@ def test_cuda_python_of_another_major_than_torchs_is_named_first(env: FakeEnv, l
         f"`uv pip install --reinstall-package cuda-bindings --python {env.python} "
         "'cuda-python>=13,<14' 'cuda-bindings>=13,<14'`"
     )
-    done = run_printed(found.commands()[-1])
+    done = run_printed(found.commands()[-1], env.root)
     assert done.returncode == 0, done.stderr
     findings, _ = run(env)
     assert "cuda-binding-major" not in codes(findings), findings

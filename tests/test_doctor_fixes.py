@@ -10,6 +10,7 @@ import ast
 import re
 from pathlib import Path
 
+from builder.doctor.facts import _WHOLE_COMMAND
 from tests.helpers import REPO
 
 # code -> (test file, test function) that runs the printed fix and diagnoses again.
@@ -84,11 +85,6 @@ def test_each_fix_said_to_be_run_names_a_test_that_exists() -> None:
         assert function in names, (code, file, function)
 
 
-# A fix line prints a command where it holds a backticked span or starts with a program
-# (the doctor's own reading: Finding.commands).
-_COMMAND_START = re.compile(r"^(rm|uv|export|unset|cudaenv|pip|python[0-9.]*)\s")
-
-
 def _literal_parts(node: ast.AST) -> list[str]:
     """The literal text of every string (and every literal part of an f-string) in ``node``,
     each f-string's parts joined with a placeholder where a value goes."""
@@ -104,7 +100,8 @@ def _literal_parts(node: ast.AST) -> list[str]:
 
 
 def _says_a_command(texts: list[str]) -> bool:
-    return any("`" in t or _COMMAND_START.match(t) for t in texts)
+    # The doctor's own reading of a fix line (Finding.commands): a backtick, or a program first.
+    return any("`" in t or _WHOLE_COMMAND.match(t) for t in texts)
 
 
 def _prints_command(fix: ast.AST, assigned: dict[str, list[ast.AST]], makers: set[str]) -> bool:
